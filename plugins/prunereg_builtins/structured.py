@@ -1,0 +1,89 @@
+"""Structured methods: whole channels (slices along ``dim``) are pruned together."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from prunereg import BasePruningMethod
+from prunereg._amount import (
+    compute_norm,
+    nparams_to_prune,
+    validate_amount,
+    validate_amount_init,
+    validate_dim,
+    validate_structured,
+)
+from prunereg._select import top_indices
+
+
+class _ChannelPruning(BasePruningMethod):
+    """Zero the ``amount`` channels along ``dim`` that :meth:`_channels_to_keep` leaves out."""
+
+    PRUNING_TYPE = "structured"
+
+    def __init__(self, amount: numbers.Real, dim: int = -1) -> None:
+        validate_amount_init(amount)
+        self.amount = amount
+        self.dim = dim
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        validate_structured(t)
+        validate_dim(t, self.dim)
+        nchannels = t.shape[self.dim]
+        k = nparams_to_prune(self.amount, nchannels)
+        validate_amount(k, nchannels)
+        keep = self._channels_to_keep(t, nchannels, k)
+        if k == 0:
+            return default_mask
+        mask = torch.zeros_like(t)
+        slc: list[object] = [slice(None)] * t.dim()
+        slc[self.dim] = keep
+        mask[tuple(slc)] = 1
+        mask *= default_mask.to(dtype=mask.dtype)
+        return mask
+
+    def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
+        raise NotImplementedError  # abstract
+
+
+class RandomStructured(_ChannelPruning):
+    """Prune ``amount`` channels along ``dim`` chosen at random (torch's CPU draws)."""
+
+    def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
+        if k == 0:  # torch draws nothing then: keep the generator state identical
+            return torch.ones(nchannels, dtype=torch.bool)
+        prob = torch.rand(nchannels)
+        threshold = torch.kthvalue(prob, k=k).values
+        return prob > threshold
+
+    @classmethod
+    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real, dim: int = -1) -> RandomStructured:  # type: ignore[override]
+        """Prune ``amount`` random channels of ``module.<name>`` along ``dim``."""
+        return super().apply(module, name, amount=amount, dim=dim)
+
+
+class LnStructured(_ChannelPruning):
+    """Prune the ``amount`` channels along ``dim`` of lowest ``n``-norm (NaN norms first)."""
+
+    def __init__(self, amount: numbers.Real, n: int | float | str, dim: int = -1) -> None:
+        super().__init__(amount, dim)
+        self.n = n
+
+    def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
+        norm = compute_norm(t, self.n, self.dim)
+        return top_indices(norm, nchannels - k, largest=True)
+
+    @classmethod
+    def apply(  # type: ignore[override]
+        cls,
+        module: torch.nn.Module,
+        name: str,
+        amount: numbers.Real,
+        n: int | float | str,
+        dim: int,
+        importance_scores: torch.Tensor | None = None,
+    ) -> LnStructured:
+        """Prune the ``amount`` channels of ``module.<name>`` along ``dim`` of lowest ``n``-norm."""
+        return super().apply(module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores)

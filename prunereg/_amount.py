@@ -1,0 +1,70 @@
+"""Validation of pruning amounts and dimensions, with torch's rules and error types.
+
+These functions mirror the private helpers of ``torch.nn.utils.prune`` one for
+one (``prunereg.prune`` re-exports them under torch's names), so that an amount
+that torch accepts or rejects is accepted or rejected here in the same way.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def validate_amount_init(amount: object) -> None:
+    """Reject an ``amount`` that is no real number, a negative int, or a float outside [0, 1]."""
+    if not isinstance(amount, numbers.Real):
+        raise TypeError(f"Invalid type for amount: {amount}. Must be int or float.")
+    if (isinstance(amount, numbers.Integral) and amount < 0) or (
+        not isinstance(amount, numbers.Integral) and not 0.0 <= float(amount) <= 1.0
+    ):
+        raise ValueError(
+            f"amount={amount} should either be a float in the range [0, 1] "
+            "or a non-negative integer"
+        )
+
+
+def validate_amount(amount: numbers.Real, tensor_size: int) -> None:
+    """Reject an absolute (integer) amount larger than the number of units to prune."""
+    if isinstance(amount, numbers.Integral) and amount > tensor_size:
+        raise ValueError(
+            f"amount={amount} should be smaller than the number of parameters "
+            f"to prune={tensor_size}"
+        )
+
+
+def nparams_to_prune(amount: numbers.Real, tensor_size: int) -> int:
+    """Units to prune: an int is absolute, a float a fraction rounded half to even."""
+    if isinstance(amount, numbers.Integral):
+        return int(amount)
+    return round(amount * tensor_size)
+
+
+def validate_structured(t: torch.Tensor) -> None:
+    """Structured pruning removes slices, so the tensor needs at least two dimensions."""
+    shape = t.shape
+    if len(shape) <= 1:
+        raise ValueError(
+            "Structured pruning can only be applied to multidimensional tensors. "
+            f"Found tensor of shape {shape} with {len(shape)} dims"
+        )
+
+
+def validate_dim(t: torch.Tensor, dim: int) -> None:
+    """Reject a ``dim`` past the tensor's last dimension (too-negative dims fail later, as in torch)."""
+    if dim >= t.dim():
+        raise IndexError(f"Invalid index {dim} for tensor of size {t.shape}")
+
+
+def compute_norm(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tensor:
+    """The ``n``-norm of every slice of ``t`` along ``dim`` (norm over all other dims)."""
+    import torch
+
+    dims = list(range(t.dim()))
+    if dim < 0:
+        dim = dims[dim]
+    dims.remove(dim)
+    return torch.norm(t, p=n, dim=dims)

@@ -1,0 +1,86 @@
+"""Global pruning: one threshold over many tensors, as if they were one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prunereg import _reparam
+from prunereg._container import combine_masks
+from prunereg._method import BasePruningMethod
+from prunereg_builtins.custom import CustomFromMask
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Parameter = tuple["nn.Module", str]
+
+
+def global_unstructured(
+    parameters: Iterable[Parameter],
+    pruning_method: type[BasePruningMethod],
+    importance_scores: dict[Parameter, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> None:
+    """Prune ``parameters`` together with one ``"unstructured"`` method, as torch does.
+
+    The method sees the entries of all tensors that are still unpruned as one
+    vector; each tensor then gets its share of the mask through ``custom_from_mask``.
+    Unlike torch, the tensors may live on different devices (meta included),
+    ``parameters`` may be a generator, and no concatenated mask stays alive.
+    """
+    if not isinstance(parameters, Iterable):
+        raise TypeError("global_unstructured(): parameters is not an Iterable")
+    importance_scores = importance_scores if importance_scores is not None else {}
+    if not isinstance(importance_scores, dict):
+        raise TypeError("global_unstructured(): importance_scores must be of type dict")
+    parameters = list(parameters)
+    if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
+        raise TypeError(
+            "global_unstructured(): pruning_method must be a BasePruningMethod subclass, "
+            f"got {pruning_method!r}"
+        )
+    method = pruning_method(**kwargs)
+    method._tensor_name = "temp"
+    if method.PRUNING_TYPE != "unstructured":
+        raise TypeError(
+            'Only "unstructured" PRUNING_TYPE supported for the `pruning_method`. '
+            f"Found method {pruning_method} of type {method.PRUNING_TYPE}"
+        )
+    if not parameters:
+        return
+
+    tensors = [getattr(module, name) for module, name in parameters]
+    scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]
+    masks = [getattr(module, name + "_mask", None) for module, name in parameters]
+    device = tensors[0].device
+    flat_scores = torch.cat([s.reshape(-1).to(device) for s in scores])
+    flat_mask = torch.cat(
+        [(m if m is not None else torch.ones_like(t)).reshape(-1).to(device, flat_scores.dtype) for m, t in zip(masks, tensors)]
+    )
+    final = combine_masks(method, flat_scores, flat_mask)
+    del flat_scores, flat_mask
+
+    shares = torch.split(final, [t.numel() for t in tensors])
+    new_masks = []
+    for (module, name), t, old_mask, share in zip(parameters, tensors, masks, shares):
+        share = share.reshape(t.shape).to(device=t.device, dtype=t.dtype, copy=True)
+        new_masks.append(share if old_mask is None else old_mask.to(dtype=t.dtype) * share)
+    del final, shares
+    with _reparam.all_or_nothing(parameters):
+        for (module, name), share in zip(parameters, new_masks):
+            _reparam.install_mask(module, name, CustomFromMask(share), share)
+
+
+def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Parameter, tensor: torch.Tensor) -> torch.Tensor:
+    scores = importance_scores.get(pair)
+    if scores is None:
+        return tensor
+    if scores.shape != tensor.shape:
+        raise AssertionError(
+            f"importance_scores should have the same shape as parameter {pair[1]} of "
+            f"{pair[0]}, got {scores.shape} vs {tensor.shape}"
+        )
+    return scores

@@ -1,0 +1,253 @@
+"""The reparametrization: ``<name>_orig`` parameter, ``<name>_mask`` buffer, forward pre-hook.
+
+Pruning ``module.<name>`` moves the Parameter object itself to ``<name>_orig``
+(so optimizers keep working), stores the mask as the buffer ``<name>_mask`` and
+sets ``module.<name> = orig * mask`` now and before every forward. Every change
+to a module here is all-or-nothing: on any error the module is left exactly as
+it was, hooks, parameters and buffers included.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prunereg import _container, _method
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from prunereg._method import BasePruningMethod
+
+
+def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, BasePruningMethod]]:
+    """The (handle id, method) pairs of the pruning hooks acting on ``module.<name>``."""
+    return [
+        (key, hook)
+        for key, hook in module._forward_pre_hooks.items()
+        if isinstance(hook, _method.BasePruningMethod) and hook._tensor_name == name
+    ]
+
+
+def prune_tensor(
+    cls: type[BasePruningMethod],
+    module: nn.Module,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    importance_scores: torch.Tensor | None,
+) -> BasePruningMethod:
+    """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; the engine behind ``apply``."""
+    hooks = pruning_hooks(module, name)
+    if len(hooks) > 1:
+        raise AssertionError(
+            f"Avoid adding multiple pruning hooks to the same tensor {name} of "
+            f"module {module}. Use a PruningContainer."
+        )
+    method = cls(*args, **kwargs)
+    method._tensor_name = name
+    return _install(module, name, method, hooks[0][1] if hooks else None, importance_scores)
+
+
+def install_mask(module: nn.Module, name: str, method: BasePruningMethod, mask: torch.Tensor) -> None:
+    """Prune ``module.<name>`` with ``method`` whose final mask is already known.
+
+    Global pruning computes every tensor's combined mask at once; this registers
+    that mask as is, without computing it a second time or copying it.
+    """
+    hooks = pruning_hooks(module, name)
+    method._tensor_name = name
+    _install(module, name, method, hooks[0][1] if hooks else None, None, mask=mask)
+
+
+def _install(
+    module: nn.Module,
+    name: str,
+    method: BasePruningMethod,
+    old: BasePruningMethod | None,
+    importance_scores: torch.Tensor | None,
+    mask: torch.Tensor | None = None,
+) -> BasePruningMethod:
+    orig = getattr(module, name)
+    if importance_scores is not None:
+        if importance_scores.shape != orig.shape:
+            raise AssertionError(
+                "importance_scores should have the same shape as parameter "
+                f"{name} of {module}, got {importance_scores.shape} vs {orig.shape}"
+            )
+        importance_scores = importance_scores.to(device=orig.device)
+    else:
+        importance_scores = orig
+
+    if old is None:
+        if not isinstance(orig, torch.nn.Parameter):
+            raise TypeError(
+                f"cannot assign '{torch.typename(orig)}' object to parameter "
+                f"'{name}_orig' (torch.nn.Parameter or None required)"
+            )
+        hook = method
+        if mask is None:
+            mask = method.compute_mask(importance_scores, default_mask=torch.ones_like(orig))
+    else:
+        hook = old if isinstance(old, _container.PruningContainer) else _container.PruningContainer(old)
+        if mask is None:
+            default_mask = getattr(module, name + "_mask").detach().clone(
+                memory_format=torch.contiguous_format
+            )
+            mask = _container.combine_masks(method, importance_scores, default_mask)
+
+    with all_or_nothing([(module, name)]):
+        if old is None:
+            hook._param_after = _key_before(module._parameters, name)
+            module.register_parameter(name + "_orig", orig)
+            del module._parameters[name]
+        else:
+            hook._param_after = getattr(old, "_param_after", None)
+            hook.add_pruning_method(method)
+            for key, _ in pruning_hooks(module, name):
+                del module._forward_pre_hooks[key]
+        module.register_buffer(name + "_mask", mask)
+        set_pruned_tensor(hook, module)
+        module.register_forward_pre_hook(hook)
+    return hook
+
+
+@contextmanager
+def all_or_nothing(tensors: list[tuple[nn.Module, str]]) -> Iterator[None]:
+    """Undo every pruning change made to these ``(module, name)`` tensors if the block raises."""
+    snapshots = [_Snapshot(module, name) for module, name in tensors]
+    try:
+        yield
+    except BaseException:
+        for snapshot in reversed(snapshots):
+            snapshot.restore()
+        raise
+
+
+class _Snapshot:
+    """What pruning may change on one module for one tensor name."""
+
+    def __init__(self, module: nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+        self.parameters = dict(module._parameters)
+        self.buffers = dict(module._buffers)
+        self.hooks = dict(module._forward_pre_hooks)
+        self.attribute = module.__dict__.get(name, _MISSING)
+        self.methods = [(h, h._pruning_methods) for _, h in pruning_hooks(module, name) if hasattr(h, "_pruning_methods")]
+
+    def restore(self) -> None:
+        module = self.module
+        _refill(module._parameters, self.parameters)
+        _refill(module._buffers, self.buffers)
+        _refill(module._forward_pre_hooks, self.hooks)
+        if self.attribute is _MISSING:
+            module.__dict__.pop(self.name, None)
+        else:
+            module.__dict__[self.name] = self.attribute
+        for hook, methods in self.methods:
+            hook._pruning_methods = methods
+
+
+_MISSING = object()
+
+
+def _refill(target: dict[Any, Any], content: dict[Any, Any]) -> None:
+    target.clear()
+    target.update(content)
+
+
+def _key_before(mapping: dict[str, Any], key: str) -> str | None:
+    previous = None
+    for current in mapping:
+        if current == key:
+            return previous
+        previous = current
+    return previous
+
+
+def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
+    """Set ``module.<name>`` to the pruned tensor, remembering what it was made of."""
+    name = method._tensor_name
+    pruned = method.apply_mask(module)
+    setattr(module, name, pruned)
+    method._refs = (
+        weakref.ref(module._parameters[name + "_orig"]),
+        weakref.ref(module._buffers[name + "_mask"]),
+        weakref.ref(pruned),
+    )
+
+
+def make_permanent(method: BasePruningMethod, module: nn.Module) -> None:
+    """Write the pruned values into the original Parameter and drop the reparametrization.
+
+    Unlike torch, the parameter returns to its place in ``named_parameters()``.
+    """
+    name = method._tensor_name
+    weight = method.apply_mask(module)
+    if hasattr(module, name):
+        delattr(module, name)
+    orig = module._parameters[name + "_orig"]
+    orig.data = weight.data
+    del module._parameters[name + "_orig"]
+    del module._buffers[name + "_mask"]
+    setattr(module, name, orig)
+    _move_after(module._parameters, name, getattr(method, "_param_after", _MISSING))
+
+
+def _move_after(mapping: dict[str, Any], key: str, after: object) -> None:
+    if after is _MISSING or (after is not None and after not in mapping):
+        return
+    value = mapping.pop(key)
+    items = list(mapping.items())
+    position = 0 if after is None else 1 + [k for k, _ in items].index(after)
+    items.insert(position, (key, value))
+    _refill(mapping, dict(items))
+
+
+def memoize_pruned_tensor(method: BasePruningMethod, copied: BasePruningMethod, memo: dict[int, Any]) -> None:
+    """Teach ``copy.deepcopy`` how to copy the non-leaf tensor ``module.<name>``.
+
+    deepcopy copies a module's parameters and buffers before its hooks, so the
+    copies of ``<name>_orig`` and ``<name>_mask`` are in ``memo`` by now: the
+    copy of the pruned tensor is recomputed from them, and keeps its autograd
+    link to the copied parameter.
+    """
+    refs = getattr(method, "_refs", None)
+    if refs is None:
+        return
+    orig, mask, pruned = (ref() for ref in refs)
+    if pruned is None or pruned.is_leaf or id(pruned) in memo:
+        return
+    orig_copy = memo.get(id(orig)) if orig is not None else None
+    mask_copy = memo.get(id(mask)) if mask is not None else None
+    if orig_copy is not None and mask_copy is not None:
+        pruned_copy = mask_copy.to(dtype=orig_copy.dtype) * orig_copy
+        copied._refs = (weakref.ref(orig_copy), weakref.ref(mask_copy), weakref.ref(pruned_copy))
+    else:
+        pruned_copy = pruned.detach().clone()
+    memo[id(pruned)] = pruned_copy
+
+
+def remove(module: nn.Module, name: str) -> nn.Module:
+    """Make the pruning of ``module.<name>`` permanent and remove its hook."""
+    for key, hook in pruning_hooks(module, name):
+        hook.remove(module)
+        del module._forward_pre_hooks[key]
+        return module
+    raise ValueError(
+        f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
+    )
+
+
+def is_pruned(module: nn.Module) -> bool:
+    """Whether ``module`` or any of its submodules carries a pruning hook."""
+    return any(
+        isinstance(hook, _method.BasePruningMethod)
+        for submodule in module.modules()
+        for hook in submodule._forward_pre_hooks.values()
+    )
