@@ -166,6 +166,12 @@ def test_docstrings_render_as_markdown() -> None:
         "\n"
         "    with prunereg.safe_globals(nn.Linear):\n"
         "        x = {'a': 1}\n"
+        "\n"
+        ">>> prunereg.get('identity')(\n"
+        "...     )\n"
+        "<Identity>\n"
+        "\n"
+        "The end.\n"
     )
     assert to_markdown(docstring) == (
         "Raises `UnknownMethodError`; see `prunereg.BasePruningMethod.apply`.\n"
@@ -174,4 +180,12 @@ def test_docstrings_render_as_markdown() -> None:
         "\n"
         "    with prunereg.safe_globals(nn.Linear):\n"
         "        x = {'a': 1}\n"
+        "\n"
+        "```pycon\n"
+        ">>> prunereg.get('identity')(\n"
+        "...     )\n"
+        "<Identity>\n"
+        "```\n"
+        "\n"
+        "The end.\n"
     )
