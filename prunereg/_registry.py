@@ -193,36 +193,27 @@ class Registry:
         """
         info = self.info(name)
         key = info.qualified_name
-        cls = self._classes.get(key)
-        if cls is not None:
-            return cls
-        failure = self._failures.get(key)
-        if failure is None:
-            try:
-                cls = self._objects[key] if key in self._objects else import_target(info.target)
-                _check_method_class(cls, info)
-            except Exception as error:
-                failure = self._set_aside(info, error)
-                warnings.warn(failure, PluginWarning, stacklevel=3)
-                raise self._unavailable(failure) from error
-            self._classes[key] = cls
-            return cls
-        raise self._unavailable(failure)
+        if key in self._classes:
+            return self._classes[key]
+        if key in self._failures:
+            raise self._unavailable(self._failures[key])
+        try:
+            return self._import(key, info)
+        except Exception as error:
+            failure = self._set_aside(info, error)
+            warnings.warn(failure, PluginWarning, stacklevel=3)
+            raise self._unavailable(failure) from error
 
     def check_targets(self) -> list[str]:
         """Import every registered target now, recording each failure; returns the new failures."""
         failures = []
-        for key in list(self.qualified):
+        for key, info in list(self.qualified.items()):
             if key in self._classes or key in self._failures:
                 continue
-            info = self.qualified[key]
             try:
-                cls = self._objects[key] if key in self._objects else import_target(info.target)
-                _check_method_class(cls, info)
+                self._import(key, info)
             except Exception as error:
                 failures.append(self._set_aside(info, error))
-            else:
-                self._classes[key] = cls
         return failures
 
     def names(self, kind: str | None = None) -> list[str]:
@@ -230,6 +221,12 @@ class Registry:
         return sorted(name for name, info in self.methods.items() if kind is None or info.kind == kind)
 
     # -- internals -----------------------------------------------------------------
+
+    def _import(self, key: str, info: MethodInfo) -> type:
+        cls = self._objects[key] if key in self._objects else import_target(info.target)
+        _check_method_class(cls, info)
+        self._classes[key] = cls
+        return cls
 
     def _set_aside(self, info: MethodInfo, error: BaseException) -> str:
         problem = f"method {info.name!r} is unavailable: cannot use {info.target!r}: {describe(error)}"
