@@ -235,10 +235,51 @@ def test_the_console_script_lists_the_installed_builtins() -> None:
 def test_the_console_script_honours_the_switches() -> None:
     blocked = script("plugins", "--json", PRUNEREG_BLOCK_PLUGINS="builtins")
     assert {row["name"]: row["status"] for row in json.loads(blocked.stdout)}["builtins"] == "blocked"
-    assert json.loads(script("list", "--json", PRUNEREG_BLOCK_PLUGINS="builtins").stdout) == []
+    nothing = script("list", "--json", PRUNEREG_BLOCK_PLUGINS="builtins", PRUNEREG_PLUGINS="")
+    assert json.loads(nothing.stdout) == []
 
     lenient = script("list", PRUNEREG_PLUGINS="nosuch", PRUNEREG_STRICT_PLUGINS="0")
     assert lenient.returncode == 0
     assert "PRUNEREG_PLUGINS names 'nosuch'" in lenient.stderr and "l1_unstructured" in lenient.stdout
     strict = script("list", PRUNEREG_PLUGINS="nosuch", PRUNEREG_STRICT_PLUGINS="1")
     assert strict.returncode == 1 and "PRUNEREG_PLUGINS names 'nosuch'" in strict.stderr
+
+
+def fake_install(site: Path, module: str, source: str, version: str = "1.0") -> None:
+    """Install a one-module plugin by hand: a real dist-info with an entry point, no pip needed."""
+    distribution = module.replace("_", "-")
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{module}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[prunereg]\n{module.removeprefix('prunereg_')} = {module}\n")
+
+
+def test_installed_broken_and_clashing_plugins_never_break_the_cli(tmp_path: Path) -> None:
+    fake_install(tmp_path, "prunereg_broken", "raise ImportError('needs scipy')\n")
+    fake_install(tmp_path, "prunereg_clash", (
+        "import prunereg\n\n"
+        "@prunereg.hookimpl\n"
+        "def prunereg_register_methods(register):\n"
+        "    register('l1_unstructured', 'prunereg_builtins.unstructured:Identity', kind='unstructured', summary='Clash')\n"
+    ), version="2.5")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+
+    lenient = script("list", "--json", **env, PRUNEREG_STRICT_PLUGINS="0")
+    assert lenient.returncode == 0
+    rows = {row["name"]: row for row in json.loads(lenient.stdout)}
+    assert rows["l1_unstructured"]["package"] == "prunereg"
+    assert "plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: needs scipy" in lenient.stderr
+    assert "plugin 'clash' (prunereg-clash 2.5): method 'l1_unstructured' conflicts with plugin 'builtins' (prunereg" in lenient.stderr
+
+    statuses = {row["name"]: row["status"] for row in json.loads(script("plugins", "--json", **env).stdout)}
+    assert (statuses["builtins"], statuses["broken"], statuses["clash"]) == ("loaded", "error", "conflict")
+
+    strict = script("list", **env, PRUNEREG_STRICT_PLUGINS="1")
+    assert strict.returncode == 1 and "l1_unstructured" in strict.stdout
+
+    code = "import prunereg; print(prunereg.get('l1_unstructured').__name__)"
+    used = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env, "PRUNEREG_STRICT_PLUGINS": "0"})
+    assert used.stdout == "L1Unstructured\n"
+    assert "PluginWarning" in used.stderr and "needs scipy" in used.stderr
