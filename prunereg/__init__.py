@@ -1,21 +1,21 @@
 """prunereg: weight pruning for PyTorch, with methods found by name through plugins.
 
-``import prunereg`` stays light: torch and the plugins are imported the first
-time a name that needs them is used.
+``import prunereg`` stays light: torch, pluggy and the plugins are imported the
+first time a name that needs them is used.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-from prunereg._hookspec import hookimpl
-from prunereg._registry import MethodInfo, PluginInfo, PluginWarning, UnknownMethodError
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from prunereg._container import PruningContainer
     from prunereg._global import global_unstructured
+    from prunereg._hookspec import hookimpl
     from prunereg._method import BasePruningMethod
+    from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned, remove
     from prunereg._serialization import safe_globals
     from prunereg._state_dict import load_state_dict
@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BasePruningMethod",
     "MethodInfo",
+    "PluginError",
     "PluginInfo",
     "PluginWarning",
     "PruningContainer",
@@ -36,19 +37,28 @@ __all__ = [
     "is_pruned",
     "list_methods",
     "load_state_dict",
+    "register",
     "remove",
     "safe_globals",
 ]
 
 _LAZY = {
     "BasePruningMethod": "prunereg._method",
+    "MethodInfo": "prunereg._registry",
+    "PluginError": "prunereg._registry",
+    "PluginInfo": "prunereg._registry",
+    "PluginWarning": "prunereg._registry",
     "PruningContainer": "prunereg._container",
+    "UnknownMethodError": "prunereg._registry",
     "global_unstructured": "prunereg._global",
+    "hookimpl": "prunereg._hookspec",
     "is_pruned": "prunereg._reparam",
     "remove": "prunereg._reparam",
     "safe_globals": "prunereg._serialization",
     "load_state_dict": "prunereg._state_dict",
 }
+
+_Class = TypeVar("_Class", bound=type)
 
 
 def __getattr__(name: str) -> Any:
@@ -69,7 +79,8 @@ def get(name: str) -> type[BasePruningMethod]:
 
     >>> prunereg.get("ln_structured")(amount=0.3, n=2, dim=0)
 
-    Raises :class:`UnknownMethodError` (a ``LookupError``) naming the closest matches.
+    Raises :class:`UnknownMethodError` (a ``LookupError``) naming the closest
+    matches, or saying why a registered method's class could not be imported.
     """
     from prunereg._plugins import registry
 
@@ -83,8 +94,43 @@ def info(name: str) -> MethodInfo:
     return registry().info(name)
 
 
-def list_methods() -> list[str]:
-    """The names of all registered pruning methods, sorted."""
+def list_methods(kind: str | None = None) -> list[str]:
+    """The names of all registered pruning methods (of one ``kind`` if given), sorted."""
     from prunereg._plugins import registry
 
-    return registry().names()
+    return registry().names(kind)
+
+
+def register(
+    name: str, *, kind: str | None = None, summary: str | None = None, replace: bool = False
+) -> Callable[[_Class], _Class]:
+    """Class decorator: register a pruning method in this process only (notebooks, tests).
+
+    ::
+
+        @prunereg.register("half_magnitude", summary="Prune the smaller half")
+        class HalfMagnitude(prunereg.BasePruningMethod):
+            PRUNING_TYPE = "unstructured"
+            ...
+
+    ``kind`` defaults to the class's ``PRUNING_TYPE`` and ``summary`` to the
+    first line of its docstring. The method belongs to the plugin ``local``
+    (``get("local:half_magnitude")`` also works). Registering a name ``local``
+    already has redefines it; taking one from an installed plugin needs
+    ``replace=True``, else ``ValueError``. Packages use the entry point instead.
+    """
+
+    def decorate(cls: _Class) -> _Class:
+        from prunereg._plugins import register_local
+
+        first_doc_line = (cls.__doc__ or "").strip().splitlines()[:1]
+        register_local(
+            cls,
+            name,
+            kind=kind if kind is not None else getattr(cls, "PRUNING_TYPE", None),
+            summary=summary if summary is not None else "".join(first_doc_line),
+            replace=replace,
+        )
+        return cls
+
+    return decorate

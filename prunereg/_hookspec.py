@@ -1,6 +1,7 @@
 """The hook a prunereg plugin implements: the reference for plugin authors.
 
-A plugin is a module named by an entry point in the ``prunereg`` group::
+A plugin is a module named by an entry point in the ``prunereg`` group, in a
+distribution named ``prunereg-<x>`` whose module is ``prunereg_<x>``::
 
     # pyproject.toml
     [project.entry-points.prunereg]
@@ -14,8 +15,19 @@ A plugin is a module named by an entry point in the ``prunereg`` group::
         register("foo", "prunereg_foo.method:FooPruning",
                  kind="unstructured", summary="One line that says what it prunes")
 
+    # prunereg_foo/method.py  (imported on the first prunereg.get("foo"))
+    import torch
+    import prunereg
+
+    class FooPruning(prunereg.BasePruningMethod):
+        PRUNING_TYPE = "unstructured"
+
+        def compute_mask(self, t, default_mask): ...
+
 The class named by the target is imported the first time somebody asks for the
-method, so listing methods never imports torch or the plugin's implementation.
+method, so listing methods imports neither torch nor the plugin's
+implementation. Check the class with :func:`prunereg.testing.check_pruning_method`.
+docs/plugins.md is the full guide.
 """
 
 from __future__ import annotations
@@ -49,12 +61,19 @@ def prunereg_register_methods(register: Register) -> None:
     ``register(name, target, *, kind, summary, replace=False)``:
 
     - ``name``: how users ask for the method (``prunereg.get(name)``); lowercase
-      with underscores, unique across plugins.
-    - ``target``: the class, or better a ``"module:Attr"`` string imported on the
-      first ``get()``. The class subclasses :class:`prunereg.BasePruningMethod`.
+      with underscores, no ``:`` nor spaces. It is also reachable as
+      ``"<plugin>:<name>"``, ``<plugin>`` being the entry-point name.
+    - ``target``: a ``"module:Attr"`` string imported on the first ``get()``
+      (best: listing stays fast), or the class itself. The class subclasses
+      :class:`prunereg.BasePruningMethod`.
     - ``kind``: the class's ``PRUNING_TYPE``: ``"unstructured"``, ``"structured"``
-      or ``"global"``.
+      or ``"global"``; checked when the class is imported.
     - ``summary``: one line saying what the method prunes.
     - ``replace``: take over a name registered earlier (a built-in, say) on
-      purpose; without it the earlier registration wins and the clash is reported.
+      purpose. Without it the earlier registration keeps the name and this one
+      is reported as a conflict; only one plugin may take a name over.
+
+    Plugins load in a fixed order: the built-ins first, then the other
+    distributions by name. If this hook raises, every method it registered is
+    withdrawn and the plugin is reported as failed; other plugins are not affected.
     """

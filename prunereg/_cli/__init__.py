@@ -1,4 +1,7 @@
-"""The ``prunereg`` command line. Commands import torch only when they run."""
+"""The ``prunereg`` command line. Commands import torch only when they run.
+
+Each command module attaches its commands to :func:`main` when imported, below.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,87 @@
+"""``prunereg new-plugin``: a complete plugin package written from the templates in ``template/``.
+
+Templates are plain files ending in ``.tmpl`` whose ``{{placeholders}}`` are
+replaced by the plugin's names; ``package/`` becomes the plugin's module folder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prunereg import __version__
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+_NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+
+@dataclass(frozen=True)
+class PluginNames:
+    """Every name a plugin ``foo-bar`` needs, following prunereg's conventions."""
+
+    method: str  # foo_bar: the method name, and the entry-point (plugin) name
+    distribution: str  # prunereg-foo-bar
+    module: str  # prunereg_foo_bar
+    class_name: str  # FooBarPruning
+    prunereg_version: str
+
+    @classmethod
+    def from_name(cls, name: str) -> PluginNames:
+        """Names from ``foo-bar``, ``foo_bar`` or ``prunereg-foo-bar``."""
+        bare = re.sub(r"^prunereg[-_]", "", name.strip())
+        if not _NAME.fullmatch(bare):
+            raise ValueError(
+                f"{name!r} is not a plugin name: use lowercase letters, digits, '-' or '_', starting with a letter"
+            )
+        method = bare.replace("-", "_")
+        return cls(
+            method=method,
+            distribution=f"prunereg-{bare.replace('_', '-')}",
+            module=f"prunereg_{method}",
+            class_name="".join(part.capitalize() for part in method.split("_")) + "Pruning",
+            prunereg_version=__version__,
+        )
+
+
+def render(names: PluginNames) -> dict[Path, str]:
+    """The plugin's files, by path relative to its folder."""
+    values = asdict(names)
+    files = {}
+    for template, relative in _templates(resources.files("prunereg._cli") / "template", Path()):
+        text = _PLACEHOLDER.sub(lambda match: values[match.group(1)], template.read_text(encoding="utf-8"))
+        files[_destination(relative, names)] = text
+    return files
+
+
+def write_plugin(names: PluginNames, directory: Path) -> list[Path]:
+    """Write the plugin's files under ``directory``; returns their paths."""
+    written = []
+    for relative, text in sorted(render(names).items()):
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def _templates(folder: Traversable, relative: Path) -> list[tuple[Traversable, Path]]:
+    found = []
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            found += _templates(entry, relative / entry.name)
+        elif entry.name.endswith(".tmpl"):
+            found.append((entry, relative / entry.name.removesuffix(".tmpl")))
+    return found
+
+
+def _destination(relative: Path, names: PluginNames) -> Path:
+    parts = [names.module if part == "package" else part for part in relative.parts]
+    if parts[-1] == "test_method.py":
+        parts[-1] = f"test_{names.method}.py"
+    return Path(*parts)
