@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,6 +55,26 @@ def global_unstructured(
     tensors = [getattr(module, name) for module, name in parameters]
     scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]
     masks = [getattr(module, name + "_mask", None) for module, name in parameters]
+    new_masks = global_masks(method, tensors, scores, masks)
+    with _reparam.all_or_nothing(parameters):
+        for (module, name), share in zip(parameters, new_masks):
+            _reparam.install_mask(module, name, CustomFromMask(share), share)
+
+
+def global_masks(
+    method: BasePruningMethod,
+    tensors: Sequence[torch.Tensor],
+    scores: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """Each tensor's final mask when ``method`` prunes ``tensors`` together, as one vector.
+
+    ``scores`` rank the entries (the tensors themselves, or importance scores of
+    their shapes); ``masks`` are the tensors' earlier masks (``None``: nothing
+    pruned yet). Each mask returned has its tensor's shape, dtype and device.
+    This is the tensor-level core of :func:`global_unstructured`, also used to
+    prune a checkpoint's tensors without building a model.
+    """
     device = tensors[0].device
     flat_scores = torch.cat([s.reshape(-1).to(device) for s in scores])
     flat_mask = torch.cat(
@@ -65,13 +85,11 @@ def global_unstructured(
 
     shares = torch.split(final, [t.numel() for t in tensors])
     new_masks = []
-    for (module, name), t, old_mask, share in zip(parameters, tensors, masks, shares):
+    for t, old_mask, share in zip(tensors, masks, shares):
         share = share.reshape(t.shape).to(device=t.device, dtype=t.dtype, copy=True)
         new_masks.append(share if old_mask is None else old_mask.to(dtype=t.dtype) * share)
     del final, shares
-    with _reparam.all_or_nothing(parameters):
-        for (module, name), share in zip(parameters, new_masks):
-            _reparam.install_mask(module, name, CustomFromMask(share), share)
+    return new_masks
 
 
 def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Parameter, tensor: torch.Tensor) -> torch.Tensor:
