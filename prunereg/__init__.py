@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
     from prunereg._method import BasePruningMethod
+    from prunereg._offline import apply_masks
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned, remove
     from prunereg._serialization import safe_globals
@@ -30,6 +31,7 @@ __all__ = [
     "PluginWarning",
     "PruningContainer",
     "UnknownMethodError",
+    "apply_masks",
     "get",
     "global_unstructured",
     "hookimpl",
@@ -48,6 +50,7 @@ _LAZY = {
     "PluginError": "prunereg._registry",
     "PluginInfo": "prunereg._registry",
     "PluginWarning": "prunereg._registry",
+    "apply_masks": "prunereg._offline",
     "PruningContainer": "prunereg._container",
     "UnknownMethodError": "prunereg._registry",
     "global_unstructured": "prunereg._global",

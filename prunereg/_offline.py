@@ -1,0 +1,207 @@
+"""Pruning a model file's tensors without building the model, and giving a model its masks back.
+
+Each tensor gets exactly what ``torch.nn.utils.prune`` would give the parameter
+holding it: a fresh method's ``compute_mask(t, ones_like(t))``, or, pruned
+together, its share of :func:`prunereg._global.global_masks`; the pruned value
+is ``mask * t``, as a pruned module computes it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from prunereg import _checkpoint, _reparam
+from prunereg._global import global_masks
+from prunereg._method import BasePruningMethod
+from prunereg_builtins.custom import CustomFromMask
+
+MethodFactory = Callable[[], BasePruningMethod]
+
+
+class OfflinePruningError(Exception):
+    """A pruning request that cannot be carried out, said in one line."""
+
+
+def select(tensors: Mapping[str, torch.Tensor], include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[str]:
+    """The names of the tensors to prune, in order.
+
+    Every floating-point tensor of at least two dimensions (weights, not biases
+    or norm scales), narrowed to the names matching one of the ``include``
+    globs when there are any, minus the names matching an ``exclude`` glob.
+    """
+    return [
+        name
+        for name, tensor in tensors.items()
+        if tensor.is_floating_point()
+        and tensor.dim() >= 2
+        and (not include or any(fnmatch.fnmatchcase(name, glob) for glob in include))
+        and not any(fnmatch.fnmatchcase(name, glob) for glob in exclude)
+    ]
+
+
+def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = False) -> MethodFactory:
+    """A function building a new registered method ``name`` with ``arguments`` on each call.
+
+    Everything that can be checked without a tensor is checked now: the name
+    (:class:`prunereg.UnknownMethodError`), the argument names against the
+    constructor's signature, the values (the method's own validation), and
+    that a method pruning tensors ``together`` is ``"unstructured"`` (torch's rule).
+    """
+    import prunereg
+
+    cls = prunereg.get(name)
+    if together and cls.PRUNING_TYPE != "unstructured":
+        raise OfflinePruningError(
+            f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}"
+        )
+    _check_arguments(name, cls, arguments)
+    try:
+        cls(**arguments)
+    except (TypeError, ValueError) as error:
+        raise OfflinePruningError(f"bad arguments for method {name!r}: {error}") from error
+    return lambda: cls(**arguments)
+
+
+def _check_arguments(name: str, cls: type[BasePruningMethod], arguments: Mapping[str, Any]) -> None:
+    parameters = _constructor_parameters(cls)
+    if parameters is None:  # no signature to read: the constructor itself will judge
+        return
+    named = {
+        key: parameter
+        for key, parameter in parameters.items()
+        if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    }
+    takes_any = any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
+    unknown = [] if takes_any else [key for key in arguments if key not in named]
+    if unknown:
+        takes = ", ".join(named) or "no arguments"
+        raise OfflinePruningError(f"method {name!r} does not take argument {unknown[0]!r} (it takes: {takes})")
+    required = [key for key, parameter in named.items() if parameter.default is parameter.empty]
+    for key in required:
+        if named[key].annotation in (torch.Tensor, "torch.Tensor", "Tensor"):
+            raise OfflinePruningError(
+                f"method {name!r} needs a tensor for argument {key!r}, which cannot be given as a value here"
+            )
+    missing = [key for key in required if key not in arguments]
+    if missing:
+        raise OfflinePruningError(f"method {name!r} needs argument {missing[0]!r}")
+
+
+def _constructor_parameters(cls: type) -> Mapping[str, inspect.Parameter] | None:
+    for evaluate in (True, False):
+        try:
+            return inspect.signature(cls, eval_str=evaluate).parameters
+        except (NameError, SyntaxError, TypeError, ValueError):  # annotations a plugin cannot evaluate
+            continue
+    return None
+
+
+def compute_device(spec: str) -> torch.device:
+    """The device named ``spec``, checked to exist here and to hold values (not meta)."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError) as error:
+        raise OfflinePruningError(f"unknown device {spec!r}: {error}") from error
+    if device.type == "meta":
+        raise OfflinePruningError("cannot prune on the meta device: its tensors hold no values")
+    try:
+        torch.empty(1, device=device)
+    except Exception as error:  # torch says "not compiled with CUDA", "invalid device ordinal", ...
+        raise OfflinePruningError(f"device {spec!r} is not available: {_checkpoint.describe(error)}") from error
+    return device
+
+
+def prune(
+    tensors: Mapping[str, torch.Tensor],
+    make_method: MethodFactory,
+    *,
+    together: bool = False,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Prune ``tensors`` one by one (or all ``together``); yield ``(name, pruned, bool mask)``.
+
+    Each tensor is a separate parameter to torch: it gets a fresh method, in
+    the order given, after ``torch.manual_seed(seed)``. Masks are computed on
+    ``device``; results come back on each tensor's own device and dtype.
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    if together:
+        yield from _prune_together(tensors, make_method, device)
+        return
+    for name, tensor in tensors.items():
+        moved = tensor.to(device)
+        try:
+            mask = make_method().compute_mask(moved, torch.ones_like(moved))
+        except Exception as error:  # the method's own complaint, tied to the tensor it is about
+            raise OfflinePruningError(
+                f"cannot prune {name!r} (shape {list(tensor.shape)}): {_checkpoint.describe(error)}"
+            ) from error
+        yield name, *_apply(tensor, moved, mask)
+
+
+def _prune_together(
+    tensors: Mapping[str, torch.Tensor], make_method: MethodFactory, device: torch.device | str
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    if not tensors:
+        return
+    moved = [tensor.to(device) for tensor in tensors.values()]
+    try:
+        masks = global_masks(make_method(), moved, moved, [None] * len(moved))
+    except Exception as error:
+        raise OfflinePruningError(f"cannot prune the selected tensors together: {_checkpoint.describe(error)}") from error
+    for (name, tensor), on_device, mask in zip(tensors.items(), moved, masks):
+        yield name, *_apply(tensor, on_device, mask)
+
+
+def _apply(tensor: torch.Tensor, moved: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    pruned = mask.to(dtype=moved.dtype) * moved  # what a pruned module computes, NaN * 0 included
+    return pruned.to(tensor.device), (mask != 0).to(tensor.device)
+
+
+def apply_masks(
+    model: nn.Module, masks: Mapping[str, torch.Tensor] | str | os.PathLike[str]
+) -> nn.Module:
+    """Prune ``model`` with saved masks, so that training keeps pruned entries at zero.
+
+    ``masks`` maps parameter names (``"encoder.0.weight"``) to masks of their
+    shapes (zero: pruned), or is a file that ``prunereg prune --masks`` wrote.
+    Each parameter is pruned with ``custom_from_mask``, on top of any earlier
+    pruning. A checkpoint pruned offline fine-tunes with its pruning kept::
+
+        model.load_state_dict(safetensors.torch.load_file("pruned.safetensors"))
+        prunereg.apply_masks(model, "masks.safetensors")
+
+    Every name and shape is checked before anything changes (``KeyError``,
+    ``ValueError``), and on any failure the model is left as it was.
+    """
+    if not isinstance(masks, Mapping):
+        masks = _checkpoint.read(Path(masks)).tensors
+    targets = []
+    for name, mask in masks.items():
+        module_name, _, tensor_name = name.rpartition(".")
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            module = None
+        tensor = getattr(module, tensor_name, None) if module is not None else None
+        if not isinstance(tensor, torch.Tensor):
+            raise KeyError(f"the model has no tensor {name!r} to apply its mask to")
+        if mask.shape != tensor.shape:
+            raise ValueError(
+                f"the mask for {name!r} has shape {list(mask.shape)}, the tensor {list(tensor.shape)}"
+            )
+        targets.append((module, tensor_name, mask))
+    with _reparam.all_or_nothing([(module, tensor_name) for module, tensor_name, _ in targets]):
+        for module, tensor_name, mask in targets:
+            CustomFromMask.apply(module, tensor_name, mask)
+    return model
