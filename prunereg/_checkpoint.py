@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,15 +100,15 @@ def _read_torch(path: Path) -> Checkpoint:
     import pickle
 
     try:
-        content = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a plain pickle is refused below; torch's warning would only repeat it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            content = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        refused = re.search(r"WeightsUnpickler error:\s*([^\n]+)", str(error))
-        if refused is None:
+        if not str(error).startswith("Weights only load failed"):
             raise CheckpointError(f"cannot read '{path}' as a torch file: {describe(error)}") from error
-        reason = refused.group(1).split(". Please")[0]
         raise CheckpointError(
             f"'{path}' holds objects that torch.load(weights_only=True) refuses to load, "
-            f"so its pickle was not run: {reason}"
+            f"so its pickle was not run: {_refusal_reason(str(error))}"
         ) from error
     except Exception as error:  # torch reports truncated or foreign files with many types
         raise CheckpointError(
@@ -120,6 +120,16 @@ def _read_torch(path: Path) -> Checkpoint:
     state = content if key is None else content[key]
     tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
     return Checkpoint(path, TORCH, tensors, content=content, key=key)
+
+
+def _refusal_reason(message: str) -> str:
+    """The line of torch's long weights-only message that names what was refused."""
+    advice = ("(1)", "(2)", "Please file an issue", "Check the documentation")
+    lines = [line.strip() for line in message.splitlines()[1:] if line.strip()]
+    reasons = [line for line in lines if not line.startswith(advice)]
+    if not reasons:
+        return "see --debug"
+    return reasons[0].removeprefix("WeightsUnpickler error: ").split(". Please")[0]
 
 
 def describe(error: BaseException) -> str:

@@ -170,7 +170,6 @@ def test_weights_only_refuses_pickled_code(tmp_path: Path, capsys: pytest.Captur
     assert "pickle code ran" not in capsys.readouterr().out
 
 
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_plain_pickle_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "plain.pt"
     path.write_bytes(pickle.dumps({"w": [1, 2]}))

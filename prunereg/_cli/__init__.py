@@ -17,3 +17,4 @@ def main() -> None:
 
 
 from prunereg._cli import registry as _registry  # noqa: E402  (commands attach to main)
+from prunereg._cli import checkpoint as _checkpoint  # noqa: E402
