@@ -6,6 +6,8 @@ import json
 import math
 import os
 import pickle
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -524,3 +526,46 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert b"pruning with l1_unstructured" in shown
     assert b"pruning with" not in done.stdout.encode()
+
+
+# docs/cli.md shows real output: its commands, run in order, print what the page says.
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+
+
+def console_commands(block: str) -> list[tuple[str, str]]:
+    """``(command, output)`` pairs of a console block."""
+    pairs: list[tuple[str, str]] = []
+    for line in block.splitlines(keepends=True):
+        if line.startswith("$ "):
+            pairs.append((line[2:].strip(), ""))
+        else:
+            pairs[-1] = (pairs[-1][0], pairs[-1][1] + line)
+    return pairs
+
+
+def test_docs_show_real_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    blocks = re.findall(r"```(python|console)\n(.*?)```", DOCS.read_text(), re.S)
+    setup, finetune = [code for kind, code in blocks if kind == "python"]
+    monkeypatch.chdir(tmp_path)
+    exec(setup, {})
+    known = re.compile(r"\(known: [^)]*\)")  # other installed plugins may add names
+    ran, last_code = 0, None
+    for kind, block in blocks:
+        if kind != "console":
+            continue
+        for command, expected in console_commands(block):
+            args = shlex.split(command)
+            if args[0] == "prunereg":
+                result = CliRunner().invoke(main, args[1:], prog_name="prunereg")
+                assert known.sub("", result.output) == known.sub("", expected), command
+                last_code = result.exit_code
+            elif command == "echo $?":
+                assert f"{last_code}\n" == expected
+            else:
+                assert command == "python finetune.py"
+                capsys.readouterr()
+                exec(finetune, {})
+                assert capsys.readouterr().out == expected
+            ran += 1
+    assert ran >= 15
