@@ -131,10 +131,13 @@ WEIGHTS = ["conv.weight", "fc1.weight", "fc2.weight"]
 @pytest.mark.parametrize(("method", "arguments"), CASES)
 def test_prune_equals_torch_for_every_builtin(tmp_path: Path, layout: str, method: str, arguments: dict) -> None:
     path = write_checkpoint(tmp_path, layout, make_model())
+    data = path.read_bytes()
     output, masks = tmp_path / f"out{path.suffix}", tmp_path / "masks.safetensors"
     result = invoke("prune", path, output, "--method", method, *cli_arguments(arguments),
                     "--seed", 7, "--masks", masks)
     assert result.exit_code == 0, result.stderr
+    assert path.read_bytes() == data
+    assert sorted(os.listdir(tmp_path)) == sorted([path.name, output.name, masks.name])  # no temporary left
     assert result.stdout.startswith(f"pruned 3 of {len(make_model().state_dict())} tensors with {method}: ")
     assert result.stderr == ""  # no progress bar off a terminal
     assert_pruned_as_torch(output, masks, torch_reference(method, arguments, 7, WEIGHTS), WEIGHTS)
