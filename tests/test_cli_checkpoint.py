@@ -19,17 +19,11 @@ from click.testing import CliRunner, Result
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from torch_reference import TORCH_CLASSES
 
 from prunereg import _checkpoint
 from prunereg._cli import main
 
-TORCH_CLASSES = {
-    "identity": torch_prune.Identity,
-    "random_unstructured": torch_prune.RandomUnstructured,
-    "l1_unstructured": torch_prune.L1Unstructured,
-    "random_structured": torch_prune.RandomStructured,
-    "ln_structured": torch_prune.LnStructured,
-}
 CASES = [
     ("identity", {}),
     ("l1_unstructured", {"amount": 0.4}),

@@ -12,19 +12,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 from torch import nn
+from torch_reference import TORCH_CLASSES
 
 import prunereg
 from prunereg import _offline
 from prunereg._amount import compute_norm
 from prunereg._offline import OfflinePruningError
 
-TORCH_CLASSES = {
-    "identity": torch_prune.Identity,
-    "random_unstructured": torch_prune.RandomUnstructured,
-    "l1_unstructured": torch_prune.L1Unstructured,
-    "random_structured": torch_prune.RandomStructured,
-    "ln_structured": torch_prune.LnStructured,
-}
 
 
 @pytest.fixture
