@@ -95,9 +95,7 @@ def _install(
     else:
         hook = old if isinstance(old, _container.PruningContainer) else _container.PruningContainer(old)
         if mask is None:
-            default_mask = getattr(module, name + "_mask").detach().clone(
-                memory_format=torch.contiguous_format
-            )
+            default_mask = getattr(module, name + "_mask").detach()
             mask = _container.combine_masks(method, importance_scores, default_mask)
 
     with all_or_nothing([(module, name)]):
