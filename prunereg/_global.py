@@ -58,8 +58,13 @@ def global_unstructured(
     scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]
     masks = [getattr(module, name + "_mask", None) for module, name in parameters]
     new_masks = global_masks(method, tensors, scores, masks)
+    installed = set()
     with _reparam.all_or_nothing(parameters):
         for (module, name), share in zip(parameters, new_masks):
+            if (id(module), name) in installed:
+                # Listed twice: like torch, keep the zeros of both shares.
+                share = getattr(module, name + "_mask") * share
+            installed.add((id(module), name))
             _reparam.install_mask(module, name, CustomFromMask(share), share)
 
 

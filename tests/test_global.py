@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 import prunereg
@@ -160,3 +161,14 @@ def test_bad_input_raises_and_changes_nothing(call, error):
     with pytest.raises(error):
         call(module)
     assert module.weight is weight and not module._forward_pre_hooks and not module._buffers
+
+
+def test_a_tensor_listed_twice_keeps_the_zeros_of_both_shares():
+    masks = []
+    for p in (torch_prune, prunereg.prune):
+        torch.manual_seed(0)
+        module = nn.Linear(4, 2)
+        torch.manual_seed(1)
+        p.global_unstructured([(module, "weight"), (module, "weight")], p.RandomUnstructured, amount=8)
+        masks.append(module.weight_mask)
+    assert torch.equal(masks[1], masks[0])
