@@ -53,8 +53,12 @@ class PruningContainer(BasePruningMethod):
 
 
 def combine_masks(method: BasePruningMethod, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Apply ``method`` to the part of ``t`` that ``mask`` still keeps, per its ``PRUNING_TYPE``."""
-    new_mask = mask.to(dtype=t.dtype)
+    """Apply ``method`` to the part of ``t`` that ``mask`` still keeps, per its ``PRUNING_TYPE``.
+
+    Returns a new contiguous mask in ``t``'s dtype; ``mask`` is left as it was
+    (torch writes into it when the dtypes agree).
+    """
+    new_mask = mask.to(dtype=t.dtype, memory_format=torch.contiguous_format, copy=True)
     slc = _remaining(method, t, mask)
     partial_mask = method.compute_mask(t[slc], default_mask=mask[slc])
     new_mask[slc] = partial_mask.to(dtype=new_mask.dtype)

@@ -50,14 +50,21 @@ def global_unstructured(
             f"Found method {pruning_method} of type {method.PRUNING_TYPE}"
         )
     if not parameters:
-        return
+        # torch fails here too (ValueError from torch.cat); silently pruning
+        # nothing would hide an exhausted generator.
+        raise ValueError("global_unstructured(): parameters is empty")
 
     tensors = [getattr(module, name) for module, name in parameters]
     scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]
     masks = [getattr(module, name + "_mask", None) for module, name in parameters]
     new_masks = global_masks(method, tensors, scores, masks)
+    installed = set()
     with _reparam.all_or_nothing(parameters):
         for (module, name), share in zip(parameters, new_masks):
+            if (id(module), name) in installed:
+                # Listed twice: like torch, keep the zeros of both shares.
+                share = getattr(module, name + "_mask") * share
+            installed.add((id(module), name))
             _reparam.install_mask(module, name, CustomFromMask(share), share)
 
 
@@ -93,12 +100,18 @@ def global_masks(
 
 
 def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Parameter, tensor: torch.Tensor) -> torch.Tensor:
+    """The scores of one parameter, in its shape.
+
+    torch flattens every score tensor, so any shape with the parameter's number
+    of entries is accepted; a different count is an IndexError, as it is in
+    torch when the counts do not add up.
+    """
     scores = importance_scores.get(pair)
     if scores is None:
         return tensor
-    if scores.shape != tensor.shape:
-        raise AssertionError(
-            f"importance_scores should have the same shape as parameter {pair[1]} of "
-            f"{pair[0]}, got {scores.shape} vs {tensor.shape}"
+    if scores.numel() != tensor.numel():
+        raise IndexError(
+            f"importance_scores for parameter {pair[1]} of {pair[0]} should have "
+            f"{tensor.numel()} entries like the parameter, got shape {tuple(scores.shape)}"
         )
-    return scores
+    return scores.reshape(tensor.shape)

@@ -95,18 +95,16 @@ def _install(
     else:
         hook = old if isinstance(old, _container.PruningContainer) else _container.PruningContainer(old)
         if mask is None:
-            default_mask = getattr(module, name + "_mask").detach().clone(
-                memory_format=torch.contiguous_format
-            )
+            default_mask = getattr(module, name + "_mask").detach()
             mask = _container.combine_masks(method, importance_scores, default_mask)
 
     with all_or_nothing([(module, name)]):
         if old is None:
-            hook._param_after = _key_before(module._parameters, name)
+            hook._param_order = _parameter_order(module, name)
             module.register_parameter(name + "_orig", orig)
             del module._parameters[name]
         else:
-            hook._param_after = getattr(old, "_param_after", None)
+            hook._param_order = getattr(old, "_param_order", None)
             hook.add_pruning_method(method)
             for key, _ in pruning_hooks(module, name):
                 del module._forward_pre_hooks[key]
@@ -138,7 +136,7 @@ class _Snapshot:
         self.buffers = dict(module._buffers)
         self.hooks = dict(module._forward_pre_hooks)
         self.attribute = module.__dict__.get(name, _MISSING)
-        self.methods = [(h, h._pruning_methods) for _, h in pruning_hooks(module, name) if hasattr(h, "_pruning_methods")]
+        self.hook_states = [(h, dict(h.__dict__)) for _, h in pruning_hooks(module, name)]
 
     def restore(self) -> None:
         module = self.module
@@ -149,8 +147,8 @@ class _Snapshot:
             module.__dict__.pop(self.name, None)
         else:
             module.__dict__[self.name] = self.attribute
-        for hook, methods in self.methods:
-            hook._pruning_methods = methods
+        for hook, state in self.hook_states:
+            _refill(hook.__dict__, state)
 
 
 _MISSING = object()
@@ -161,13 +159,19 @@ def _refill(target: dict[Any, Any], content: dict[Any, Any]) -> None:
     target.update(content)
 
 
-def _key_before(mapping: dict[str, Any], key: str) -> str | None:
-    previous = None
-    for current in mapping:
-        if current == key:
-            return previous
-        previous = current
-    return previous
+def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
+    """The parameter names of ``module`` in their order before any of them was pruned.
+
+    Pruning moves ``<name>_orig`` to the end of ``_parameters`` (as torch does,
+    so state_dict keys match); ``remove`` uses this order to put ``<name>`` back
+    in its place. Other pruned tensors of the module remember the order from
+    before they moved.
+    """
+    for hook in module._forward_pre_hooks.values():
+        order = getattr(hook, "_param_order", None)
+        if isinstance(hook, _method.BasePruningMethod) and order is not None and name in order:
+            return order
+    return tuple(module._parameters)
 
 
 def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
@@ -185,27 +189,31 @@ def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
 def make_permanent(method: BasePruningMethod, module: nn.Module) -> None:
     """Write the pruned values into the original Parameter and drop the reparametrization.
 
-    Unlike torch, the parameter returns to its place in ``named_parameters()``.
+    Unlike torch, the parameter returns to its place in ``named_parameters()``
+    and keeps its memory format (a channels_last weight stays channels_last).
     """
     name = method._tensor_name
-    weight = method.apply_mask(module)
+    weight = method.apply_mask(module).detach()
     if hasattr(module, name):
         delattr(module, name)
     orig = module._parameters[name + "_orig"]
-    orig.data = weight.data
+    if weight.stride() != orig.stride():
+        weight = torch.empty_like(orig).copy_(weight)
+    orig.data = weight
     del module._parameters[name + "_orig"]
     del module._buffers[name + "_mask"]
     setattr(module, name, orig)
-    _move_after(module._parameters, name, getattr(method, "_param_after", _MISSING))
+    _restore_place(module._parameters, name, getattr(method, "_param_order", None))
 
 
-def _move_after(mapping: dict[str, Any], key: str, after: object) -> None:
-    if after is _MISSING or (after is not None and after not in mapping):
+def _restore_place(mapping: dict[str, Any], key: str, order: tuple[str, ...] | None) -> None:
+    """Move ``key`` before the first parameter that followed it in ``order``."""
+    if order is None or key not in order:
         return
-    value = mapping.pop(key)
-    items = list(mapping.items())
-    position = 0 if after is None else 1 + [k for k, _ in items].index(after)
-    items.insert(position, (key, value))
+    followers = set(order[order.index(key) + 1 :])
+    items = [(k, v) for k, v in mapping.items() if k != key]
+    position = next((i for i, (k, _) in enumerate(items) if k in followers), len(items))
+    items.insert(position, (key, mapping[key]))
     _refill(mapping, dict(items))
 
 

@@ -12,7 +12,9 @@ from prunereg._method import BasePruningMethod
 from prunereg._reparam import set_pruned_tensor
 
 
-def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
+def load_state_dict(
+    model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True, assign: bool = False
+) -> Any:
     """``model.load_state_dict`` that also accepts the other side of pruning.
 
     - A pruned state dict (``w_orig`` and ``w_mask``) loads into an unpruned
@@ -22,7 +24,8 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
 
     Keys already in the model's form load as usual. Afterwards every pruned
     ``module.<name>`` is recomputed, so it is never stale. Returns what
-    ``load_state_dict`` returns; ``strict`` means what it means there.
+    ``load_state_dict`` returns; ``strict`` and ``assign`` mean what they mean
+    there (``assign=True`` fills a model built on the meta device).
     """
     translated = dict(state_dict)
     pruned = []
@@ -34,7 +37,7 @@ def load_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], st
                 _to_pruned(translated, dot + hook._tensor_name, module._buffers[hook._tensor_name + "_mask"])
         for name in module._parameters:
             _to_unpruned(translated, dot + name)
-    result = model.load_state_dict(translated, strict=strict)
+    result = model.load_state_dict(translated, strict=strict, assign=assign)
     for module, hook in pruned:
         set_pruned_tensor(hook, module)
     return result
