@@ -30,7 +30,7 @@ def test_matches_a_plain_python_ranking(data: st.DataObject, rows: int, cols: in
     scores = data.draw(st.lists(st.lists(values, min_size=cols, max_size=cols), min_size=rows, max_size=rows))
     alive = data.draw(st.lists(st.lists(st.booleans(), min_size=cols, max_size=cols), min_size=rows, max_size=rows))
     counts = data.draw(st.lists(st.integers(0, cols), min_size=rows, max_size=rows))
-    kept = keep_highest_per_row(torch.tensor(scores), torch.tensor(alive), torch.tensor(counts))
+    kept = keep_highest_per_row(torch.tensor(scores, dtype=torch.float64), torch.tensor(alive), torch.tensor(counts))
     assert kept.tolist() == reference(scores, alive, counts)
 
 
