@@ -39,3 +39,22 @@ def _nan_lowest(scores: torch.Tensor) -> torch.Tensor:
     if scores.is_meta or not scores.is_floating_point() or not bool(scores.isnan().any()):
         return scores
     return scores.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
+def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int | torch.Tensor) -> torch.Tensor:
+    """Mark, in every row along the last dim, the ``counts`` entries to keep.
+
+    Entries still ``alive`` (bool, the shape of ``scores``) rank before pruned
+    ones, so keeping ``q`` entries of a row keeps as many survivors as it can;
+    among those, higher scores rank first, NaN lowest, and equal scores keep
+    the lower index. ``counts`` is an int or a tensor of ``scores.shape[:-1]``.
+    Row-wise methods (N:M groups, per-output-row pruning) share this ranking.
+    """
+    by_score = torch.sort(_nan_lowest(scores), dim=-1, descending=True, stable=True).indices
+    alive_sorted = alive.gather(-1, by_score).to(torch.uint8)
+    order = by_score.gather(-1, torch.sort(alive_sorted, dim=-1, descending=True, stable=True).indices)
+    if isinstance(counts, torch.Tensor):
+        counts = counts.unsqueeze(-1)
+    rank = torch.arange(scores.shape[-1], device=scores.device)
+    keep_sorted = (rank < counts).expand(order.shape)
+    return torch.zeros(order.shape, dtype=torch.bool, device=scores.device).scatter_(-1, order, keep_sorted)
