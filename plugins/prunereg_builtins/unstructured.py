@@ -8,7 +8,7 @@ import torch
 
 from prunereg import BasePruningMethod
 from prunereg._amount import nparams_to_prune, validate_amount, validate_amount_init
-from prunereg._select import select_k
+from prunereg._select import prune_k
 
 
 class Identity(BasePruningMethod):
@@ -26,7 +26,7 @@ class Identity(BasePruningMethod):
 
 
 class _AmountUnstructured(BasePruningMethod):
-    """Zero the ``amount`` entries that :meth:`_prune_first` ranks first."""
+    """Zero the ``amount`` entries that :meth:`_pruned` ranks first."""
 
     PRUNING_TYPE = "unstructured"
 
@@ -38,21 +38,21 @@ class _AmountUnstructured(BasePruningMethod):
         tensor_size = t.nelement()
         k = nparams_to_prune(self.amount, tensor_size)
         validate_amount(k, tensor_size)
-        mask = default_mask.clone(memory_format=torch.contiguous_format)
-        if k != 0:
-            mask.view(-1).masked_fill_(self._prune_first(t, k).reshape(-1), 0)
-        return mask
+        if k == 0:
+            return default_mask.clone(memory_format=torch.contiguous_format)
+        return self._pruned(t, k, default_mask)
 
-    def _prune_first(self, t: torch.Tensor, k: int) -> torch.Tensor:
+    def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
+        """``default_mask`` with ``k`` more zeros, at the entries this method ranks first."""
         raise NotImplementedError  # abstract
 
 
 class RandomUnstructured(_AmountUnstructured):
     """Prune ``amount`` entries chosen uniformly at random (torch's draws, so the same seed gives torch's mask)."""
 
-    def _prune_first(self, t: torch.Tensor, k: int) -> torch.Tensor:
+    def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
         prob = torch.rand_like(t, memory_format=torch.contiguous_format)
-        return select_k([prob], k, largest=True)[0]
+        return prune_k(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
 
     @classmethod
     def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real) -> RandomUnstructured:  # type: ignore[override]
@@ -63,8 +63,8 @@ class RandomUnstructured(_AmountUnstructured):
 class L1Unstructured(_AmountUnstructured):
     """Prune the ``amount`` entries of smallest absolute value (NaN first)."""
 
-    def _prune_first(self, t: torch.Tensor, k: int) -> torch.Tensor:
-        return select_k([torch.abs(t)], k)[0]
+    def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
+        return prune_k(t, k, default_mask, magnitude=True)
 
     @classmethod
     def apply(  # type: ignore[override]
