@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from prunereg._compact import compact_masks
     from prunereg._container import PruningContainer
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
@@ -32,6 +33,7 @@ __all__ = [
     "PruningContainer",
     "UnknownMethodError",
     "apply_masks",
+    "compact_masks",
     "get",
     "global_unstructured",
     "hookimpl",
@@ -53,6 +55,7 @@ _LAZY = {
     "PruningContainer": "prunereg._container",
     "UnknownMethodError": "prunereg._registry",
     "apply_masks": "prunereg._offline",
+    "compact_masks": "prunereg._compact",
     "global_unstructured": "prunereg._global",
     "hookimpl": "prunereg._hookspec",
     "is_pruned": "prunereg._reparam",

@@ -38,6 +38,8 @@ class BasePruningMethod(ABC):
             raise AssertionError(f"Module {module} has to be pruned")
         mask = getattr(module, self._tensor_name + "_mask")
         orig = getattr(module, self._tensor_name + "_orig")
+        if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
+            return orig * mask
         return mask.to(dtype=orig.dtype) * orig
 
     @classmethod

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prunereg import _container, _method
+from prunereg import _compact, _container, _method
 
 if TYPE_CHECKING:
     from torch import nn
@@ -96,7 +96,10 @@ def _install(
         hook = old if isinstance(old, _container.PruningContainer) else _container.PruningContainer(old)
         if mask is None:
             default_mask = getattr(module, name + "_mask").detach()
+            if default_mask.dtype == torch.bool:  # compact storage: methods see the usual dtype
+                default_mask = default_mask.to(orig.dtype)
             mask = _container.combine_masks(method, importance_scores, default_mask)
+    mask = _compact.stored(mask, orig.dtype, module._buffers.get(name + "_mask") if old is not None else None)
 
     with all_or_nothing([(module, name)]):
         if old is None:
