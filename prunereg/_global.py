@@ -1,16 +1,30 @@
-"""Global pruning: one threshold over many tensors, as if they were one."""
+"""Global pruning: one threshold over many tensors, as if they were one.
+
+torch concatenates every weight, mask and score (about 12x the weights' bytes at
+peak) and leaves a concatenated mask alive. Here the built-in L1 and random
+methods stream: the threshold search of :mod:`prunereg._select` runs over the
+parameters block by block, so besides the new masks only one block's
+temporaries are alive at a time, and each parameter keeps only its own mask.
+Random draws are those of torch (``rand`` of the remaining entries, in the
+promoted dtype, on the first tensor's device): on CPU a run of draws block by
+block gives the same numbers, so each pass restores the generator state and
+draws again instead of keeping them; on other devices they are drawn once.
+Other methods, and small inputs (where ``topk`` decides, as in torch), see the
+remaining entries concatenated, as torch does.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from prunereg import _reparam
-from prunereg._container import combine_masks
+from prunereg import _compact, _reparam, _select
+from prunereg._amount import nparams_to_prune, validate_amount
 from prunereg._method import BasePruningMethod
 from prunereg_builtins.custom import CustomFromMask
+from prunereg_builtins.unstructured import L1Unstructured, RandomUnstructured
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,7 +43,9 @@ def global_unstructured(
     The method sees the entries of all tensors that are still unpruned as one
     vector; each tensor then gets its share of the mask through ``custom_from_mask``.
     Unlike torch, the tensors may live on different devices (meta included),
-    ``parameters`` may be a generator, and no concatenated mask stays alive.
+    ``parameters`` may be a generator, memory stays bounded (see the module
+    docstring) and no concatenated mask stays alive. All tensors are pruned or,
+    on any error, none.
     """
     if not isinstance(parameters, Iterable):
         raise TypeError("global_unstructured(): parameters is not an Iterable")
@@ -78,25 +94,207 @@ def global_masks(
 
     ``scores`` rank the entries (the tensors themselves, or importance scores of
     their shapes); ``masks`` are the tensors' earlier masks (``None``: nothing
-    pruned yet). Each mask returned has its tensor's shape, dtype and device.
-    This is the tensor-level core of :func:`global_unstructured`, also used to
-    prune a checkpoint's tensors without building a model.
+    pruned yet). Each mask returned has its tensor's shape, dtype and device
+    (bool under :func:`prunereg.compact_masks`). This is the tensor-level core
+    of :func:`global_unstructured`, also used to prune a checkpoint's tensors
+    without building a model.
     """
-    device = tensors[0].device
-    flat_scores = torch.cat([s.reshape(-1).to(device) for s in scores])
-    flat_mask = torch.cat(
-        [(m if m is not None else torch.ones_like(t)).reshape(-1).to(device, flat_scores.dtype) for m, t in zip(masks, tensors)]
-    )
-    final = combine_masks(method, flat_scores, flat_mask)
-    del flat_scores, flat_mask
+    entries = [_Entry(t, s, m) for t, s, m in zip(tensors, scores, masks)]
+    shares = _shares(method, entries)
+    for entry, share in zip(entries, shares):
+        if entry.old_mask is not None:
+            _times_old_mask(share, entry.old_mask)
+    return shares
 
-    shares = torch.split(final, [t.numel() for t in tensors])
-    new_masks = []
-    for t, old_mask, share in zip(tensors, masks, shares):
-        share = share.reshape(t.shape).to(device=t.device, dtype=t.dtype, copy=True)
-        new_masks.append(share if old_mask is None else old_mask.to(dtype=t.dtype) * share)
-    del final, shares
-    return new_masks
+
+class _Entry(NamedTuple):
+    """One parameter of the global pruning: the tensor, its scores and its current mask."""
+
+    tensor: torch.Tensor
+    scores: torch.Tensor
+    old_mask: torch.Tensor | None
+
+
+class _Block(NamedTuple):
+    """Part of one entry in the stream: flat ``[start, stop)``, its remaining entries and their keys."""
+
+    entry: int
+    start: int
+    stop: int
+    remaining: torch.Tensor | None  # bool over the block; None: all remain
+    keys: torch.Tensor
+
+
+def _shares(method: BasePruningMethod, entries: list[_Entry]) -> list[torch.Tensor]:
+    """Each entry's share of the global mask (torch's ``final_mask`` slices), in its tensor's dtype and on its device."""
+    meta = {e.tensor.is_meta for e in entries}
+    if len(meta) > 1 or (meta == {False} and any(e.scores.is_meta for e in entries)):
+        raise TypeError("global_unstructured(): cannot prune meta tensors together with tensors that hold data")
+    if meta == {True}:  # shapes only: scores and masks of any device go to meta too
+        return _concatenated(method, entries, meta=True)
+    kind = _STREAMED.get(type(method))
+    if kind is None:
+        return _concatenated(method, entries)
+    remaining = sum(_remaining_count(e) for e in entries)
+    device = entries[0].scores.device
+    if remaining <= _select.TOPK_CUTOFF.get(device.type, _select._DEFAULT_CUTOFF):
+        return _concatenated(method, entries)
+    return _streamed(kind, method, entries, remaining)
+
+
+def _streamed(kind: str, method: BasePruningMethod, entries: list[_Entry], remaining: int) -> list[torch.Tensor]:
+    amount = method.amount  # type: ignore[attr-defined]
+    k = nparams_to_prune(amount, remaining)
+    validate_amount(k, remaining)
+    dtype = _select.promoted_dtype([e.scores for e in entries])
+    shares = [_fresh_mask(e, filled=k == 0) for e in entries]
+    if k == 0:
+        return shares
+    device = entries[0].scores.device
+    workspace = _select.Workspace()
+    draws = _Draws(dtype, device, remaining, workspace) if kind == "random" else None
+
+    clean: dict[tuple[int, int], bool] = {}  # blocks an earlier pass found free of NaN (and negatives)
+
+    def blocks() -> Iterator[_Block]:
+        if draws is not None:
+            draws.restart()
+        for index, entry in enumerate(entries):
+            scores = entry.scores.reshape(-1)
+            old = entry.old_mask.reshape(-1) if entry.old_mask is not None else None
+            for start in range(0, scores.numel(), _select.BLOCK):
+                stop = min(start + _select.BLOCK, scores.numel())
+                keep = (old[start:stop] == 1).to(scores.device) if old is not None else None
+                if draws is not None:
+                    values = draws.next(stop - start if keep is None else int(torch.count_nonzero(keep)))
+                else:
+                    values = workspace.converted(scores[start:stop], dtype)
+                    values = values if keep is None else values[keep]
+                keys, clean[index, start] = _select._order_keys(
+                    values.reshape(-1), draws is None, workspace, clean=clean.get((index, start), False)
+                )
+                yield _Block(index, start, stop, keep, keys)
+
+    threshold = _select.find_threshold(
+        lambda: (block.keys for block in blocks()),
+        k,
+        width=_select.key_width(dtype),
+        largest=draws is not None,
+        two_pass=True,
+        device=device,
+        workspace=workspace,
+    )
+    mark = _select.Marker(threshold, workspace)
+    places = []
+    for block in blocks():
+        selected = mark(block.keys, out=workspace.like("selected", block.keys, torch.bool))
+        share = shares[block.entry].view(-1)[block.start : block.stop]
+        if block.remaining is None:
+            share.copy_(selected.logical_not_())  # the share was all ones: keep what is not selected
+        else:
+            _clear_remaining(share, block.remaining, selected)
+        places.append((block.entry, block.start, block.stop, block.remaining is not None))
+    for number, positions in mark.finish():
+        entry, start, stop, partial = places[number]
+        if partial:  # positions count the remaining entries of the block only
+            remaining = entries[entry].old_mask.reshape(-1)[start:stop] == 1
+            positions = remaining.nonzero().squeeze(1)[positions.to(remaining.device)]
+        share = shares[entry].view(-1)[start:stop]
+        share.index_fill_(0, positions.to(share.device), 0)
+    return shares
+
+
+def _clear_remaining(share: torch.Tensor, remaining: torch.Tensor, selected: torch.Tensor) -> None:
+    """Zero ``share`` where ``selected`` says so, ``selected`` being over its ``remaining`` entries only."""
+    remaining = remaining.to(share.device)
+    where = torch.zeros_like(remaining)
+    where[remaining] = selected.to(where.device)
+    share.masked_fill_(where, 0)
+
+
+class _Draws:
+    """torch's uniform draws for the remaining entries, handed out in order, as often as needed."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device, total: int, workspace: _select.Workspace) -> None:
+        self.dtype = dtype
+        self.device = device
+        self.workspace = workspace
+        if device.type == "cpu":
+            # CPU draws are sequential: drawing in pieces gives the same stream.
+            self.state = torch.get_rng_state()
+            self.drawn = None
+        else:
+            self.drawn = torch.rand(total, dtype=dtype, device=device)
+        self.position = 0
+
+    def restart(self) -> None:
+        self.position = 0
+        if self.drawn is None:
+            torch.set_rng_state(self.state)
+
+    def next(self, count: int) -> torch.Tensor:
+        start, self.position = self.position, self.position + count
+        if self.drawn is not None:
+            return self.drawn[start : self.position]
+        out = self.workspace.take("draws", count, self.dtype, self.device)
+        return torch.rand(count, dtype=self.dtype, device=self.device, out=out)
+
+
+def _concatenated(method: BasePruningMethod, entries: list[_Entry], *, meta: bool = False) -> list[torch.Tensor]:
+    """torch's way: the remaining scores (all scores on meta) concatenated on the first device."""
+    device = torch.device("meta") if meta else entries[0].scores.device
+    dtype = _select.promoted_dtype([e.scores for e in entries])
+    keeps = [
+        None if meta or e.old_mask is None else (e.old_mask.reshape(-1) == 1).to(device) for e in entries
+    ]
+    relevant = torch.cat(
+        [
+            (s if keep is None else s[keep])
+            for s, keep in zip((e.scores.reshape(-1).to(device, dtype) for e in entries), keeps)
+        ]
+    )
+    mask_dtype = _select.promoted_dtype([e.old_mask if e.old_mask is not None else e.tensor for e in entries])
+    partial = method.compute_mask(relevant, default_mask=torch.ones_like(relevant, dtype=mask_dtype))
+    shares = []
+    pointer = 0
+    for entry, keep in zip(entries, keeps):
+        share = _fresh_mask(entry, filled=keep is not None)
+        flat = share.view(-1)
+        count = flat.numel() if keep is None else int(torch.count_nonzero(keep))
+        piece = partial[pointer : pointer + count].to(flat.device, flat.dtype)
+        if keep is None:
+            flat.copy_(piece)
+        else:
+            flat[keep.to(flat.device)] = piece
+        pointer += count
+        shares.append(share)
+    return shares
+
+
+def _times_old_mask(share: torch.Tensor, old_mask: torch.Tensor) -> None:
+    """``share *= old_mask`` (what ``custom_from_mask`` does on top of earlier pruning), in place."""
+    old_mask = old_mask.to(share.device)
+    if share.dtype == torch.bool:
+        share.logical_and_(old_mask)
+    else:
+        share.mul_(old_mask.to(share.dtype))
+
+
+def _fresh_mask(entry: _Entry, *, filled: bool) -> torch.Tensor:
+    """A contiguous mask for ``entry``: its current mask, or ones (uninitialized unless ``filled``)."""
+    tensor = entry.tensor
+    dtype = _compact.mask_dtype(tensor.dtype, entry.old_mask)
+    if entry.old_mask is not None:
+        return entry.old_mask.to(device=tensor.device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+    if filled:
+        return torch.ones(tensor.shape, dtype=dtype, device=tensor.device)
+    return torch.empty(tensor.shape, dtype=dtype, device=tensor.device)
+
+
+def _remaining_count(entry: _Entry) -> int:
+    if entry.old_mask is None:
+        return entry.scores.numel()
+    return int(torch.count_nonzero(entry.old_mask == 1))
 
 
 def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Parameter, tensor: torch.Tensor) -> torch.Tensor:
@@ -115,3 +313,6 @@ def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Paramete
             f"{tensor.numel()} entries like the parameter, got shape {tuple(scores.shape)}"
         )
     return scores.reshape(tensor.shape)
+
+
+_STREAMED = {L1Unstructured: "magnitude", RandomUnstructured: "random"}
