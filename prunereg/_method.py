@@ -19,14 +19,20 @@ class BasePruningMethod(ABC):
     ``"unstructured"``, ``"structured"`` (and then have a ``dim`` attribute) or
     ``"global"``; that type tells a :class:`PruningContainer` which entries a
     later method may still act on. An instance applied to a module is also its
-    forward pre-hook: before every forward it recomputes ``<name> = <name>_orig * <name>_mask``.
+    forward pre-hook: before every forward it recomputes ``<name> = <name>_orig * <name>_mask``,
+    except with autograd off when neither changed since the last time (then
+    ``<name>`` already holds that product, and a no_grad forward costs what the
+    unpruned model's does).
     """
 
     PRUNING_TYPE: ClassVar[str]
     _tensor_name: str
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
-        _reparam.set_pruned_tensor(self, module)
+        # With autograd on, the product must be recomputed: it links <name> to
+        # <name>_orig in this forward's graph.
+        if torch.is_grad_enabled() or not _reparam.pruned_tensor_is_current(self, module):
+            _reparam.set_pruned_tensor(self, module)
 
     @abstractmethod
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
@@ -87,6 +93,7 @@ class BasePruningMethod(ABC):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_refs", None)
+        state.pop("_stamp", None)
         return state
 
     def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:

@@ -182,10 +182,41 @@ def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
     name = method._tensor_name
     pruned = method.apply_mask(module)
     setattr(module, name, pruned)
-    method._refs = (
-        weakref.ref(module._parameters[name + "_orig"]),
-        weakref.ref(module._buffers[name + "_mask"]),
-        weakref.ref(pruned),
+    orig = module._parameters[name + "_orig"]
+    mask = module._buffers[name + "_mask"]
+    method._refs = (weakref.ref(orig), weakref.ref(mask), weakref.ref(pruned))
+    method._stamp = _stamp(orig, mask, pruned)
+
+
+def pruned_tensor_is_current(method: BasePruningMethod, module: nn.Module) -> bool:
+    """Whether ``module.<name>`` still is ``orig * mask`` as :func:`set_pruned_tensor` left it.
+
+    True only if none of the three tensors was replaced, changed in place
+    (version counters), given new data (``.data =``, ``.to()``) or a new dtype
+    or device since then. The forward pre-hook then skips the multiplication.
+    """
+    stamp = method.__dict__.get("_stamp")
+    if stamp is None:
+        return False
+    name = method._tensor_name
+    orig, mask, pruned = (ref() for ref in method._refs)
+    return (
+        orig is not None
+        and orig is module._parameters.get(name + "_orig")
+        and mask is module._buffers.get(name + "_mask")
+        and pruned is module.__dict__.get(name)
+        and _stamp(orig, mask, pruned) == stamp
+    )
+
+
+def _stamp(orig: torch.Tensor, mask: torch.Tensor, pruned: torch.Tensor) -> tuple[object, ...] | None:
+    """What changes when any of the three tensors changes; None where that cannot be told."""
+    if orig.is_meta or orig.is_inference() or mask.is_inference() or pruned.is_inference():
+        return None  # meta: nothing to save; inference tensors have no version counter
+    return (
+        orig._version, orig.data_ptr(), orig.dtype, orig.device,
+        mask._version, mask.data_ptr(), mask.dtype, mask.device,
+        pruned._version,
     )
 
 
