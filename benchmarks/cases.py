@@ -1,0 +1,248 @@
+"""The benchmark cases; ``python benchmarks/cases.py CASE LIB [--quick]`` runs one and prints its result.
+
+Each case builds its inputs first. What is measured starts after that: wall time
+and the peak resident memory above what the process holds once the inputs
+exist (VmHWM, reset through /proc/self/clear_refs), in bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import importlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import memory  # noqa: E402
+
+LIBS = {"prunereg": "prunereg.prune", "torch": "torch.nn.utils.prune"}
+BOTH = ("prunereg", "torch")
+TOGETHER = ("together",)  # one run that measures both libraries side by side
+
+# The 1B-parameter case needs about 2 GiB of weights and 2 GiB of masks, plus
+# everything else on the machine: below this it is skipped, never attempted.
+ONE_BILLION_NEEDS = 12 * memory.GIB
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    group: str
+    title: str
+    libs: tuple[str, ...]
+    run: Callable[[str, bool], dict[str, Any]]
+
+
+CASES: dict[str, Case] = {}
+
+
+def case(name: str, group: str, title: str, libs: tuple[str, ...] = BOTH) -> Callable:
+    def register(run: Callable[[str, bool], dict[str, Any]]) -> Callable:
+        CASES[name] = Case(name, group, title, libs, run)
+        return run
+
+    return register
+
+
+def measure(operation: Callable[[], object], *, weights: int, warmup: Callable[[], object] | None = None,
+            repeat: bool = True) -> dict[str, Any]:
+    """Time ``operation`` (best of several runs if ``repeat``) and its peak memory above the inputs."""
+    if warmup is not None:
+        warmup()
+    gc.collect()
+    memory.trim()
+    exact_peak = memory.reset_peak()
+    baseline = memory.rss()
+    times: list[float] = []
+    started = time.perf_counter()
+    while not times or (repeat and len(times) < 10 and (len(times) < 3 or time.perf_counter() - started < 2.0)):
+        start = time.perf_counter()
+        result = operation()
+        times.append(time.perf_counter() - start)
+        del result
+    peak = memory.peak() - baseline
+    gc.collect()
+    memory.trim()
+    return {
+        "seconds": min(times),
+        "median": statistics.median(times),
+        "runs": len(times),
+        "peak": peak,
+        "exact_peak": exact_peak,
+        "retained": memory.rss() - baseline,
+        "weights": weights,
+    }
+
+
+def _prune_module(lib: str) -> Any:
+    return importlib.import_module(LIBS[lib])
+
+
+# compute_mask on one 4096 x 4096 tensor ----------------------------------------
+
+_MASK_METHODS = {
+    "l1_unstructured": lambda p: p.L1Unstructured(0.5),
+    "random_unstructured": lambda p: p.RandomUnstructured(0.5),
+    "ln_structured": lambda p: p.LnStructured(0.5, n=2, dim=0),
+    "random_structured": lambda p: p.RandomStructured(0.5, dim=0),
+}
+
+
+def _compute_mask_case(method: str, dtype_name: str) -> Callable[[str, bool], dict[str, Any]]:
+    def run(lib: str, quick: bool) -> dict[str, Any]:
+        import torch
+
+        side = 512 if quick else 4096
+        torch.manual_seed(0)
+        t = torch.randn(side, side).to(getattr(torch, dtype_name))
+        default = torch.ones_like(t)
+        pruning = _MASK_METHODS[method](_prune_module(lib))
+        result = measure(lambda: pruning.compute_mask(t, default), weights=t.nbytes,
+                         warmup=lambda: pruning.compute_mask(t, default))
+        return {**result, "shape": list(t.shape)}
+
+    return run
+
+
+for _method in _MASK_METHODS:
+    for _dtype in ("float32", "bfloat16"):
+        case(f"compute_mask/{_method}/{_dtype}", "compute_mask", f"{_method} {_dtype}")(
+            _compute_mask_case(_method, _dtype)
+        )
+
+
+# global_unstructured over stacks of Linear layers --------------------------------
+
+
+def _mlp(layers: int, width: int, dtype: Any, bias: bool = True) -> Any:
+    from torch import nn
+
+    return nn.Sequential(*[nn.Linear(width, width, bias=bias, dtype=dtype) for _ in range(layers)])
+
+
+def _global_case(layers: int, width: int, dtype_name: str, method: str = "L1Unstructured",
+                 compact: bool = False, quick_shape: tuple[int, int] = (4, 256)) -> Callable:
+    def run(lib: str, quick: bool) -> dict[str, Any]:
+        import torch
+
+        dtype = getattr(torch, dtype_name)
+        n_layers, n_width = quick_shape if quick else (layers, width)
+        torch.manual_seed(0)
+        model = _mlp(n_layers, n_width, dtype, bias=False)
+        prune = _prune_module(lib)
+        pairs = [(m, "weight") for m in model]
+        weights = sum(m.weight.nbytes for m in model)
+        tiny = _mlp(2, 8, dtype)
+
+        def operation() -> None:
+            context = importlib.import_module("prunereg").compact_masks() if compact else contextlib.nullcontext()
+            with context:
+                prune.global_unstructured(pairs, getattr(prune, method), amount=0.5)
+
+        warmup = lambda: prune.global_unstructured([(m, "weight") for m in tiny], getattr(prune, method), amount=0.5)  # noqa: E731
+        result = measure(operation, weights=weights, warmup=warmup, repeat=False)
+        masks = sum(m.weight_mask.nbytes for m in model)
+        return {**result, "params": sum(m.weight.numel() for m in model), "mask_bytes": masks}
+
+    return run
+
+
+case("global/l1/50M/float32", "global", "12 x Linear(2048, 2048), L1, float32")(_global_case(12, 2048, "float32"))
+case("global/random/50M/float32", "global", "12 x Linear(2048, 2048), random, float32")(
+    _global_case(12, 2048, "float32", "RandomUnstructured")
+)
+case("global/l1/50M/bfloat16", "global", "12 x Linear(2048, 2048), L1, bfloat16")(_global_case(12, 2048, "bfloat16"))
+case("global/l1/100M/float32", "global", "24 x Linear(2048, 2048), L1, float32")(
+    _global_case(24, 2048, "float32", quick_shape=(8, 256))
+)
+case("global/l1/50M/float32/compact", "compact", "12 x Linear(2048, 2048), L1, float32, compact masks",
+     libs=("prunereg",))(_global_case(12, 2048, "float32", compact=True))
+
+
+@case("global/l1/1B/bfloat16", "scale", "60 x Linear(4096, 4096), L1, bfloat16 (1.0B parameters)", libs=("prunereg",))
+def one_billion(lib: str, quick: bool) -> dict[str, Any]:
+    if not quick and memory.available() < ONE_BILLION_NEEDS:
+        return {"skipped": f"needs {ONE_BILLION_NEEDS / memory.GIB:.0f} GiB available, "
+                           f"{memory.available() / memory.GIB:.1f} GiB are"}
+    return _global_case(60, 4096, "bfloat16", quick_shape=(4, 512))(lib, quick)
+
+
+# forward under no_grad -------------------------------------------------------------
+
+
+@case("forward/no_grad", "forward", "12 x (Linear(2048, 2048) + ReLU), batch 64, weights pruned 50 %", libs=TOGETHER)
+def forward(lib: str, quick: bool) -> dict[str, Any]:
+    import torch
+    from torch import nn
+
+    import prunereg.prune as prunereg_prune
+    import torch.nn.utils.prune as torch_prune
+
+    width, layers, batch = (256, 4, 16) if quick else (2048, 12, 64)
+    torch.manual_seed(0)
+    base = nn.Sequential(*[block for _ in range(layers) for block in (nn.Linear(width, width), nn.ReLU())])
+    models = {"prunereg": copy.deepcopy(base), "torch": copy.deepcopy(base), "removed": copy.deepcopy(base)}
+    for name, model in models.items():
+        prune = torch_prune if name == "torch" else prunereg_prune
+        for module in model:
+            if isinstance(module, nn.Linear):
+                prune.l1_unstructured(module, "weight", amount=0.5)
+                if name == "removed":
+                    prune.remove(module, "weight")
+    x = torch.randn(batch, width)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.no_grad():
+        for model in models.values():
+            for _ in range(3):
+                model(x)
+        for _ in range(5 if quick else 25):  # round robin: every model sees the same machine load
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(x)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()} | {"rounds": len(times["torch"])}
+
+
+# command line ---------------------------------------------------------------------
+
+
+@case("cli", "cli", "prunereg command line", libs=TOGETHER)
+def cli(lib: str, quick: bool) -> dict[str, Any]:
+    executable = Path(sys.executable).with_name("prunereg")
+    commands = {
+        "prunereg --help": [str(executable), "--help"],
+        "prunereg list": [str(executable), "list"],
+        "python -c 'import torch' (reference)": [sys.executable, "-c", "import torch"],
+    }
+    result = {}
+    for label, command in commands.items():
+        subprocess.run(command, check=True, capture_output=True)
+        times = []
+        for _ in range(3 if quick else 7):
+            start = time.perf_counter()
+            subprocess.run(command, check=True, capture_output=True)
+            times.append(time.perf_counter() - start)
+        result[label] = statistics.median(times)
+    return result
+
+
+def main(argv: list[str]) -> None:
+    name, lib = argv[0], argv[1]
+    quick = "--quick" in argv
+    if memory.available():
+        memory.cap_address_space(int(memory.available() * 0.85))
+    result = CASES[name].run(lib, quick)
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,280 @@
+"""Run prunereg's benchmarks against torch.nn.utils.prune and write docs/benchmarks.md.
+
+    python benchmarks/run.py                 # every case, full sizes (about 10 minutes on 2 cores)
+    python benchmarks/run.py --quick         # small sizes: a smoke test, printed, docs left alone
+    python benchmarks/run.py --only global   # the cases whose name contains "global"
+
+Every (case, library) pair runs in a fresh Python process, so its peak memory is
+its own; prunereg and torch run one after the other on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import memory  # noqa: E402
+from cases import CASES, TOGETHER  # noqa: E402
+
+ROOT = HERE.parent
+DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
+TIMEOUT = 1800
+
+
+def run_case(name: str, lib: str, quick: bool) -> dict[str, Any]:
+    """One case for one library, in its own process: its result, or why there is none."""
+    command = [sys.executable, str(HERE / "cases.py"), name, lib] + (["--quick"] if quick else [])
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {TIMEOUT} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return {"error": tail[:200]}
+
+
+def machine() -> dict[str, str]:
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    total = 0
+    try:
+        total = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemTotal:"))) * 1024
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads",
+        "memory": f"{total / memory.GIB:.1f} GiB",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def load() -> str:
+    try:
+        return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+# report -----------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _times(result: dict[str, Any]) -> str:
+    return result.get("error") or result.get("skipped") or _seconds(result.get("seconds"))
+
+
+def _x_weights(result: dict[str, Any], key: str = "peak") -> str:
+    if key not in result:
+        return "-"
+    return f"{result[key] / result['weights']:+.2f}x"
+
+
+def _speedup(mine: dict[str, Any], theirs: dict[str, Any]) -> float | None:
+    if "seconds" in mine and "seconds" in theirs:
+        return theirs["seconds"] / mine["seconds"]
+    return None
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def report(results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], loads: tuple[str, str],
+           quick: bool) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "prunereg against `torch.nn.utils.prune`, measured in the same run on the same machine by",
+        "",
+        "```bash",
+        "python benchmarks/run.py" + (" --quick" if quick else ""),
+        "```",
+        "",
+        "Each (case, library) pair runs in a fresh process. Times are the best of several runs",
+        "(global pruning: one run); *peak* is the peak resident memory (VmHWM) above what the",
+        "process held once its inputs existed, in units of the bytes of the tensors pruned",
+        "(*weights*); *kept* is what is still resident after the call returned, same units.",
+        "[performance.md](performance.md) explains where the differences come from.",
+        "",
+        *(["**--quick: small sizes (the titles name the full ones); a smoke test, not figures.**", ""] if quick else []),
+        "| machine | |",
+        "|---|---|",
+        *(f"| {key} | {value} |" for key, value in info.items()),
+        f"| load average (1/5/15 min) before / after | {loads[0]} / {loads[1]} |",
+        "",
+    ]
+    lines += _targets(results)
+    lines += _compute_mask_table(results)
+    lines += _global_table(results)
+    lines += _forward_table(results)
+    lines += _cli_table(results)
+    return "\n".join(lines) + "\n"
+
+
+def _section(heading: str, columns: list[str], rows: list[str], intro: list[str] = (), notes: list[str] = ()) -> list[str]:
+    """A Markdown section with one table; nothing when there are no rows."""
+    if not rows:
+        return []
+    return [f"## {heading}", "", *intro, *([""] if intro else []),
+            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows, "", *notes]
+
+
+def _group(results: dict[str, dict[str, dict[str, Any]]], group: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    return [(name, by_lib) for name, by_lib in results.items() if CASES[name].group == group]
+
+
+def _targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+
+    def add(target: str, measured: str, met: bool | None) -> None:
+        rows.append(f"| {target} | {measured} | {'yes' if met else 'no' if met is not None else '-'} |")
+
+    for name, by_lib in _group(results, "compute_mask"):
+        speed = _speedup(by_lib.get("prunereg", {}), by_lib.get("torch", {}))
+        need = 10.0 if "unstructured" in name else 1.0
+        add(f"`{CASES[name].title}` compute_mask >= {need:g}x torch's speed", _ratio(speed),
+            None if speed is None else speed >= need)
+    for name, by_lib in _group(results, "global"):
+        mine, theirs = by_lib.get("prunereg", {}), by_lib.get("torch", {})
+        speed = _speedup(mine, theirs)
+        add(f"global `{CASES[name].title}` >= 10x torch's speed", _ratio(speed), None if speed is None else speed >= 10)
+        if "peak" in mine:
+            ratio = mine["peak"] / mine["weights"]
+            add(f"global `{CASES[name].title}` peak increase <= 3x weights", f"{ratio:.2f}x", ratio <= 3)
+    for name, by_lib in _group(results, "forward"):
+        forward = by_lib.get("together", {})
+        if "removed" in forward:
+            overhead = forward["prunereg"] / forward["removed"] - 1
+            add("pruned forward under no_grad within 5 % of the unpruned one", f"{overhead:+.1%}", overhead <= 0.05)
+    for name, by_lib in _group(results, "scale"):
+        mine = by_lib.get("prunereg", {})
+        add(f"`{CASES[name].title}` pruned globally on this machine", _times(mine), "seconds" in mine or None)
+    return _section("Targets", ["target", "measured", "met"], rows)
+
+
+def _compute_mask_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "compute_mask"):
+        mine, theirs = by_lib.get("prunereg", {}), by_lib.get("torch", {})
+        shape = "x".join(map(str, mine.get("shape", theirs.get("shape", []))))
+        rows.append(f"| {CASES[name].title} | {shape} | {_times(theirs)} | {_times(mine)} | "
+                    f"{_ratio(_speedup(mine, theirs))} | {_x_weights(theirs)} | {_x_weights(mine)} |")
+    columns = ["method", "shape", "torch", "prunereg", "speedup", "peak, torch", "peak, prunereg"]
+    return _section("compute_mask, amount 0.5", columns, rows)
+
+
+def _global_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for group in ("global", "compact", "scale"):
+        for name, by_lib in _group(results, group):
+            mine, theirs = by_lib.get("prunereg", {}), by_lib.get("torch", {})
+            params = mine.get("params") or theirs.get("params")
+            rows.append(
+                f"| {CASES[name].title} | {params / 1e6:.1f}M | " if params else f"| {CASES[name].title} | - | "
+            )
+            rows[-1] += (f"{_times(theirs) if theirs else 'cannot: see below' if group == 'scale' else '-'} | "
+                         f"{_times(mine)} | {_ratio(_speedup(mine, theirs))} | {_x_weights(theirs)} | "
+                         f"{_x_weights(mine)} | {_x_weights(theirs, 'retained')} | {_x_weights(mine, 'retained')} | "
+                         f"{_x_weights(mine, 'mask_bytes') if 'mask_bytes' in mine else '-'} |")
+    bf16 = results.get("global/l1/50M/bfloat16", {}).get("torch", {})
+    note = []
+    if "peak" in bf16:
+        ratio = bf16["peak"] / bf16["weights"]
+        note = [
+            f"torch cannot prune the 1B-parameter bfloat16 stack on a 24 GiB machine: its concatenations",
+            f"cost {ratio:.1f}x the weights' bytes at peak on the 50M bfloat16 stack above, so the 2.0 GB of",
+            f"1B bfloat16 weights would need about {ratio * 2.0:.0f} GB more, on top of the weights themselves.",
+            "",
+        ]
+    columns = ["model", "parameters", "torch", "prunereg", "speedup", "peak, torch", "peak, prunereg",
+               "kept, torch", "kept, prunereg", "masks, prunereg"]
+    notes = [
+        "*masks* is the bytes of the mask buffers: 1x the weights by default (torch's layout), 0.25x for",
+        "float32 with `prunereg.compact_masks()` (bool masks).",
+        "",
+        *note,
+    ]
+    return _section("global_unstructured, amount 0.5, weights only", columns, rows, notes=notes)
+
+
+def _forward_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "forward"):
+        forward = by_lib.get("together", {})
+        if "removed" not in forward:
+            rows.append(f"| {CASES[name].title} | {_times(forward)} | | |")
+            continue
+        removed = forward["removed"]
+        for label, key in (("pruned by torch", "torch"), ("pruned by prunereg", "prunereg"), ("after remove", "removed")):
+            rows.append(f"| {CASES[name].title} | {label} | {_seconds(forward[key])} | {forward[key] / removed - 1:+.1%} |")
+    intro = ["Median of interleaved rounds; *overhead* is against the same model after `remove`."]
+    return _section("Forward under torch.no_grad()", ["model", "weights", "forward", "overhead"], rows, intro)
+
+
+def _cli_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "cli"):
+        for label, seconds in by_lib.get("together", {}).items():
+            rows.append(f"| `{label}` | {seconds if isinstance(seconds, str) else _seconds(seconds)} |")
+    return _section("Command line (wall time, median)", ["command", "time"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes; print the report instead of writing it")
+    parser.add_argument("--only", action="append", default=[], help="run the cases whose name contains this")
+    parser.add_argument("--output", type=Path, help=f"where to write the report (default {DEFAULT_OUTPUT})")
+    args = parser.parse_args()
+    names = [n for n in CASES if not args.only or any(part in n for part in args.only)]
+    before = load()
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        for lib in CASES[name].libs:
+            print(f"{name} [{lib}] ...", end=" ", flush=True, file=sys.stderr)
+            result = run_case(name, lib, args.quick)
+            results.setdefault(name, {})[lib] = result
+            print(result.get("error") or result.get("skipped") or "done", file=sys.stderr)
+    text = report(results, machine(), (before, load()), args.quick)
+    output = args.output or (None if args.quick else DEFAULT_OUTPUT)
+    if output is None:
+        print(text)
+    else:
+        output.write_text(text)
+        print(f"wrote {output}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
