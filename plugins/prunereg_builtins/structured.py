@@ -37,12 +37,14 @@ class _ChannelPruning(BasePruningMethod):
         keep = self._channels_to_keep(t, nchannels, k)
         if k == 0:
             return default_mask
-        mask = torch.zeros_like(t)
-        slc: list[object] = [slice(None)] * t.dim()
-        slc[self.dim] = keep
-        mask[tuple(slc)] = 1
-        mask *= default_mask.to(dtype=mask.dtype)
-        return mask
+        # torch's zeros_like(t), ones at the kept channels, times default_mask:
+        # the same products, in one pass over the tensor instead of three.
+        channels = torch.zeros(nchannels, dtype=t.dtype, device=t.device)
+        channels[keep] = 1
+        shape = [1] * t.dim()
+        shape[self.dim] = nchannels
+        mask = torch.empty_like(t)
+        return torch.mul(default_mask.to(dtype=t.dtype), channels.view(shape), out=mask)
 
     def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
         raise NotImplementedError  # abstract
