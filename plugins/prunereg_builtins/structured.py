@@ -7,15 +7,9 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._amount import (
-    compute_norm,
-    nparams_to_prune,
-    validate_amount,
-    validate_amount_init,
-    validate_dim,
-    validate_structured,
-)
+from prunereg._amount import compute_norm, validate_dim, validate_structured
 from prunereg._select import top_indices
+from prunereg.toolkit import check_amount, count_to_prune
 
 
 class _ChannelPruning(BasePruningMethod):
@@ -24,7 +18,7 @@ class _ChannelPruning(BasePruningMethod):
     PRUNING_TYPE = "structured"
 
     def __init__(self, amount: numbers.Real, dim: int = -1) -> None:
-        validate_amount_init(amount)
+        check_amount(amount)
         self.amount = amount
         self.dim = dim
 
@@ -32,8 +26,7 @@ class _ChannelPruning(BasePruningMethod):
         validate_structured(t)
         validate_dim(t, self.dim)
         nchannels = t.shape[self.dim]
-        k = nparams_to_prune(self.amount, nchannels)
-        validate_amount(k, nchannels)
+        k = count_to_prune(self.amount, nchannels)
         keep = self._channels_to_keep(t, nchannels, k)
         if k == 0:
             return default_mask

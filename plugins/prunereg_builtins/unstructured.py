@@ -7,8 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._amount import nparams_to_prune, validate_amount, validate_amount_init
-from prunereg._select import prune_k
+from prunereg.toolkit import check_amount, count_to_prune, prune_lowest
 
 
 class Identity(BasePruningMethod):
@@ -31,13 +30,11 @@ class _AmountUnstructured(BasePruningMethod):
     PRUNING_TYPE = "unstructured"
 
     def __init__(self, amount: numbers.Real) -> None:
-        validate_amount_init(amount)
+        check_amount(amount)
         self.amount = amount
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
-        tensor_size = t.nelement()
-        k = nparams_to_prune(self.amount, tensor_size)
-        validate_amount(k, tensor_size)
+        k = count_to_prune(self.amount, t.nelement())
         if k == 0:
             return default_mask.clone(memory_format=torch.contiguous_format)
         return self._pruned(t, k, default_mask)
@@ -52,7 +49,7 @@ class RandomUnstructured(_AmountUnstructured):
 
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
         prob = torch.rand_like(t, memory_format=torch.contiguous_format)
-        return prune_k(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
+        return prune_lowest(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
 
     @classmethod
     def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real) -> RandomUnstructured:  # type: ignore[override]
@@ -64,7 +61,7 @@ class L1Unstructured(_AmountUnstructured):
     """Prune the ``amount`` entries of smallest absolute value (NaN first)."""
 
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
-        return prune_k(t, k, default_mask, magnitude=True)
+        return prune_lowest(t, k, default_mask, magnitude=True)
 
     @classmethod
     def apply(  # type: ignore[override]

@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._select import keep_highest_per_row
+from prunereg.toolkit import keep_highest_per_row
 
 
 class NMSparsity(BasePruningMethod):

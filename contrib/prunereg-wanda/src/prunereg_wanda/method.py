@@ -7,8 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._amount import validate_amount, validate_amount_init
-from prunereg._select import keep_highest_per_row
+from prunereg.toolkit import check_amount, count_to_prune, keep_highest_per_row
 
 
 def wanda_scores(weight: torch.Tensor, activation_norms: torch.Tensor) -> torch.Tensor:
@@ -47,7 +46,7 @@ class WandaPruning(BasePruningMethod):
     PRUNING_TYPE = "global"
 
     def __init__(self, amount: numbers.Real, activation_norms: torch.Tensor) -> None:
-        validate_amount_init(amount)
+        check_amount(amount)
         if not isinstance(activation_norms, torch.Tensor):
             raise TypeError(f"activation_norms must be a tensor, got {type(activation_norms).__name__}")
         if activation_norms.dim() != 1:
@@ -73,7 +72,7 @@ class WandaPruning(BasePruningMethod):
         remaining = alive.sum(dim=1)
         if isinstance(self.amount, numbers.Integral):
             fewest_left = in_features if t.is_meta or not remaining.numel() else int(remaining.min())
-            validate_amount(self.amount, fewest_left)
+            count_to_prune(self.amount, fewest_left)  # an int larger than a row has left is a ValueError
             to_prune = torch.full_like(remaining, int(self.amount))
         else:
             # float64 and half-to-even rounding: Python's round(amount * n) for every row at once.

@@ -10,8 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from prunereg._amount import validate_amount_init
-from prunereg._reparam import all_or_nothing
+from prunereg.toolkit import all_or_nothing, check_amount
 from prunereg_wanda.calibration import InputNorms, linear_layers
 from prunereg_wanda.method import WandaPruning
 
@@ -33,7 +32,7 @@ def prune_model(
     before it, which :class:`InputNorms` used block by block reproduces.
     If anything fails, no layer is pruned.
     """
-    validate_amount_init(amount)
+    check_amount(amount)
     chosen = linear_layers(model, layers)
     if not chosen:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layer to prune")

@@ -1,0 +1,62 @@
+"""prunereg.toolkit: the public building blocks plugins use instead of private modules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.utils.prune as torch_prune
+
+import prunereg.prune as prune
+from prunereg import toolkit
+
+
+@pytest.mark.parametrize("amount", [-1, 1.5, -0.1])
+def test_check_amount_rejects_what_torch_rejects(amount):
+    with pytest.raises(ValueError):
+        torch_prune._validate_pruning_amount_init(amount)
+    with pytest.raises(ValueError):
+        toolkit.check_amount(amount)
+
+
+def test_check_amount_rejects_a_non_number_with_a_type_error():
+    with pytest.raises(TypeError):
+        toolkit.check_amount("half")
+
+
+@pytest.mark.parametrize(("amount", "units", "expected"), [(0.5, 5, 2), (0.5, 7, 4), (3, 10, 3), (1.0, 4, 4), (0, 9, 0)])
+def test_count_to_prune_rounds_like_torch(amount, units, expected):
+    assert toolkit.count_to_prune(amount, units) == expected == torch_prune._compute_nparams_toprune(amount, units)
+
+
+def test_count_to_prune_rejects_an_int_larger_than_the_units():
+    with pytest.raises(ValueError, match="amount=11"):
+        toolkit.count_to_prune(11, 10)
+
+
+def test_prune_lowest_zeroes_exactly_the_k_smallest_magnitudes(device):
+    scores = torch.tensor([[0.5, -0.1, 3.0], [-2.0, 0.2, float("nan")]], device=device)
+    mask = toolkit.prune_lowest(scores, 3, torch.ones_like(scores), magnitude=True)
+    assert mask.shape == scores.shape and mask.device == scores.device
+    if device != "meta":
+        assert mask.tolist() == [[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]]  # NaN counts as the lowest
+
+
+def test_prune_lowest_with_k_zero_copies_the_default_mask():
+    default = torch.tensor([1.0, 0.0, 1.0])
+    mask = toolkit.prune_lowest(torch.arange(3.0), 0, default)
+    assert torch.equal(mask, default) and mask.data_ptr() != default.data_ptr()
+
+
+def test_prune_lowest_keeps_earlier_zeros_and_prunes_the_highest_on_request():
+    default = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    mask = toolkit.prune_lowest(torch.tensor([4.0, 1.0, 3.0, 2.0]), 1, default, largest=True)
+    assert mask.tolist() == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_all_or_nothing_restores_a_module_when_the_block_fails():
+    layer = torch.nn.Linear(3, 2)
+    before = list(layer.state_dict())
+    with pytest.raises(RuntimeError), toolkit.all_or_nothing([(layer, "weight")]):
+        prune.l1_unstructured(layer, "weight", amount=0.5)
+        raise RuntimeError("later step failed")
+    assert list(layer.state_dict()) == before and not layer._forward_pre_hooks
