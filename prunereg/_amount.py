@@ -63,6 +63,10 @@ def compute_norm(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tenso
     """The ``n``-norm of every slice of ``t`` along ``dim`` (norm over all other dims)."""
     import torch
 
+    from prunereg._distributed import channel_norms, is_dtensor
+
+    if is_dtensor(t):
+        return channel_norms(t, n, dim)
     dims = list(range(t.dim()))
     if dim < 0:
         dim = dims[dim]

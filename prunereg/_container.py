@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
+from prunereg import _distributed
 from prunereg._method import BasePruningMethod
 
 
@@ -58,6 +59,8 @@ def combine_masks(method: BasePruningMethod, t: torch.Tensor, mask: torch.Tensor
     Returns a new contiguous mask in ``t``'s dtype; ``mask`` is left as it was
     (torch writes into it when the dtypes agree).
     """
+    if _distributed.is_dtensor(t):
+        return _distributed.combine_masks(method, t, mask)
     new_mask = mask.to(dtype=t.dtype, memory_format=torch.contiguous_format, copy=True)
     slc = _remaining(method, t, mask)
     partial_mask = method.compute_mask(t[slc], default_mask=mask[slc])

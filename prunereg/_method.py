@@ -76,7 +76,7 @@ class BasePruningMethod(ABC):
                     "importance_scores should have the same shape as tensor t, "
                     f"got {importance_scores.shape} vs {t.shape}"
                 )
-            importance_scores = importance_scores.to(device=t.device)
+            importance_scores = _distributed.to_layout_of(importance_scores, t)
         else:
             importance_scores = t
         default_mask = default_mask if default_mask is not None else torch.ones_like(t)
@@ -106,4 +106,4 @@ class BasePruningMethod(ABC):
 
 
 # At the end: the reparametrization engine needs the class defined above.
-from prunereg import _reparam  # noqa: E402
+from prunereg import _distributed, _reparam  # noqa: E402

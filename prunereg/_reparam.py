@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prunereg import _compact, _container, _method
+from prunereg import _compact, _container, _distributed, _method
 
 if TYPE_CHECKING:
     from torch import nn
@@ -79,7 +79,7 @@ def _install(
                 "importance_scores should have the same shape as parameter "
                 f"{name} of {module}, got {importance_scores.shape} vs {orig.shape}"
             )
-        importance_scores = importance_scores.to(device=orig.device)
+        importance_scores = _distributed.to_layout_of(importance_scores, orig)
     else:
         importance_scores = orig
 
@@ -231,9 +231,12 @@ def make_permanent(method: BasePruningMethod, module: nn.Module) -> None:
     if hasattr(module, name):
         delattr(module, name)
     orig = module._parameters[name + "_orig"]
-    if weight.stride() != orig.stride():
-        weight = torch.empty_like(orig).copy_(weight)
-    orig.data = weight
+    if _distributed.is_dtensor(orig):
+        _distributed.write_in_place(orig, weight)
+    else:
+        if weight.stride() != orig.stride():
+            weight = torch.empty_like(orig).copy_(weight)
+        orig.data = weight
     del module._parameters[name + "_orig"]
     del module._buffers[name + "_mask"]
     setattr(module, name, orig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from prunereg import BasePruningMethod
+from prunereg._distributed import to_layout_of
 
 
 class CustomFromMask(BasePruningMethod):
@@ -21,7 +22,7 @@ class CustomFromMask(BasePruningMethod):
                 f"default_mask shape {default_mask.shape} must match "
                 f"self.mask shape {self.mask.shape}"
             )
-        return default_mask * self.mask.to(device=default_mask.device, dtype=default_mask.dtype)
+        return default_mask * to_layout_of(self.mask, default_mask).to(dtype=default_mask.dtype)
 
     @classmethod
     def apply(cls, module: torch.nn.Module, name: str, mask: torch.Tensor) -> CustomFromMask:  # type: ignore[override]

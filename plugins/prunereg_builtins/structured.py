@@ -8,6 +8,7 @@ import torch
 
 from prunereg import BasePruningMethod
 from prunereg._amount import compute_norm, validate_dim, validate_structured
+from prunereg._distributed import channel_mask, is_dtensor
 from prunereg._select import top_indices
 from prunereg.toolkit import check_amount, count_to_prune
 
@@ -30,6 +31,8 @@ class _ChannelPruning(BasePruningMethod):
         keep = self._channels_to_keep(t, nchannels, k)
         if k == 0:
             return default_mask
+        if is_dtensor(t):
+            return channel_mask(t, keep, self.dim, default_mask)
         # torch's zeros_like(t), ones at the kept channels, times default_mask:
         # the same products, in one pass over the tensor instead of three.
         channels = torch.zeros(nchannels, dtype=t.dtype, device=t.device)

@@ -7,6 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
+from prunereg._distributed import is_dtensor, rand_like
 from prunereg.toolkit import check_amount, count_to_prune, prune_lowest
 
 
@@ -48,7 +49,10 @@ class RandomUnstructured(_AmountUnstructured):
     """Prune ``amount`` entries chosen uniformly at random (torch's draws, so the same seed gives torch's mask)."""
 
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
-        prob = torch.rand_like(t, memory_format=torch.contiguous_format)
+        if is_dtensor(t):
+            prob = rand_like(t)
+        else:
+            prob = torch.rand_like(t, memory_format=torch.contiguous_format)
         return prune_lowest(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
 
     @classmethod

@@ -1,0 +1,358 @@
+"""Pruning sharded tensors (DTensor, FSDP2) shard by shard, with the masks of the full tensors.
+
+Every function here works on each rank's local shard. What crosses the network
+is small: element counts, one norm per channel, shard sizes; weights never do,
+so memory per rank stays proportional to its shard. Random draws are made by
+every rank from the same generator stream over the full tensor, keeping only
+its own part, so masks agree across ranks and do not depend on their number.
+
+The single-process code reaches this module only when a tensor is a DTensor,
+and ``torch.distributed`` is imported only then.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+    from prunereg._method import BasePruningMethod
+
+# Random draws are generated in blocks of at most this many entries (64 MiB of
+# fp32): enough that a 4096 x 4096 layer is one block, so on CUDA its draws are
+# those of torch.rand_like on the full tensor; on CPU the generator is a stream
+# and block boundaries never change the draws.
+DRAW_BLOCK = 1 << 24
+
+
+def is_dtensor(t: object) -> bool:
+    """Whether ``t`` is a DTensor; never imports torch.distributed (a DTensor means it is loaded)."""
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    return tensor_module is not None and isinstance(t, tensor_module.DTensor)
+
+
+def to_layout_of(tensor: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """``tensor`` where ``reference`` lives: on its device, and sharded like it if it is a DTensor.
+
+    A full (plain) tensor is cut into the reference's shards locally, without
+    communication; a DTensor with other placements is redistributed.
+    """
+    if not is_dtensor(reference):
+        if is_dtensor(tensor):
+            raise TypeError(
+                "cannot combine a DTensor with a plain tensor: got a sharded tensor "
+                f"for a plain one of shape {tuple(reference.shape)}"
+            )
+        return tensor.to(device=reference.device)
+    from torch.distributed.tensor import distribute_tensor
+
+    if is_dtensor(tensor):
+        if tensor.device_mesh != reference.device_mesh:
+            raise ValueError(
+                f"tensor is on device mesh {tensor.device_mesh}, expected {reference.device_mesh}"
+            )
+        if tuple(tensor.placements) == tuple(reference.placements):
+            return tensor
+        return tensor.redistribute(reference.device_mesh, reference.placements)
+    return distribute_tensor(
+        tensor.detach().to(device=reference.device),
+        reference.device_mesh,
+        reference.placements,
+        src_data_rank=None,
+    )
+
+
+def write_in_place(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy ``value`` into the sharded ``param``'s own storage.
+
+    FSDP2 keeps its own view of every sharded parameter's storage, so the
+    values must land there (``param.data = ...`` would be lost at the next all-gather).
+    """
+    with torch.no_grad():
+        param.to_local().copy_(value.to_local())
+
+
+# --- random draws -----------------------------------------------------------
+
+
+def rand_like(t: DTensor) -> DTensor:
+    """``torch.rand_like(t)`` for a DTensor: each rank keeps its part of the full tensor's draws.
+
+    Every rank draws the whole tensor's stream from its default generator (the
+    same seed gives the same stream), in blocks whose boundaries depend on the
+    shape only; so the draws do not depend on the number of ranks, and on CPU
+    they are exactly ``torch.rand_like`` of the full tensor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    sources = getattr(t, "_prunereg_draw_sources", None)
+    if sources is None:
+        local = _box_draws(t)
+    else:
+        # A compacted vector (what earlier pruning left): draws at the kept positions.
+        local = torch.cat([_box_draws(source)[keep] for source, keep in sources])
+    return DTensor.from_local(
+        local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+    )
+
+
+def _box_draws(t: DTensor) -> torch.Tensor:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _reject_strided(t)
+    local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    out = torch.empty(local_shape, dtype=t.dtype, device=t.device)
+    box = [(start, start + size) for start, size in zip(offset, local_shape)]
+    _draw_block(out, tuple(t.shape), box, t.dtype, t.device)
+    return out
+
+
+def _draw_block(
+    out: torch.Tensor | None,
+    shape: tuple[int, ...],
+    box: list[tuple[int, int]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """Draw a block of ``shape`` from the stream and copy its ``box`` into ``out`` (None: discard).
+
+    The calls to the generator depend on ``shape`` alone, never on ``box``.
+    """
+    numel = math.prod(shape)
+    if numel == 0:
+        return
+    inner = math.prod(shape[1:])
+    if numel <= DRAW_BLOCK:
+        block = torch.rand(shape, dtype=dtype, device=device)
+        if out is not None:
+            out.copy_(block[tuple(slice(lo, hi) for lo, hi in box)])
+        return
+    (first_lo, first_hi), inner_box = box[0], box[1:]
+    if inner <= DRAW_BLOCK:
+        rows = DRAW_BLOCK // inner
+        inner_slices = tuple(slice(lo, hi) for lo, hi in inner_box)
+        for start in range(0, shape[0], rows):
+            stop = min(start + rows, shape[0])
+            block = torch.rand((stop - start, *shape[1:]), dtype=dtype, device=device)
+            lo, hi = max(start, first_lo), min(stop, first_hi)
+            if out is not None and lo < hi:
+                out[lo - first_lo : hi - first_lo].copy_(block[(slice(lo - start, hi - start), *inner_slices)])
+        return
+    for row in range(shape[0]):
+        inside = out is not None and first_lo <= row < first_hi
+        _draw_block(out[row - first_lo] if inside else None, shape[1:], inner_box, dtype, device)
+
+
+def _reject_strided(t: DTensor) -> None:
+    for placement in t.placements:
+        if placement.is_shard() and type(placement).__name__ != "Shard":
+            raise NotImplementedError(
+                f"prunereg cannot prune a DTensor with placement {placement} "
+                "(only Shard and Replicate)"
+            )
+
+
+# --- channels (structured pruning) --------------------------------------------
+
+
+def channel_norms(t: DTensor, n: int | float | str, dim: int) -> torch.Tensor:
+    """The ``n``-norm of every slice of ``t`` along ``dim``, the same full vector on every rank.
+
+    Each rank reduces its shard to partial statistics per channel (sum of
+    ``|x|^p``, count of non-zeros, max or min of ``|x|``); these are combined
+    across the ranks that split a channel, and gathered along ``dim``.
+    """
+    from prunereg._amount import compute_norm
+
+    # torch's own checks of n and dim, on a tensor without data.
+    compute_norm(torch.empty(t.shape, dtype=t.dtype, device="meta"), n, dim)
+    dim = dim % t.dim()
+    if n == "fro":
+        n = 2
+    if not isinstance(n, (int, float)):
+        raise NotImplementedError(f"ln_structured on a DTensor supports numeric n and 'fro', not {n!r}")
+    local = t.to_local()
+    others = [d for d in range(t.dim()) if d != dim]
+    if n == math.inf:
+        stats, op = _amax(local.abs(), others), "max"
+    elif n == -math.inf:
+        stats, op = -_amax(-local.abs(), others), "min"
+    elif n == 0:
+        stats, op = (local != 0).sum(dim=others, dtype=torch.float64), "sum"
+    else:
+        stats, op = local.abs().to(torch.float64).pow(n).sum(dim=others), "sum"
+    norms = gather_channels(t, dim, stats, op)
+    if n not in (0, math.inf, -math.inf):
+        norms = norms.pow(1.0 / n)
+    return norms
+
+
+def _amax(values: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    if values.numel() == 0:  # an empty shard holds no channel or adds nothing to one
+        shape = [s for d, s in enumerate(values.shape) if d not in dims]
+        return torch.full(shape, -math.inf, dtype=torch.float64, device=values.device)
+    return values.amax(dim=dims).to(torch.float64)
+
+
+def gather_channels(t: DTensor, dim: int, stats: torch.Tensor, op: str) -> torch.Tensor:
+    """Per-channel ``stats`` of the local shard, combined with ``op`` over the shards of each channel.
+
+    Returns the full vector (one entry per channel of ``t`` along ``dim``) on every rank.
+    """
+    import torch.distributed as dist
+
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+    mesh = t.device_mesh
+    stats = stats.contiguous()
+    for mesh_dim, placement in enumerate(t.placements):
+        if placement.is_shard() and placement.dim != dim:
+            dist.all_reduce(stats, op=reduce_op, group=mesh.get_group(mesh_dim))
+    span = ChannelSpan.of(t, dim)
+    if span.mesh_dim is None:
+        return stats
+    padded = torch.zeros(max(span.sizes), dtype=stats.dtype, device=stats.device)
+    padded[: stats.numel()] = stats
+    pieces = [torch.empty_like(padded) for _ in span.sizes]
+    dist.all_gather(pieces, padded, group=mesh.get_group(span.mesh_dim))
+    return torch.cat([piece[:size] for piece, size in zip(pieces, span.sizes)])
+
+
+class ChannelSpan:
+    """Which channels along ``dim`` this rank's shard holds: ``offset`` and ``count``.
+
+    Found by gathering the shard sizes along ``dim``, so it also holds for
+    shards of uneven or compacted size.
+    """
+
+    def __init__(self, mesh_dim: int | None, sizes: list[int], coordinate: int) -> None:
+        self.mesh_dim = mesh_dim
+        self.sizes = sizes
+        self.offset = sum(sizes[:coordinate])
+        self.count = sizes[coordinate]
+
+    @classmethod
+    def of(cls, t: DTensor, dim: int) -> ChannelSpan:
+        import torch.distributed as dist
+
+        _reject_strided(t)
+        dim = dim % t.dim()
+        mesh_dims = [i for i, p in enumerate(t.placements) if p.is_shard() and p.dim == dim]
+        local_size = t.to_local().shape[dim]
+        if not mesh_dims:
+            return cls(None, [local_size], 0)
+        if len(mesh_dims) > 1:
+            raise NotImplementedError(
+                f"prunereg cannot prune channels along dim {dim}, sharded over several "
+                f"mesh dimensions ({t.placements})"
+            )
+        (mesh_dim,) = mesh_dims
+        group = t.device_mesh.get_group(mesh_dim)
+        size = torch.tensor([local_size], dtype=torch.int64, device=t.to_local().device)
+        sizes = [torch.empty_like(size) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(sizes, size, group=group)
+        return cls(mesh_dim, [int(s) for s in sizes], t.device_mesh.get_local_rank(mesh_dim))
+
+
+def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor) -> DTensor:
+    """The mask of ``t`` keeping the channels ``keep`` (indices or flags, the same on every rank)."""
+    from torch.distributed.tensor import DTensor
+
+    flags = torch.zeros(t.shape[dim], dtype=torch.bool, device=keep.device)
+    flags[keep] = True
+    span = ChannelSpan.of(t, dim)
+    local_keep = flags[span.offset : span.offset + span.count]
+    shape = [1] * t.dim()
+    shape[dim] = span.count
+    local = torch.zeros_like(t.to_local())
+    local += local_keep.reshape(shape).to(device=local.device, dtype=local.dtype)
+    local *= default_mask.to_local().to(dtype=local.dtype)
+    return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+
+
+# --- what earlier pruning left (PruningContainer) --------------------------------
+
+
+def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTensor:
+    """:func:`prunereg._container.combine_masks` for DTensors, shard by shard.
+
+    The entries (or channels) still kept are compacted on each rank into a
+    DTensor of their own; ``method`` computes its mask on it, and the result is
+    written back in place of those entries.
+    """
+    from torch.distributed.tensor import DTensor
+
+    kind = method.PRUNING_TYPE
+    mask = to_layout_of(mask, t)
+    if kind == "global":
+        return method.compute_mask(t, default_mask=mask).to(dtype=t.dtype)
+    local_t, local_mask = t.to_local(), mask.to_local()
+    new_local = local_mask.to(dtype=t.dtype, copy=True)
+    if kind == "unstructured":
+        remaining = local_mask == 1
+        compact_t = flat_dtensor(t, [local_t[remaining]])
+        compact_t._prunereg_draw_sources = [(t, remaining)]
+        partial = method.compute_mask(compact_t, default_mask=flat_dtensor(t, [local_mask[remaining]]))
+        new_local[remaining] = partial.to_local().to(dtype=t.dtype)
+    elif kind == "structured":
+        dim = _structured_dim(method, t)
+        used = gather_channels(t, dim, (local_mask != 0).sum(dim=[d for d in range(t.dim()) if d != dim]), "sum")
+        span = ChannelSpan.of(t, dim)
+        index = used[span.offset : span.offset + span.count].nonzero().reshape(-1).to(local_t.device)
+        shape = list(t.shape)
+        shape[dim] = int(used.count_nonzero())
+        partial = method.compute_mask(
+            _from_local(local_t.index_select(dim, index), t, shape),
+            default_mask=_from_local(local_mask.index_select(dim, index), t, shape),
+        )
+        new_local.index_copy_(dim, index, partial.to_local().to(dtype=t.dtype))
+    else:
+        raise ValueError(f"Unrecognized PRUNING_TYPE {kind}")
+    return DTensor.from_local(new_local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+
+
+def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:
+    if not hasattr(method, "dim"):
+        raise AttributeError(
+            'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
+        )
+    dim = method.dim if method.dim >= 0 else t.dim() + method.dim
+    if dim < 0:
+        raise IndexError(f"Index is out of bounds for tensor with dimensions {t.dim()}")
+    return dim
+
+
+def _from_local(local: torch.Tensor, like: DTensor, shape: list[int]) -> DTensor:
+    from torch.distributed.tensor import DTensor
+
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride)
+
+
+def flat_dtensor(like: DTensor, pieces: list[torch.Tensor]) -> DTensor:
+    """A 1-D DTensor of this rank's ``pieces`` end to end, on the mesh of ``like``.
+
+    It is sharded where ``like`` is (its length is the sum over the ranks that
+    own distinct data) and replicated where ``like`` is.
+    """
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    local = torch.cat([piece.reshape(-1) for piece in pieces]) if len(pieces) != 1 else pieces[0].reshape(-1)
+    placements = [Shard(0) if p.is_shard() else Replicate() for p in like.placements]
+    total = int(sum_over_shards(torch.tensor([local.numel()], dtype=torch.int64, device=local.device), like))
+    return DTensor.from_local(local, like.device_mesh, placements, run_check=False, shape=(total,), stride=(1,))
+
+
+def sum_over_shards(counts: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """``counts`` summed over the ranks holding distinct shards of ``like`` (replicas counted once)."""
+    import torch.distributed as dist
+
+    counts = counts.clone()
+    for mesh_dim, placement in enumerate(like.placements):
+        if placement.is_shard():
+            dist.all_reduce(counts, group=like.device_mesh.get_group(mesh_dim))
+    return counts

@@ -1,0 +1,377 @@
+"""The ranks of the sharded-pruning tests: each runs every case and writes what it found to a JSON file.
+
+Launched by tests/test_distributed.py as ``distributed_worker.py RESULTS WORLD_SIZE``;
+torch is imported once, then the ranks are forked. Every case builds the
+same full model on every rank from a seed, prunes a sharded copy with prunereg
+and the full copy with ``torch.nn.utils.prune``, and compares the gathered masks.
+A case's failure is recorded and the next case runs (all ranks stay in step:
+comparisons come after the collectives).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+import prunereg
+import prunereg.prune as prune
+
+CASES: dict[str, Callable[[], object]] = {}
+LAYOUTS = ("shard0", "shard1", "fsdp")
+
+
+def case(function: Callable[[], object]) -> Callable[[], object]:
+    CASES[function.__name__] = function
+    return function
+
+
+def full_model(seed: int = 0) -> nn.Sequential:
+    """Linear layers whose shapes do not divide evenly by 2 or 4 ranks (one shard is even empty)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 7), nn.ReLU(), nn.Linear(7, 5))
+
+
+def sharded(model: nn.Sequential, layout: str) -> nn.Sequential:
+    """A copy of ``model`` whose parameters are DTensors in ``layout``."""
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = _copy(model)
+    if layout == "fsdp":
+        for layer in linears(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    dim = {"shard0": 0, "shard1": 1}[layout]
+    for layer in linears(model):
+        for name, param in list(layer.named_parameters()):
+            placement = Shard(min(dim, param.dim() - 1))
+            setattr(layer, name, nn.Parameter(distribute_tensor(param.detach(), mesh, [placement])))
+    return model
+
+
+def _copy(model: nn.Sequential) -> nn.Sequential:
+    copied = full_model()
+    copied.load_state_dict(model.state_dict())
+    return copied
+
+
+def linears(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def check_masks(ours: nn.Module, reference: nn.Module, name: str = "weight") -> None:
+    """Masks equal torch's, DTensors with the parameter's placements; ``<name>`` is orig * mask."""
+    for mine, theirs in zip(linears(ours), linears(reference)):
+        mask, orig = getattr(mine, name + "_mask"), getattr(mine, name + "_orig")
+        assert isinstance(mask, DTensor), type(mask)
+        assert mask.placements == orig.placements, (mask.placements, orig.placements)
+        assert mask.dtype == orig.dtype
+        assert torch.equal(mask.full_tensor(), getattr(theirs, name + "_mask")), (
+            mask.full_tensor(),
+            getattr(theirs, name + "_mask"),
+        )
+        pruned = getattr(mine, name)
+        assert isinstance(pruned, DTensor)
+        assert torch.equal(pruned.full_tensor(), getattr(theirs, name))
+
+
+def both(layout: str, seed: int = 0) -> tuple[nn.Sequential, nn.Sequential]:
+    reference = full_model(seed)
+    return sharded(reference, layout), reference
+
+
+def each_layout(prune_both: Callable[[nn.Module, nn.Module], None]) -> None:
+    for layout in LAYOUTS:
+        ours, reference = both(layout)
+        prune_both(ours, reference)
+
+
+@case
+def l1_unstructured() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for amount in (0.3, 11):
+            for layer in linears(ours):
+                prune.l1_unstructured(layer, "weight", amount=amount)
+            for layer in linears(reference):
+                torch_prune.l1_unstructured(layer, "weight", amount=amount)
+            check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def l1_unstructured_importance_scores() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for mine, theirs in zip(linears(ours), linears(reference)):
+            scores = torch.arange(theirs.weight.numel(), dtype=torch.float32).reshape(theirs.weight.shape).flip(0)
+            prune.l1_unstructured(mine, "weight", amount=0.4, importance_scores=scores)
+            torch_prune.l1_unstructured(theirs, "weight", amount=0.4, importance_scores=scores)
+        check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def ln_structured() -> None:
+    """Every kind of norm (sums of powers, max, min) on each dim, sharded or not."""
+    inf = float("inf")
+    for n, dim in ((1, 0), (2, 1), ("fro", -1), (inf, 0), (-inf, 1), (3.5, 0), (-1.5, -1)):
+
+        def run(ours: nn.Module, reference: nn.Module) -> None:
+            for amount in (0.4, 1):
+                for layer in linears(ours):
+                    prune.ln_structured(layer, "weight", amount=amount, n=n, dim=dim)
+                for layer in linears(reference):
+                    torch_prune.ln_structured(layer, "weight", amount=amount, n=n, dim=dim)
+            check_masks(ours, reference)
+
+        each_layout(run)
+
+
+@case
+def ln_structured_zero_norm() -> None:
+    """n=0 counts non-zeros: give the channels distinct counts so that there are no ties."""
+
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for mine, theirs in zip(linears(ours), linears(reference)):
+            rows, cols = theirs.weight.shape
+            scores = (torch.arange(cols)[None, :] < torch.arange(rows)[:, None] % (cols + 1)).float()
+            prune.ln_structured(mine, "weight", amount=0.5, n=0, dim=0, importance_scores=scores)
+            torch_prune.ln_structured(theirs, "weight", amount=0.5, n=0, dim=0, importance_scores=scores)
+        check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def random_unstructured() -> None:
+    """Same seed, same draws: on CPU the mask is torch's single-process one."""
+
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        torch.manual_seed(5)
+        for layer in linears(ours):
+            prune.random_unstructured(layer, "weight", amount=0.35)
+        next_draws = torch.rand(3)
+        torch.manual_seed(5)
+        for layer in linears(reference):
+            torch_prune.random_unstructured(layer, "weight", amount=0.35)
+        check_masks(ours, reference)
+        assert torch.equal(next_draws, torch.rand(3)), "the generator must advance as torch's does"
+
+    each_layout(run)
+
+
+@case
+def random_structured() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for dim in (0, 1):
+            torch.manual_seed(6 + dim)
+            for layer in linears(ours):
+                prune.random_structured(layer, "weight", amount=0.5, dim=dim)
+            torch.manual_seed(6 + dim)
+            for layer in linears(reference):
+                torch_prune.random_structured(layer, "weight", amount=0.5, dim=dim)
+            check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def mixed_successive_pruning() -> None:
+    """A PruningContainer on DTensors: each method acts on what the earlier ones left."""
+
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        steps = [
+            lambda p, layer: p.l1_unstructured(layer, "weight", amount=0.3),
+            lambda p, layer: p.ln_structured(layer, "weight", amount=0.3, n=2, dim=1),
+            lambda p, layer: p.ln_structured(layer, "weight", amount=1, n=1, dim=0),
+            lambda p, layer: p.l1_unstructured(layer, "weight", amount=2),
+            lambda p, layer: p.random_structured(layer, "weight", amount=0.34, dim=0),
+        ]
+        for step_number, step in enumerate(steps):
+            torch.manual_seed(step_number)
+            for layer in linears(ours):
+                step(prune, layer)
+            torch.manual_seed(step_number)
+            for layer in linears(reference):
+                step(torch_prune, layer)
+            check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def random_unstructured_twice() -> list[list[float]]:
+    """On what earlier pruning left, the draws are those of the whole tensor at the kept entries.
+
+    Not torch's mask (torch draws only for the kept entries); returned so that
+    the test can check it is the same whatever the number of ranks.
+    """
+    ours, reference = both("shard1")
+    torch.manual_seed(8)
+    for layer in linears(ours):
+        prune.random_unstructured(layer, "weight", amount=0.3)
+        prune.random_unstructured(layer, "weight", amount=0.3)
+    masks = [layer.weight_mask.full_tensor() for layer in linears(ours)]
+    for mask, layer in zip(masks, linears(reference)):
+        kept_first = layer.weight.numel() - round(0.3 * layer.weight.numel())
+        assert int(mask.sum()) == kept_first - round(0.3 * kept_first)
+    return [mask.reshape(-1).tolist() for mask in masks]
+
+
+@case
+def global_unstructured() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for amount in (0.25, 0.5):
+            prune.global_unstructured(
+                [(layer, "weight") for layer in linears(ours)], prune.L1Unstructured, amount=amount
+            )
+            torch_prune.global_unstructured(
+                [(layer, "weight") for layer in linears(reference)], torch_prune.L1Unstructured, amount=amount
+            )
+            check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def global_unstructured_random() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        torch.manual_seed(9)
+        prune.global_unstructured(
+            [(layer, "weight") for layer in linears(ours)], prune.RandomUnstructured, amount=0.4
+        )
+        torch.manual_seed(9)
+        torch_prune.global_unstructured(
+            [(layer, "weight") for layer in linears(reference)], torch_prune.RandomUnstructured, amount=0.4
+        )
+        check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def custom_from_mask_and_identity() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for mine, theirs in zip(linears(ours), linears(reference)):
+            mask = (torch.arange(theirs.weight.numel()) % 3 != 0).reshape(theirs.weight.shape)
+            prune.identity(mine, "weight")
+            torch_prune.identity(theirs, "weight")
+            prune.custom_from_mask(mine, "weight", mask=mask)
+            torch_prune.custom_from_mask(theirs, "weight", mask=mask)
+        check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def remove_leaves_dtensor_parameters() -> None:
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for mine, theirs in zip(linears(ours), linears(reference)):
+            param = mine.weight
+            placements = param.placements
+            prune.l1_unstructured(mine, "weight", amount=0.5)
+            prune.ln_structured(mine, "weight", amount=1, n=2, dim=0)
+            torch_prune.l1_unstructured(theirs, "weight", amount=0.5)
+            torch_prune.ln_structured(theirs, "weight", amount=1, n=2, dim=0)
+            prune.remove(mine, "weight")
+            torch_prune.remove(theirs, "weight")
+            assert mine.weight is param, "remove must keep the Parameter object"
+            assert isinstance(mine.weight, DTensor) and isinstance(mine.weight, nn.Parameter)
+            assert mine.weight.placements == placements
+            assert [n for n, _ in mine.named_parameters()] == ["weight", "bias"]
+            assert not hasattr(mine, "weight_mask") and not prune.is_pruned(mine)
+            assert torch.equal(mine.weight.full_tensor(), theirs.weight)
+
+    each_layout(run)
+
+
+@case
+def fsdp_forward_after_remove() -> None:
+    """FSDP2 all-gathers the pruned values: the written shards are the ones it uses."""
+    ours, reference = both("fsdp")
+    for mine, theirs in zip(linears(ours), linears(reference)):
+        prune.l1_unstructured(mine, "weight", amount=0.6)
+        torch_prune.l1_unstructured(theirs, "weight", amount=0.6)
+        prune.remove(mine, "weight")
+        torch_prune.remove(theirs, "weight")
+    inputs = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(ours(inputs), reference(inputs))
+    ours(inputs).sum().backward()
+    assert all(isinstance(p.grad, DTensor) for p in ours.parameters())
+
+
+@case
+def no_weights_cross_the_network() -> None:
+    """Pruning may not gather a sharded tensor: DTensor's gathers are forbidden meanwhile."""
+    forbidden = ("full_tensor", "redistribute")
+    saved = {name: getattr(DTensor, name) for name in forbidden}
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pruning gathered a sharded tensor")
+
+    for layout in ("shard0", "shard1"):
+        ours, _ = both(layout)
+        for name in forbidden:
+            setattr(DTensor, name, refuse)
+        try:
+            torch.manual_seed(0)
+            for layer in linears(ours):
+                prune.l1_unstructured(layer, "weight", amount=0.3)
+                prune.ln_structured(layer, "weight", amount=0.3, n=2, dim=1)
+                prune.random_unstructured(layer, "weight", amount=0.3)
+                prune.random_structured(layer, "weight", amount=0.3, dim=0)
+            prune.global_unstructured(
+                [(layer, "weight") for layer in linears(ours)], prune.L1Unstructured, amount=0.5
+            )
+            for layer in linears(ours):
+                prune.remove(layer, "weight")
+        finally:
+            for name, method in saved.items():
+                setattr(DTensor, name, method)
+
+
+def run_rank(rank: int, world: int, store: str, results: str, selected: list[str]) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    found: dict[str, dict[str, object]] = {}
+    for name in selected:
+        started = time.perf_counter()
+        try:
+            found[name] = {"ok": True, "value": CASES[name]()}
+        except Exception:
+            found[name] = {"ok": False, "error": traceback.format_exc()}
+        print(f"rank {rank}: {name} took {time.perf_counter() - started:.2f} s", flush=True)
+    with open(f"{results}.{rank}", "w") as out:
+        json.dump(found, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    """``distributed_worker.py RESULTS WORLD_SIZE [CASE ...]``: fork the ranks after torch is imported once."""
+    results, world, selected = sys.argv[1], int(sys.argv[2]), sys.argv[3:] or list(CASES)
+    store = f"{results}.store"
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=run_rank, args=(r, world, store, results, selected)) for r in range(world)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join()
+    sys.exit(max(abs(process.exitcode or 0) for process in ranks))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Pruning sharded (DTensor, FSDP2) models over gloo on CPU, with 2 and 4 ranks.
+
+Each world size is one launch of tests/distributed_worker.py per rank; every
+case there compares the gathered masks with ``torch.nn.utils.prune`` on the
+full tensors. The launch happens once per world size and each case is
+reported as its own test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+import torch.distributed as dist  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+WORLD_SIZES = (2, 4)
+LAUNCH_TIMEOUT_S = 300
+
+
+def launch(world_size: int, tmp_path: Path) -> dict[str, dict[str, object]]:
+    """Run every case on ``world_size`` ranks; rank 0's results, after checking all ranks agree."""
+    results = tmp_path / "results"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    process = subprocess.run(
+        [sys.executable, str(WORKER), str(results), str(world_size)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert process.returncode == 0, f"the ranks exited with {process.returncode}:\n{process.stdout}"
+    per_rank = [json.loads(Path(f"{results}.{rank}").read_text()) for rank in range(world_size)]
+    for rank, found in enumerate(per_rank[1:], start=1):
+        for name, result in found.items():
+            if result["ok"]:
+                assert result == per_rank[0][name], f"ranks 0 and {rank} disagree on {name}"
+    failures = {name: r for found in per_rank for name, r in found.items() if not r["ok"]}
+    return per_rank[0] | failures
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, dict[str, object]]]:
+    """Every case's result for each world size (one launch each, shared by the tests below)."""
+    return {n: launch(n, tmp_path_factory.mktemp(f"world{n}")) for n in WORLD_SIZES}
+
+
+CASE_NAMES = [
+    "l1_unstructured",
+    "l1_unstructured_importance_scores",
+    "ln_structured",
+    "ln_structured_zero_norm",
+    "random_unstructured",
+    "random_structured",
+    "mixed_successive_pruning",
+    "random_unstructured_twice",
+    "global_unstructured",
+    "global_unstructured_random",
+    "custom_from_mask_and_identity",
+    "remove_leaves_dtensor_parameters",
+    "fsdp_forward_after_remove",
+    "no_weights_cross_the_network",
+]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_case(worlds: dict[int, dict[str, dict[str, object]]], name: str, world_size: int) -> None:
+    result = worlds[world_size][name]
+    assert result["ok"], result.get("error")
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_every_case_is_run(worlds: dict[int, dict[str, dict[str, object]]], world_size: int) -> None:
+    assert sorted(worlds[world_size]) == sorted(CASE_NAMES)
+
+
+def test_random_masks_do_not_depend_on_the_number_of_ranks(worlds: dict[int, dict[str, dict[str, object]]]) -> None:
+    masks = [worlds[n]["random_unstructured_twice"]["value"] for n in WORLD_SIZES]
+    assert masks[0] is not None and all(m == masks[0] for m in masks)
