@@ -12,8 +12,10 @@ and ``torch.distributed`` is imported only then.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -77,6 +79,114 @@ def write_in_place(param: torch.Tensor, value: torch.Tensor) -> None:
         param.to_local().copy_(value.to_local())
 
 
+def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
+    """Explain the forward of a module whose sharded pruned parameter FSDP2 gathered under its old name.
+
+    FSDP2 tracks a parameter by the name it had when ``fully_shard`` was called
+    and gathers it back there before every forward, next to ``<name>_orig``.
+    """
+    if is_dtensor(module._parameters.get(name + "_orig")):
+        raise RuntimeError(
+            f"{type(module).__name__}.{name} was pruned after fully_shard, and FSDP2 gathers it "
+            f"under its old name: call prunereg.remove(module, {name!r}) before the forward "
+            "to make the pruning permanent, or prune before fully_shard (see docs/distributed.md)"
+        )
+
+
+# --- selecting the k smallest entries (unstructured and global pruning) --------
+
+
+def select_k(chunks: list[DTensor], k: int, *, largest: bool = False) -> list[DTensor]:
+    """:func:`prunereg._select.select_k` over DTensors: the same threshold search on every rank.
+
+    Each rank counts the keys of its own shards; the counts are summed over the
+    ranks holding distinct shards, so all find the same threshold. Entries tied
+    at the threshold are taken in rank order, then in each rank's stream order.
+    """
+    from torch.distributed.tensor import DTensor
+
+    from prunereg import _select
+
+    sharded_dims = _sharded_mesh_dims(chunks)
+    local = [chunk.to_local().reshape(-1) for chunk in chunks]
+    total = sum(chunk.numel() for chunk in chunks)
+    if not 0 <= k <= total:
+        raise ValueError(f"cannot select k={k} of {total} entries")
+    device = local[0].device
+    if k == 0:
+        selected = [torch.zeros(f.shape, dtype=torch.bool, device=f.device) for f in local]
+    else:
+        dtype = functools.reduce(torch.promote_types, [f.dtype for f in local])
+        keys = [[_select.order_keys(block.to(dtype)) for block in f.split(_select.BLOCK)] for f in local]
+        threshold = _select.find_threshold(
+            lambda: (block for blocks in keys for block in blocks),
+            k,
+            width=_select.key_width(dtype),
+            largest=largest,
+            device=device,
+            all_reduce=lambda counts: _sum_over(counts, chunks[0], sharded_dims),
+            exclusive_prefix=lambda ties: _exclusive_prefix(ties, chunks[0], sharded_dims),
+        )
+        mark = _select.Marker(threshold)
+        selected = []
+        for f, blocks in zip(local, keys):
+            out = torch.empty(f.shape, dtype=torch.bool, device=f.device)
+            for block, out_block in zip(blocks, out.split(_select.BLOCK)):
+                mark(block, out=out_block)
+            selected.append(out)
+    return [
+        DTensor.from_local(
+            flags.view(chunk.to_local().shape),
+            chunk.device_mesh,
+            chunk.placements,
+            run_check=False,
+            shape=chunk.shape,
+            stride=chunk.stride(),
+        )
+        for flags, chunk in zip(selected, chunks)
+    ]
+
+
+def _sharded_mesh_dims(chunks: list[DTensor]) -> list[int]:
+    """The mesh dims over which ``chunks`` are split, which must be the same for all of them."""
+    mesh = chunks[0].device_mesh
+    dims = [i for i, p in enumerate(chunks[0].placements) if p.is_shard()]
+    for chunk in chunks[1:]:
+        if not is_dtensor(chunk) or chunk.device_mesh != mesh:
+            raise ValueError("pruning several tensors together needs them all sharded on one device mesh")
+        if [i for i, p in enumerate(chunk.placements) if p.is_shard()] != dims:
+            raise NotImplementedError(
+                "pruning several DTensors together needs them sharded over the same mesh dims: "
+                f"got {chunks[0].placements} and {chunk.placements}"
+            )
+    return dims
+
+
+def _sum_over(counts: torch.Tensor, like: DTensor, mesh_dims: list[int]) -> torch.Tensor:
+    import torch.distributed as dist
+
+    for mesh_dim in mesh_dims:
+        dist.all_reduce(counts, group=like.device_mesh.get_group(mesh_dim))
+    return counts
+
+
+def _exclusive_prefix(counts: torch.Tensor, like: DTensor, mesh_dims: list[int]) -> torch.Tensor:
+    """Sum of ``counts`` over the shards before this rank's (mesh coordinates in row-major order)."""
+    import torch.distributed as dist
+
+    mesh = like.device_mesh
+    before = torch.zeros_like(counts)
+    block = counts.clone()  # the total of the sub-mesh below the current dim
+    for mesh_dim in reversed(mesh_dims):
+        group = mesh.get_group(mesh_dim)
+        gathered = [torch.empty_like(block) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, block, group=group)
+        position = mesh.get_local_rank(mesh_dim)
+        before += sum(gathered[:position], torch.zeros_like(block))
+        block = sum(gathered, torch.zeros_like(block))
+    return before
+
+
 # --- random draws -----------------------------------------------------------
 
 
@@ -92,23 +202,23 @@ def rand_like(t: DTensor) -> DTensor:
 
     sources = getattr(t, "_prunereg_draw_sources", None)
     if sources is None:
-        local = _box_draws(t)
+        local = _box_draws(t, t.dtype)
     else:
         # A compacted vector (what earlier pruning left): draws at the kept positions.
-        local = torch.cat([_box_draws(source)[keep] for source, keep in sources])
+        local = torch.cat([_box_draws(source, t.dtype)[keep] for source, keep in sources])
     return DTensor.from_local(
         local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
     )
 
 
-def _box_draws(t: DTensor) -> torch.Tensor:
+def _box_draws(t: DTensor, dtype: torch.dtype) -> torch.Tensor:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     _reject_strided(t)
     local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    out = torch.empty(local_shape, dtype=t.dtype, device=t.device)
+    out = torch.empty(local_shape, dtype=dtype, device=t.device)
     box = [(start, start + size) for start, size in zip(offset, local_shape)]
-    _draw_block(out, tuple(t.shape), box, t.dtype, t.device)
+    _draw_block(out, tuple(t.shape), box, dtype, t.device)
     return out
 
 
@@ -313,6 +423,45 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
     else:
         raise ValueError(f"Unrecognized PRUNING_TYPE {kind}")
     return DTensor.from_local(new_local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+
+
+def global_shares(
+    method: BasePruningMethod,
+    tensors: Sequence[DTensor],
+    scores: Sequence[torch.Tensor],
+    masks: Sequence[DTensor | None],
+) -> list[DTensor]:
+    """Global pruning of DTensors: each tensor's share of ``method``'s mask over all of them.
+
+    As in one process, ``method`` sees the entries that earlier pruning left in
+    all tensors as one vector; here each rank holds the part of that vector
+    from its own shards, end to end. Plain ``scores`` are cut into the tensors' shards.
+    """
+    scores = [to_layout_of(score, tensor) for score, tensor in zip(scores, tensors)]
+    from torch.distributed.tensor import DTensor
+
+    dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
+    local_scores = [score.to_local() for score in scores]
+    local_masks = [
+        to_layout_of(mask, score).to_local() if mask is not None else torch.ones_like(local)
+        for mask, score, local in zip(masks, scores, local_scores)
+    ]
+    remaining = [mask == 1 for mask in local_masks]
+    compact = flat_dtensor(scores[0], [s[r].to(dtype) for s, r in zip(local_scores, remaining)])
+    compact._prunereg_draw_sources = list(zip(scores, remaining))
+    partial = method.compute_mask(
+        compact, default_mask=flat_dtensor(scores[0], [m[r].to(dtype) for m, r in zip(local_masks, remaining)])
+    ).to_local()
+    shares = []
+    for score, mask, keep, piece in zip(scores, local_masks, remaining, partial.split([int(r.sum()) for r in remaining])):
+        share = mask.to(dtype=dtype, copy=True)
+        share[keep] = piece.to(dtype)
+        shares.append(
+            DTensor.from_local(
+                share, score.device_mesh, score.placements, run_check=False, shape=score.shape, stride=score.stride()
+            )
+        )
+    return shares
 
 
 def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:

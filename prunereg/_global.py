@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from prunereg import _compact, _reparam, _select
+from prunereg import _compact, _distributed, _reparam, _select
 from prunereg._amount import nparams_to_prune, validate_amount
 from prunereg._method import BasePruningMethod
 from prunereg_builtins.custom import CustomFromMask
@@ -100,7 +100,10 @@ def global_masks(
     without building a model.
     """
     entries = [_Entry(t, s, m) for t, s, m in zip(tensors, scores, masks)]
-    shares = _shares(method, entries)
+    if _distributed.is_dtensor(tensors[0]):
+        shares = _distributed.global_shares(method, entries)
+    else:
+        shares = _shares(method, entries)
     for entry, share in zip(entries, shares):
         if entry.old_mask is not None:
             _times_old_mask(share, entry.old_mask)
@@ -240,8 +243,18 @@ class _Draws:
         return torch.rand(count, dtype=self.dtype, device=self.device, out=out)
 
 
-def _concatenated(method: BasePruningMethod, entries: list[_Entry], *, meta: bool = False) -> list[torch.Tensor]:
-    """torch's way: the remaining scores (all scores on meta) concatenated on the first device."""
+def _concatenated(
+    method: BasePruningMethod,
+    entries: list[_Entry],
+    *,
+    meta: bool = False,
+    spread: _distributed.SpreadVector | None = None,
+) -> list[torch.Tensor]:
+    """torch's way: the remaining scores (all scores on meta) concatenated on the first device.
+
+    With ``spread``, the entries are the local shards of DTensors: the method
+    sees one vector spread over the ranks, each holding the part from its shards.
+    """
     device = torch.device("meta") if meta else entries[0].scores.device
     dtype = _select.promoted_dtype([e.scores for e in entries])
     keeps = [
@@ -254,7 +267,11 @@ def _concatenated(method: BasePruningMethod, entries: list[_Entry], *, meta: boo
         ]
     )
     mask_dtype = _select.promoted_dtype([e.old_mask if e.old_mask is not None else e.tensor for e in entries])
-    partial = method.compute_mask(relevant, default_mask=torch.ones_like(relevant, dtype=mask_dtype))
+    default = torch.ones_like(relevant, dtype=mask_dtype)
+    if spread is None:
+        partial = method.compute_mask(relevant, default_mask=default)
+    else:
+        partial = method.compute_mask(spread(relevant, keeps), default_mask=spread(default)).to_local()
     shares = []
     pointer = 0
     for entry, keep in zip(entries, keeps):

@@ -180,6 +180,8 @@ def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
 def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
     """Set ``module.<name>`` to the pruned tensor, remembering what it was made of."""
     name = method._tensor_name
+    if name in module._parameters:
+        _distributed.refuse_gathered_parameter(module, name)
     pruned = method.apply_mask(module)
     setattr(module, name, pruned)
     orig = module._parameters[name + "_orig"]

@@ -11,7 +11,9 @@ comparisons come after the collectives).
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
+import os
 import sys
 import time
 import traceback
@@ -23,11 +25,14 @@ import torch.distributed as dist
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
 import prunereg
 import prunereg.prune as prune
 
+# "cpu" (gloo) or "cuda" (NCCL, one GPU per rank).
+DEVICE = os.environ.get("PRUNEREG_TEST_DEVICE", "cpu")
 CASES: dict[str, Callable[[], object]] = {}
 LAYOUTS = ("shard0", "shard1", "fsdp")
 
@@ -40,23 +45,31 @@ def case(function: Callable[[], object]) -> Callable[[], object]:
 def full_model(seed: int = 0) -> nn.Sequential:
     """Linear layers whose shapes do not divide evenly by 2 or 4 ranks (one shard is even empty)."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 7), nn.ReLU(), nn.Linear(7, 5))
+    return nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 7), nn.ReLU(), nn.Linear(7, 5)).to(DEVICE)
+
+
+def mesh() -> DeviceMesh:
+    return init_device_mesh(DEVICE, (dist.get_world_size(),))
+
+
+def inputs() -> torch.Tensor:
+    return torch.randn(4, 12, generator=torch.Generator().manual_seed(0)).to(DEVICE)
 
 
 def sharded(model: nn.Sequential, layout: str) -> nn.Sequential:
     """A copy of ``model`` whose parameters are DTensors in ``layout``."""
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    device_mesh = mesh()
     model = _copy(model)
     if layout == "fsdp":
         for layer in linears(model):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=device_mesh)
+        fully_shard(model, mesh=device_mesh)
         return model
     dim = {"shard0": 0, "shard1": 1}[layout]
     for layer in linears(model):
         for name, param in list(layer.named_parameters()):
             placement = Shard(min(dim, param.dim() - 1))
-            setattr(layer, name, nn.Parameter(distribute_tensor(param.detach(), mesh, [placement])))
+            setattr(layer, name, nn.Parameter(distribute_tensor(param.detach(), device_mesh, [placement])))
     return model
 
 
@@ -114,7 +127,7 @@ def l1_unstructured() -> None:
 def l1_unstructured_importance_scores() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for mine, theirs in zip(linears(ours), linears(reference)):
-            scores = torch.arange(theirs.weight.numel(), dtype=torch.float32).reshape(theirs.weight.shape).flip(0)
+            scores = torch.arange(theirs.weight.numel(), dtype=torch.float32, device=DEVICE).reshape(theirs.weight.shape).flip(0)
             prune.l1_unstructured(mine, "weight", amount=0.4, importance_scores=scores)
             torch_prune.l1_unstructured(theirs, "weight", amount=0.4, importance_scores=scores)
         check_masks(ours, reference)
@@ -146,12 +159,67 @@ def ln_structured_zero_norm() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for mine, theirs in zip(linears(ours), linears(reference)):
             rows, cols = theirs.weight.shape
-            scores = (torch.arange(cols)[None, :] < torch.arange(rows)[:, None] % (cols + 1)).float()
+            scores = (torch.arange(cols)[None, :] < torch.arange(rows)[:, None] % (cols + 1)).float().to(DEVICE)
             prune.ln_structured(mine, "weight", amount=0.5, n=0, dim=0, importance_scores=scores)
             torch_prune.ln_structured(theirs, "weight", amount=0.5, n=0, dim=0, importance_scores=scores)
         check_masks(ours, reference)
 
     each_layout(run)
+
+
+class Holder(nn.Module):
+    """One parameter of any shape."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+
+def distinct_magnitudes(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """Entries of distinct absolute values (and, for float64, sums of them almost surely distinct)."""
+    numel = math.prod(shape)
+    magnitudes = torch.randperm(numel, generator=generator).double() + 1
+    if dtype == torch.float64:
+        magnitudes += torch.rand(numel, generator=generator, dtype=torch.float64)
+    signs = torch.randint(0, 2, (numel,), generator=generator) * 2 - 1
+    return (magnitudes * signs).reshape(shape).to(dtype=dtype, device=DEVICE)
+
+
+def raised_by(action: Callable[[], object]) -> type[BaseException] | None:
+    try:
+        action()
+    except Exception as error:
+        return type(error)
+    return None
+
+
+@case
+def seeded_shapes() -> None:
+    """Shapes, placements, dtypes, amounts and dims drawn from one seed (the same on every rank)."""
+    generator = torch.Generator().manual_seed(1234)
+    world = dist.get_world_size()
+    for example in range(16):
+        ndim = 2 + example % 2
+        shape = tuple(int(torch.randint(1, 9, (), generator=generator)) for _ in range(ndim))
+        dtype = (torch.float32, torch.float64, torch.bfloat16)[example % 3]
+        full = distinct_magnitudes(shape, dtype, generator)
+        placement = Shard(int(torch.randint(0, ndim, (), generator=generator)))
+        numel = math.prod(shape)
+        amount = float(torch.rand((), generator=generator)) if example % 4 else int(torch.randint(0, numel + 1, (), generator=generator))
+        dim = int(torch.randint(-ndim, ndim, (), generator=generator))
+        norm = (1, 2, "fro", float("inf"), float("-inf"), 0.5)[example % 6]
+        steps = [lambda p, m: p.l1_unstructured(m, "weight", amount=amount)]
+        if dtype == torch.float64:
+            channel_amount = amount if isinstance(amount, float) else min(amount, shape[dim])
+            steps.append(lambda p, m: p.ln_structured(m, "weight", amount=channel_amount, n=norm, dim=dim))
+        ours = Holder(distribute_tensor(full, mesh(), [placement]))
+        reference = Holder(full.clone())
+        context = f"example {example}: {shape} {dtype} {placement} on {world} ranks, amount={amount} dim={dim} n={norm}"
+        for step in steps:
+            expected = raised_by(lambda: step(torch_prune, reference))
+            assert raised_by(lambda: step(prune, ours)) == expected, context
+        assert ours.weight_mask.placements == (placement,), context
+        assert torch.equal(ours.weight_mask.full_tensor(), reference.weight_mask), context
 
 
 @case
@@ -265,7 +333,7 @@ def global_unstructured_random() -> None:
 def custom_from_mask_and_identity() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for mine, theirs in zip(linears(ours), linears(reference)):
-            mask = (torch.arange(theirs.weight.numel()) % 3 != 0).reshape(theirs.weight.shape)
+            mask = (torch.arange(theirs.weight.numel(), device=DEVICE) % 3 != 0).reshape(theirs.weight.shape)
             prune.identity(mine, "weight")
             torch_prune.identity(theirs, "weight")
             prune.custom_from_mask(mine, "weight", mask=mask)
@@ -306,10 +374,35 @@ def fsdp_forward_after_remove() -> None:
         torch_prune.l1_unstructured(theirs, "weight", amount=0.6)
         prune.remove(mine, "weight")
         torch_prune.remove(theirs, "weight")
-    inputs = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(ours(inputs), reference(inputs))
-    ours(inputs).sum().backward()
+    assert torch.allclose(ours(inputs()), reference(inputs()))
+    ours(inputs()).sum().backward()
     assert all(isinstance(p.grad, DTensor) for p in ours.parameters())
+
+
+@case
+def fsdp_forward_while_pruned() -> None:
+    """Pruned after fully_shard: a clear error at forward; pruned before: masked forward and gradients."""
+    device_mesh = mesh()
+    ours, _ = both("fsdp")
+    prune.ln_structured(linears(ours)[0], "weight", amount=0.4, n=2, dim=0)
+    try:
+        ours(inputs())
+    except RuntimeError as error:
+        assert "prunereg.remove" in str(error), error
+    else:
+        raise AssertionError("the forward must refuse a parameter pruned after fully_shard")
+
+    ours, reference = full_model(), full_model()
+    for mine, theirs in zip(linears(ours), linears(reference)):
+        prune.ln_structured(mine, "weight", amount=0.4, n=2, dim=0)
+        torch_prune.ln_structured(theirs, "weight", amount=0.4, n=2, dim=0)
+        fully_shard(mine, mesh=device_mesh)
+    fully_shard(ours, mesh=device_mesh)
+    assert torch.allclose(ours(inputs()), reference(inputs()))
+    ours(inputs()).sum().backward()
+    reference(inputs()).sum().backward()
+    for mine, theirs in zip(linears(ours), linears(reference)):
+        assert torch.allclose(mine.weight_orig.grad.full_tensor(), theirs.weight_orig.grad)
 
 
 @case
@@ -343,8 +436,11 @@ def no_weights_cross_the_network() -> None:
 
 
 def run_rank(rank: int, world: int, store: str, results: str, selected: list[str]) -> None:
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "nccl" if DEVICE == "cuda" else "gloo"
     dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        backend, init_method=f"file://{store}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
     found: dict[str, dict[str, object]] = {}
     for name in selected:

@@ -1,9 +1,9 @@
 """Pruning sharded (DTensor, FSDP2) models over gloo on CPU, with 2 and 4 ranks.
 
-Each world size is one launch of tests/distributed_worker.py per rank; every
-case there compares the gathered masks with ``torch.nn.utils.prune`` on the
-full tensors. The launch happens once per world size and each case is
-reported as its own test.
+Each world size is one launch of tests/distributed_worker.py, which forks the
+ranks; every case there compares the gathered masks with
+``torch.nn.utils.prune`` on the full tensors. The launch happens once per world
+size and each case is reported as its own test.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("torch.distributed")
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
@@ -26,10 +25,10 @@ WORLD_SIZES = (2, 4)
 LAUNCH_TIMEOUT_S = 300
 
 
-def launch(world_size: int, tmp_path: Path) -> dict[str, dict[str, object]]:
+def launch(world_size: int, tmp_path: Path, device: str = "cpu") -> dict[str, dict[str, object]]:
     """Run every case on ``world_size`` ranks; rank 0's results, after checking all ranks agree."""
     results = tmp_path / "results"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PRUNEREG_TEST_DEVICE=device)
     process = subprocess.run(
         [sys.executable, str(WORKER), str(results), str(world_size)],
         env=env,
@@ -59,6 +58,7 @@ CASE_NAMES = [
     "l1_unstructured_importance_scores",
     "ln_structured",
     "ln_structured_zero_norm",
+    "seeded_shapes",
     "random_unstructured",
     "random_structured",
     "mixed_successive_pruning",
@@ -68,6 +68,7 @@ CASE_NAMES = [
     "custom_from_mask_and_identity",
     "remove_leaves_dtensor_parameters",
     "fsdp_forward_after_remove",
+    "fsdp_forward_while_pruned",
     "no_weights_cross_the_network",
 ]
 
@@ -87,3 +88,12 @@ def test_every_case_is_run(worlds: dict[int, dict[str, dict[str, object]]], worl
 def test_random_masks_do_not_depend_on_the_number_of_ranks(worlds: dict[int, dict[str, dict[str, object]]]) -> None:
     masks = [worlds[n]["random_unstructured_twice"]["value"] for n in WORLD_SIZES]
     assert masks[0] is not None and all(m == masks[0] for m in masks)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(), reason="needs CUDA and NCCL")
+def test_every_case_with_nccl_on_cuda(tmp_path: Path) -> None:
+    """The same cases on CUDA, one GPU per rank (two ranks where there are two GPUs)."""
+    found = launch(min(2, torch.cuda.device_count()), tmp_path, device="cuda")
+    failures = {name: result["error"] for name, result in found.items() if not result["ok"]}
+    assert sorted(found) == sorted(CASE_NAMES)
+    assert not failures, "\n".join(f"{name}:\n{error}" for name, error in failures.items())
