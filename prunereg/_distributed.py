@@ -349,9 +349,13 @@ class ChannelSpan:
     def of(cls, t: DTensor, dim: int) -> ChannelSpan:
         import torch.distributed as dist
 
-        _reject_strided(t)
         dim = dim % t.dim()
         mesh_dims = [i for i, p in enumerate(t.placements) if p.is_shard() and p.dim == dim]
+        if any(type(t.placements[i]).__name__ != "Shard" for i in mesh_dims):
+            raise NotImplementedError(
+                f"prunereg cannot prune channels along dim {dim} with placements {t.placements} "
+                "(only Shard and Replicate)"
+            )
         local_size = t.to_local().shape[dim]
         if not mesh_dims:
             return cls(None, [local_size], 0)

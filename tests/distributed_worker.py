@@ -10,6 +10,7 @@ comparisons come after the collectives).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import multiprocessing
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.utils.prune as torch_prune
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
@@ -339,6 +340,25 @@ def custom_from_mask_and_identity() -> None:
             prune.custom_from_mask(mine, "weight", mask=mask)
             torch_prune.custom_from_mask(theirs, "weight", mask=mask)
         check_masks(ours, reference)
+
+    each_layout(run)
+
+
+@case
+def state_dict_and_deepcopy() -> None:
+    """A pruned sharded model has torch's state_dict keys, and deep-copies with its masks (but for FSDP2)."""
+
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        for mine, theirs in zip(linears(ours), linears(reference)):
+            prune.ln_structured(mine, "weight", amount=0.5, n=1, dim=1)
+            torch_prune.ln_structured(theirs, "weight", amount=0.5, n=1, dim=1)
+        assert list(ours.state_dict()) == list(reference.state_dict())
+        if isinstance(ours, FSDPModule):
+            return  # FSDP2 refuses deepcopy itself
+        copied = copy.deepcopy(ours)
+        check_masks(copied, reference)
+        for original, duplicate in zip(linears(ours), linears(copied)):
+            assert duplicate.weight_mask.to_local().data_ptr() != original.weight_mask.to_local().data_ptr()
 
     each_layout(run)
 

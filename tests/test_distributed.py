@@ -21,6 +21,7 @@ import torch.distributed as dist
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "examples" / "prune_sharded.py"
 WORLD_SIZES = (2, 4)
 LAUNCH_TIMEOUT_S = 300
 
@@ -66,6 +67,7 @@ CASE_NAMES = [
     "global_unstructured",
     "global_unstructured_random",
     "custom_from_mask_and_identity",
+    "state_dict_and_deepcopy",
     "remove_leaves_dtensor_parameters",
     "fsdp_forward_after_remove",
     "fsdp_forward_while_pruned",
@@ -97,3 +99,17 @@ def test_every_case_with_nccl_on_cuda(tmp_path: Path) -> None:
     failures = {name: result["error"] for name, result in found.items() if not result["ok"]}
     assert sorted(found) == sorted(CASE_NAMES)
     assert not failures, "\n".join(f"{name}:\n{error}" for name, error in failures.items())
+
+
+def test_docs_example_runs_under_torchrun() -> None:
+    """docs/distributed.md's example, run as it tells the user to, on two CPU ranks."""
+    process = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)],
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert process.returncode == 0, process.stdout
+    assert "pruned on 2 ranks" in process.stdout, process.stdout
