@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from torch.distributed.tensor import DTensor
-
     from prunereg._method import BasePruningMethod
 
 # Random draws are generated in blocks of at most this many entries (64 MiB of
@@ -103,11 +101,9 @@ def select_k(chunks: list[DTensor], k: int, *, largest: bool = False) -> list[DT
     ranks holding distinct shards, so all find the same threshold. Entries tied
     at the threshold are taken in rank order, then in each rank's stream order.
     """
-    from torch.distributed.tensor import DTensor
-
     from prunereg import _select
 
-    sharded_dims = _sharded_mesh_dims(chunks)
+    _check_same_sharding(chunks)
     local = [chunk.to_local().reshape(-1) for chunk in chunks]
     total = sum(chunk.numel() for chunk in chunks)
     if not 0 <= k <= total:
@@ -124,8 +120,8 @@ def select_k(chunks: list[DTensor], k: int, *, largest: bool = False) -> list[DT
             width=_select.key_width(dtype),
             largest=largest,
             device=device,
-            all_reduce=lambda counts: _sum_over(counts, chunks[0], sharded_dims),
-            exclusive_prefix=lambda ties: _exclusive_prefix(ties, chunks[0], sharded_dims),
+            all_reduce=lambda counts: sum_over_shards(counts, chunks[0]),
+            exclusive_prefix=lambda ties: _exclusive_prefix(ties, chunks[0]),
         )
         mark = _select.Marker(threshold)
         selected = []
@@ -134,50 +130,43 @@ def select_k(chunks: list[DTensor], k: int, *, largest: bool = False) -> list[DT
             for block, out_block in zip(blocks, out.split(_select.BLOCK)):
                 mark(block, out=out_block)
             selected.append(out)
-    return [
-        DTensor.from_local(
-            flags.view(chunk.to_local().shape),
-            chunk.device_mesh,
-            chunk.placements,
-            run_check=False,
-            shape=chunk.shape,
-            stride=chunk.stride(),
-        )
-        for flags, chunk in zip(selected, chunks)
-    ]
+    return [_wrap(flags.view(chunk.to_local().shape), chunk) for flags, chunk in zip(selected, chunks)]
 
 
-def _sharded_mesh_dims(chunks: list[DTensor]) -> list[int]:
-    """The mesh dims over which ``chunks`` are split, which must be the same for all of them."""
-    mesh = chunks[0].device_mesh
-    dims = [i for i, p in enumerate(chunks[0].placements) if p.is_shard()]
+def _check_same_sharding(chunks: list[DTensor]) -> None:
+    """Counts of several tensors add up only if all are split over the same mesh dims."""
+    mesh, dims = chunks[0].device_mesh, _sharded_mesh_dims(chunks[0])
     for chunk in chunks[1:]:
         if not is_dtensor(chunk) or chunk.device_mesh != mesh:
             raise ValueError("pruning several tensors together needs them all sharded on one device mesh")
-        if [i for i, p in enumerate(chunk.placements) if p.is_shard()] != dims:
+        if _sharded_mesh_dims(chunk) != dims:
             raise NotImplementedError(
                 "pruning several DTensors together needs them sharded over the same mesh dims: "
                 f"got {chunks[0].placements} and {chunk.placements}"
             )
-    return dims
 
 
-def _sum_over(counts: torch.Tensor, like: DTensor, mesh_dims: list[int]) -> torch.Tensor:
+def _sharded_mesh_dims(t: DTensor) -> list[int]:
+    return [mesh_dim for mesh_dim, placement in enumerate(t.placements) if placement.is_shard()]
+
+
+def sum_over_shards(counts: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """``counts`` summed over the ranks holding distinct shards of ``like`` (replicas counted once)."""
     import torch.distributed as dist
 
-    for mesh_dim in mesh_dims:
+    for mesh_dim in _sharded_mesh_dims(like):
         dist.all_reduce(counts, group=like.device_mesh.get_group(mesh_dim))
     return counts
 
 
-def _exclusive_prefix(counts: torch.Tensor, like: DTensor, mesh_dims: list[int]) -> torch.Tensor:
-    """Sum of ``counts`` over the shards before this rank's (mesh coordinates in row-major order)."""
+def _exclusive_prefix(counts: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """Sum of ``counts`` over the shards of ``like`` before this rank's (mesh coordinates in row-major order)."""
     import torch.distributed as dist
 
     mesh = like.device_mesh
     before = torch.zeros_like(counts)
     block = counts.clone()  # the total of the sub-mesh below the current dim
-    for mesh_dim in reversed(mesh_dims):
+    for mesh_dim in reversed(_sharded_mesh_dims(like)):
         group = mesh.get_group(mesh_dim)
         gathered = [torch.empty_like(block) for _ in range(dist.get_world_size(group))]
         dist.all_gather(gathered, block, group=group)
@@ -198,17 +187,13 @@ def rand_like(t: DTensor) -> DTensor:
     shape only; so the draws do not depend on the number of ranks, and on CPU
     they are exactly ``torch.rand_like`` of the full tensor.
     """
-    from torch.distributed.tensor import DTensor
-
     sources = getattr(t, "_prunereg_draw_sources", None)
     if sources is None:
         local = _box_draws(t, t.dtype)
     else:
         # A compacted vector (what earlier pruning left): draws at the kept positions.
         local = torch.cat([_box_draws(source, t.dtype)[keep] for source, keep in sources])
-    return DTensor.from_local(
-        local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
-    )
+    return _wrap(local, t)
 
 
 def _box_draws(t: DTensor, dtype: torch.dtype) -> torch.Tensor:
@@ -374,8 +359,6 @@ class ChannelSpan:
 
 def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor) -> DTensor:
     """The mask of ``t`` keeping the channels ``keep`` (indices or flags, the same on every rank)."""
-    from torch.distributed.tensor import DTensor
-
     flags = torch.zeros(t.shape[dim], dtype=torch.bool, device=keep.device)
     flags[keep] = True
     span = ChannelSpan.of(t, dim)
@@ -385,7 +368,7 @@ def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor
     local = torch.zeros_like(t.to_local())
     local += local_keep.reshape(shape).to(device=local.device, dtype=local.dtype)
     local *= default_mask.to_local().to(dtype=local.dtype)
-    return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+    return _wrap(local, t)
 
 
 # --- what earlier pruning left (PruningContainer) --------------------------------
@@ -398,8 +381,6 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
     DTensor of their own; ``method`` computes its mask on it, and the result is
     written back in place of those entries.
     """
-    from torch.distributed.tensor import DTensor
-
     kind = method.PRUNING_TYPE
     mask = to_layout_of(mask, t)
     if kind == "global":
@@ -420,13 +401,13 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
         shape = list(t.shape)
         shape[dim] = int(used.count_nonzero())
         partial = method.compute_mask(
-            _from_local(local_t.index_select(dim, index), t, shape),
-            default_mask=_from_local(local_mask.index_select(dim, index), t, shape),
+            _wrap(local_t.index_select(dim, index), t, shape),
+            default_mask=_wrap(local_mask.index_select(dim, index), t, shape),
         )
         new_local.index_copy_(dim, index, partial.to_local().to(dtype=t.dtype))
     else:
         raise ValueError(f"Unrecognized PRUNING_TYPE {kind}")
-    return DTensor.from_local(new_local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+    return _wrap(new_local, t)
 
 
 def global_shares(
@@ -442,8 +423,6 @@ def global_shares(
     from its own shards, end to end. Plain ``scores`` are cut into the tensors' shards.
     """
     scores = [to_layout_of(score, tensor) for score, tensor in zip(scores, tensors)]
-    from torch.distributed.tensor import DTensor
-
     dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
     local_scores = [score.to_local() for score in scores]
     local_masks = [
@@ -460,11 +439,7 @@ def global_shares(
     for score, mask, keep, piece in zip(scores, local_masks, remaining, partial.split([int(r.sum()) for r in remaining])):
         share = mask.to(dtype=dtype, copy=True)
         share[keep] = piece.to(dtype)
-        shares.append(
-            DTensor.from_local(
-                share, score.device_mesh, score.placements, run_check=False, shape=score.shape, stride=score.stride()
-            )
-        )
+        shares.append(_wrap(share, score))
     return shares
 
 
@@ -479,10 +454,14 @@ def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:
     return dim
 
 
-def _from_local(local: torch.Tensor, like: DTensor, shape: list[int]) -> DTensor:
+def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) -> DTensor:
+    """This rank's ``local`` shard of a DTensor laid out like ``like`` (of another ``shape`` if given)."""
     from torch.distributed.tensor import DTensor
 
-    stride = torch.empty(shape, device="meta").stride()
+    if shape is None:
+        shape, stride = like.shape, like.stride()
+    else:
+        stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride)
 
 
@@ -499,13 +478,3 @@ def flat_dtensor(like: DTensor, pieces: list[torch.Tensor]) -> DTensor:
     total = int(sum_over_shards(torch.tensor([local.numel()], dtype=torch.int64, device=local.device), like))
     return DTensor.from_local(local, like.device_mesh, placements, run_check=False, shape=(total,), stride=(1,))
 
-
-def sum_over_shards(counts: torch.Tensor, like: DTensor) -> torch.Tensor:
-    """``counts`` summed over the ranks holding distinct shards of ``like`` (replicas counted once)."""
-    import torch.distributed as dist
-
-    counts = counts.clone()
-    for mesh_dim, placement in enumerate(like.placements):
-        if placement.is_shard():
-            dist.all_reduce(counts, group=like.device_mesh.get_group(mesh_dim))
-    return counts
