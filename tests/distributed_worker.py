@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -111,14 +112,26 @@ def each_layout(prune_both: Callable[[nn.Module, nn.Module], None]) -> None:
         prune_both(ours, reference)
 
 
+def on_both(ours: nn.Module, reference: nn.Module, step: Callable[[Any, nn.Module], object], seed: int = 0) -> None:
+    """``step(api, layer)`` on every Linear, from the same seed: prunereg's api on ours, torch's on the reference."""
+    for api, model in ((prune, ours), (torch_prune, reference)):
+        torch.manual_seed(seed)
+        for layer in linears(model):
+            step(api, layer)
+
+
+def globally(ours: nn.Module, reference: nn.Module, method: str, seed: int = 0, **kwargs: object) -> None:
+    """``global_unstructured`` over the Linear weights, from the same seed, in both models."""
+    for api, model in ((prune, ours), (torch_prune, reference)):
+        torch.manual_seed(seed)
+        api.global_unstructured([(layer, "weight") for layer in linears(model)], getattr(api, method), **kwargs)
+
+
 @case
 def l1_unstructured() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for amount in (0.3, 11):
-            for layer in linears(ours):
-                prune.l1_unstructured(layer, "weight", amount=amount)
-            for layer in linears(reference):
-                torch_prune.l1_unstructured(layer, "weight", amount=amount)
+            on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=amount))
             check_masks(ours, reference)
 
     each_layout(run)
@@ -144,10 +157,7 @@ def ln_structured() -> None:
 
         def run(ours: nn.Module, reference: nn.Module) -> None:
             for amount in (0.4, 1):
-                for layer in linears(ours):
-                    prune.ln_structured(layer, "weight", amount=amount, n=n, dim=dim)
-                for layer in linears(reference):
-                    torch_prune.ln_structured(layer, "weight", amount=amount, n=n, dim=dim)
+                on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=amount, n=n, dim=dim))
             check_masks(ours, reference)
 
         each_layout(run)
@@ -245,12 +255,7 @@ def random_unstructured() -> None:
 def random_structured() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for dim in (0, 1):
-            torch.manual_seed(6 + dim)
-            for layer in linears(ours):
-                prune.random_structured(layer, "weight", amount=0.5, dim=dim)
-            torch.manual_seed(6 + dim)
-            for layer in linears(reference):
-                torch_prune.random_structured(layer, "weight", amount=0.5, dim=dim)
+            on_both(ours, reference, lambda api, layer: api.random_structured(layer, "weight", amount=0.5, dim=dim), seed=6)
             check_masks(ours, reference)
 
     each_layout(run)
@@ -269,12 +274,7 @@ def mixed_successive_pruning() -> None:
             lambda p, layer: p.random_structured(layer, "weight", amount=0.34, dim=0),
         ]
         for step_number, step in enumerate(steps):
-            torch.manual_seed(step_number)
-            for layer in linears(ours):
-                step(prune, layer)
-            torch.manual_seed(step_number)
-            for layer in linears(reference):
-                step(torch_prune, layer)
+            on_both(ours, reference, step, seed=step_number)
             check_masks(ours, reference)
 
     each_layout(run)
@@ -303,12 +303,7 @@ def random_unstructured_twice() -> list[list[float]]:
 def global_unstructured() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for amount in (0.25, 0.5):
-            prune.global_unstructured(
-                [(layer, "weight") for layer in linears(ours)], prune.L1Unstructured, amount=amount
-            )
-            torch_prune.global_unstructured(
-                [(layer, "weight") for layer in linears(reference)], torch_prune.L1Unstructured, amount=amount
-            )
+            globally(ours, reference, "L1Unstructured", amount=amount)
             check_masks(ours, reference)
 
     each_layout(run)
@@ -317,14 +312,7 @@ def global_unstructured() -> None:
 @case
 def global_unstructured_random() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
-        torch.manual_seed(9)
-        prune.global_unstructured(
-            [(layer, "weight") for layer in linears(ours)], prune.RandomUnstructured, amount=0.4
-        )
-        torch.manual_seed(9)
-        torch_prune.global_unstructured(
-            [(layer, "weight") for layer in linears(reference)], torch_prune.RandomUnstructured, amount=0.4
-        )
+        globally(ours, reference, "RandomUnstructured", seed=9, amount=0.4)
         check_masks(ours, reference)
 
     each_layout(run)
@@ -349,9 +337,7 @@ def state_dict_and_deepcopy() -> None:
     """A pruned sharded model has torch's state_dict keys, and deep-copies with its masks (but for FSDP2)."""
 
     def run(ours: nn.Module, reference: nn.Module) -> None:
-        for mine, theirs in zip(linears(ours), linears(reference)):
-            prune.ln_structured(mine, "weight", amount=0.5, n=1, dim=1)
-            torch_prune.ln_structured(theirs, "weight", amount=0.5, n=1, dim=1)
+        on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=0.5, n=1, dim=1))
         assert list(ours.state_dict()) == list(reference.state_dict())
         if isinstance(ours, FSDPModule):
             return  # FSDP2 refuses deepcopy itself
@@ -390,11 +376,7 @@ def remove_leaves_dtensor_parameters() -> None:
 def fsdp_forward_after_remove() -> None:
     """FSDP2 all-gathers the pruned values: the written shards are the ones it uses."""
     ours, reference = both("fsdp")
-    for mine, theirs in zip(linears(ours), linears(reference)):
-        prune.l1_unstructured(mine, "weight", amount=0.6)
-        torch_prune.l1_unstructured(theirs, "weight", amount=0.6)
-        prune.remove(mine, "weight")
-        torch_prune.remove(theirs, "weight")
+    on_both(ours, reference, lambda api, layer: api.remove(api.l1_unstructured(layer, "weight", amount=0.6), "weight"))
     assert torch.allclose(ours(inputs()), reference(inputs()))
     ours(inputs()).sum().backward()
     assert all(isinstance(p.grad, DTensor) for p in ours.parameters())
@@ -414,10 +396,9 @@ def fsdp_forward_while_pruned() -> None:
         raise AssertionError("the forward must refuse a parameter pruned after fully_shard")
 
     ours, reference = full_model(), full_model()
-    for mine, theirs in zip(linears(ours), linears(reference)):
-        prune.ln_structured(mine, "weight", amount=0.4, n=2, dim=0)
-        torch_prune.ln_structured(theirs, "weight", amount=0.4, n=2, dim=0)
-        fully_shard(mine, mesh=device_mesh)
+    on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=0.4, n=2, dim=0))
+    for layer in linears(ours):
+        fully_shard(layer, mesh=device_mesh)
     fully_shard(ours, mesh=device_mesh)
     assert torch.allclose(ours(inputs()), reference(inputs()))
     ours(inputs()).sum().backward()

@@ -51,17 +51,19 @@ def main() -> None:
         zeros[index] = int((layer.weight_mask.to_local() == 0).sum())
     dist.all_reduce(zeros)
 
-    # Make the pruning permanent before training on: the weights stay sharded DTensors.
+    # Make the pruning permanent before the next forward: the weights stay sharded
+    # DTensors, and FSDP2 now all-gathers the pruned values.
     for layer in layers:
         prune.remove(layer, "weight")
-    output = model(torch.randn(8, 64, device=device))
-    output.sum().backward()
+    with torch.no_grad():
+        model(torch.randn(8, 64, device=device))
 
     if rank == 0:
         for layer, count in zip(layers, zeros.tolist()):
             print(f"{tuple(layer.weight.shape)}: {count / layer.weight.numel():.1%} pruned")
         total = sum(layer.weight.numel() for layer in layers)
         print(f"all weights: {sum(zeros.tolist()) / total:.1%} pruned on {dist.get_world_size()} ranks")
+    dist.barrier()
     dist.destroy_process_group()
 
 
