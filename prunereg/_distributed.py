@@ -449,7 +449,7 @@ def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:
             'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
         )
     dim = method.dim if method.dim >= 0 else t.dim() + method.dim
-    if dim < 0:
+    if not 0 <= dim < t.dim():
         raise IndexError(f"Index is out of bounds for tensor with dimensions {t.dim()}")
     return dim
 

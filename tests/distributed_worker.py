@@ -333,6 +333,32 @@ def custom_from_mask_and_identity() -> None:
 
 
 @case
+def bad_input_leaves_module_unchanged() -> None:
+    """The errors of the single-process code, raised on every rank alike, and nothing changed.
+
+    (Not compared with torch's: a failed re-prune leaves torch's module broken,
+    so that its next error is another.)
+    """
+    ours, reference = both("shard1")
+    on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=0.2))
+    plain = full_model()
+    mine, theirs = linears(ours)[0], prune.l1_unstructured(linears(plain)[0], "weight", amount=0.2)
+    before = (dict(mine.named_parameters()), dict(mine.named_buffers()), dict(mine._forward_pre_hooks))
+    attempts = [
+        lambda api, layer: api.l1_unstructured(layer, "weight", amount=10_000),
+        lambda api, layer: api.ln_structured(layer, "weight", amount=0.5, n=2, dim=2),
+        lambda api, layer: api.random_structured(layer, "bias", amount=0.5, dim=0),
+        lambda api, layer: api.ln_structured(layer, "weight", amount=0.5, n="nuc", dim=0),
+    ]
+    for attempt in attempts:
+        expected = raised_by(lambda: attempt(prune, theirs))
+        assert expected is not None
+        assert raised_by(lambda: attempt(prune, mine)) is expected
+        assert (dict(mine.named_parameters()), dict(mine.named_buffers()), dict(mine._forward_pre_hooks)) == before
+    check_masks(ours, reference)
+
+
+@case
 def state_dict_and_deepcopy() -> None:
     """A pruned sharded model has torch's state_dict keys, and deep-copies with its masks (but for FSDP2)."""
 
