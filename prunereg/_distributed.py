@@ -12,7 +12,6 @@ and ``torch.distributed`` is imported only then.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Sequence
@@ -21,6 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+    from prunereg._global import _Entry
     from prunereg._method import BasePruningMethod
 
 # Random draws are generated in blocks of at most this many entries (64 MiB of
@@ -94,43 +96,35 @@ def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
 # --- selecting the k smallest entries (unstructured and global pruning) --------
 
 
-def select_k(chunks: list[DTensor], k: int, *, largest: bool = False) -> list[DTensor]:
+def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnitude: bool = False) -> list[DTensor]:
     """:func:`prunereg._select.select_k` over DTensors: the same threshold search on every rank.
 
-    Each rank counts the keys of its own shards; the counts are summed over the
-    ranks holding distinct shards, so all find the same threshold. Entries tied
-    at the threshold are taken in rank order, then in each rank's stream order.
+    Each rank searches its own shards; the histograms are summed over the ranks
+    holding distinct shards, so all find the same threshold. Entries tied at the
+    threshold are taken in rank order, then in each rank's stream order.
     """
     from prunereg import _select
 
     _check_same_sharding(chunks)
-    local = [chunk.to_local().reshape(-1) for chunk in chunks]
-    total = sum(chunk.numel() for chunk in chunks)
-    if not 0 <= k <= total:
-        raise ValueError(f"cannot select k={k} of {total} entries")
-    device = local[0].device
-    if k == 0:
-        selected = [torch.zeros(f.shape, dtype=torch.bool, device=f.device) for f in local]
-    else:
-        dtype = functools.reduce(torch.promote_types, [f.dtype for f in local])
-        keys = [[_select.order_keys(block.to(dtype)) for block in f.split(_select.BLOCK)] for f in local]
-        threshold = _select.find_threshold(
-            lambda: (block for blocks in keys for block in blocks),
-            k,
-            width=_select.key_width(dtype),
-            largest=largest,
-            device=device,
-            all_reduce=lambda counts: sum_over_shards(counts, chunks[0]),
-            exclusive_prefix=lambda ties: _exclusive_prefix(ties, chunks[0]),
-        )
-        mark = _select.Marker(threshold)
-        selected = []
-        for f, blocks in zip(local, keys):
-            out = torch.empty(f.shape, dtype=torch.bool, device=f.device)
-            for block, out_block in zip(blocks, out.split(_select.BLOCK)):
-                mark(block, out=out_block)
-            selected.append(out)
-    return [_wrap(flags.view(chunk.to_local().shape), chunk) for flags, chunk in zip(selected, chunks)]
+    like = chunks[0]
+    collectives = _select.Collectives(
+        total=sum(chunk.numel() for chunk in chunks),
+        all_reduce=lambda counts: sum_over_shards(counts, like),
+        exclusive_prefix=lambda ties: _exclusive_prefix(ties, like),
+    )
+    local = _select.select_k(
+        [chunk.to_local() for chunk in chunks], k, largest=largest, magnitude=magnitude, collectives=collectives
+    )
+    return [_wrap(flags, chunk) for flags, chunk in zip(local, chunks)]
+
+
+def prune_k(scores: DTensor, k: int, default_mask: DTensor, *, largest: bool = False, magnitude: bool = False) -> DTensor:
+    """:func:`prunereg._select.prune_k` over DTensors: ``default_mask`` with 0 at the ``k`` selected entries."""
+    from prunereg import _select
+
+    (selected,) = select_k([scores], k, largest=largest, magnitude=magnitude)
+    mask = to_layout_of(default_mask, scores)
+    return _wrap(_select.clear_selected(mask.to_local(), selected.to_local()), scores)
 
 
 def _check_same_sharding(chunks: list[DTensor]) -> None:
@@ -191,8 +185,10 @@ def rand_like(t: DTensor) -> DTensor:
     if sources is None:
         local = _box_draws(t, t.dtype)
     else:
-        # A compacted vector (what earlier pruning left): draws at the kept positions.
-        local = torch.cat([_box_draws(source, t.dtype)[keep] for source, keep in sources])
+        # A vector of what earlier pruning left: the draws of each source at its
+        # kept entries (flat flags over its local shard; None: all of them).
+        draws = [_box_draws(source, t.dtype).reshape(-1) for source, _ in sources]
+        local = torch.cat([d if keep is None else d[keep] for d, (_, keep) in zip(draws, sources)])
     return _wrap(local, t)
 
 
@@ -389,9 +385,10 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
     new_local = local_mask.to(dtype=t.dtype, copy=True)
     if kind == "unstructured":
         remaining = local_mask == 1
-        compact_t = flat_dtensor(t, [local_t[remaining]])
-        compact_t._prunereg_draw_sources = [(t, remaining)]
-        partial = method.compute_mask(compact_t, default_mask=flat_dtensor(t, [local_mask[remaining]]))
+        spread = SpreadVector(t, [t])
+        partial = method.compute_mask(
+            spread(local_t[remaining], [remaining.reshape(-1)]), default_mask=spread(local_mask[remaining])
+        )
         new_local[remaining] = partial.to_local().to(dtype=t.dtype)
     elif kind == "structured":
         dim = _structured_dim(method, t)
@@ -410,37 +407,56 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
     return _wrap(new_local, t)
 
 
-def global_shares(
-    method: BasePruningMethod,
-    tensors: Sequence[DTensor],
-    scores: Sequence[torch.Tensor],
-    masks: Sequence[DTensor | None],
-) -> list[DTensor]:
+def global_shares(method: BasePruningMethod, entries: Sequence[_Entry]) -> list[DTensor]:
     """Global pruning of DTensors: each tensor's share of ``method``'s mask over all of them.
 
-    As in one process, ``method`` sees the entries that earlier pruning left in
-    all tensors as one vector; here each rank holds the part of that vector
-    from its own shards, end to end. Plain ``scores`` are cut into the tensors' shards.
+    As in one process (:func:`prunereg._global._concatenated`), ``method`` sees
+    the entries that earlier pruning left in all tensors as one vector; each
+    rank holds the part of that vector from its own shards. ``entries`` are
+    global pruning's (tensor, scores, old mask); plain scores and masks are cut
+    into the tensors' shards.
     """
-    scores = [to_layout_of(score, tensor) for score, tensor in zip(scores, tensors)]
-    dtype = functools.reduce(torch.promote_types, [s.dtype for s in scores])
-    local_scores = [score.to_local() for score in scores]
-    local_masks = [
-        to_layout_of(mask, score).to_local() if mask is not None else torch.ones_like(local)
-        for mask, score, local in zip(masks, scores, local_scores)
+    from prunereg import _global
+
+    tensors = [entry.tensor for entry in entries]
+    scores = [to_layout_of(entry.scores, t) for entry, t in zip(entries, tensors)]
+    local_entries = [
+        _global._Entry(t.to_local(), s.to_local(), None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local())
+        for entry, t, s in zip(entries, tensors, scores)
     ]
-    remaining = [mask == 1 for mask in local_masks]
-    compact = flat_dtensor(scores[0], [s[r].to(dtype) for s, r in zip(local_scores, remaining)])
-    compact._prunereg_draw_sources = list(zip(scores, remaining))
-    partial = method.compute_mask(
-        compact, default_mask=flat_dtensor(scores[0], [m[r].to(dtype) for m, r in zip(local_masks, remaining)])
-    ).to_local()
-    shares = []
-    for score, mask, keep, piece in zip(scores, local_masks, remaining, partial.split([int(r.sum()) for r in remaining])):
-        share = mask.to(dtype=dtype, copy=True)
-        share[keep] = piece.to(dtype)
-        shares.append(_wrap(share, score))
-    return shares
+    spread = SpreadVector(tensors[0], scores)
+    shares = _global._concatenated(method, local_entries, spread=spread)
+    return [_wrap(share, t) for share, t in zip(shares, tensors)]
+
+
+class SpreadVector:
+    """Turns each rank's part of a vector into one 1-D DTensor spread over the ranks.
+
+    Its length is the sum over the ranks holding distinct shards of ``like``
+    (replicas count once). Given the kept entries of each of ``sources`` (flat
+    flags over their local shards), the vector draws random numbers at those
+    entries of the sources' full streams (:func:`rand_like`).
+    """
+
+    def __init__(self, like: DTensor, sources: Sequence[DTensor]) -> None:
+        self.like = like
+        self.sources = sources
+        self.length: int | None = None
+
+    def __call__(self, local: torch.Tensor, keeps: Sequence[torch.Tensor | None] | None = None) -> DTensor:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        local = local.reshape(-1)
+        if self.length is None:
+            count = torch.tensor([local.numel()], dtype=torch.int64, device=local.device)
+            self.length = int(sum_over_shards(count, self.like))
+        placements = [Shard(0) if p.is_shard() else Replicate() for p in self.like.placements]
+        vector = DTensor.from_local(
+            local, self.like.device_mesh, placements, run_check=False, shape=(self.length,), stride=(1,)
+        )
+        if keeps is not None:
+            vector._prunereg_draw_sources = list(zip(self.sources, keeps))
+        return vector
 
 
 def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:
@@ -464,17 +480,4 @@ def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) ->
         stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride)
 
-
-def flat_dtensor(like: DTensor, pieces: list[torch.Tensor]) -> DTensor:
-    """A 1-D DTensor of this rank's ``pieces`` end to end, on the mesh of ``like``.
-
-    It is sharded where ``like`` is (its length is the sum over the ranks that
-    own distinct data) and replicated where ``like`` is.
-    """
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    local = torch.cat([piece.reshape(-1) for piece in pieces]) if len(pieces) != 1 else pieces[0].reshape(-1)
-    placements = [Shard(0) if p.is_shard() else Replicate() for p in like.placements]
-    total = int(sum_over_shards(torch.tensor([local.numel()], dtype=torch.int64, device=local.device), like))
-    return DTensor.from_local(local, like.device_mesh, placements, run_check=False, shape=(total,), stride=(1,))
 

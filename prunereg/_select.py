@@ -63,6 +63,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from prunereg import _distributed
+
 # Entries up to which torch.topk is used: identical to torch there, and faster
 # than the radix select's fixed cost (its 65536-bin histograms, about 0.2 ms).
 # Measured on the 2-core CPU machines for k = n/2: float32 topk 0.24 ms against
@@ -97,8 +99,22 @@ _INT_KEYS = {
 _WIDTH = {torch.int16: 16, torch.int32: 32, torch.int64: 64}
 
 
+@dataclasses.dataclass(frozen=True)
+class Collectives:
+    """A selection spread over processes, each holding some of the entries (see the module docstring)."""
+
+    total: int  # entries in all processes together
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    exclusive_prefix: Callable[[torch.Tensor], torch.Tensor]
+
+
 def select_k(
-    chunks: Sequence[torch.Tensor], k: int, *, largest: bool = False, magnitude: bool = False
+    chunks: Sequence[torch.Tensor],
+    k: int,
+    *,
+    largest: bool = False,
+    magnitude: bool = False,
+    collectives: Collectives | None = None,
 ) -> list[torch.Tensor]:
     """Mark the ``k`` smallest (or largest) entries of all ``chunks`` taken together.
 
@@ -107,10 +123,14 @@ def select_k(
     module docstring says; NaN counts as the smallest value. The chunks may live
     on different devices and have different dtypes (compared in their promoted
     dtype, as ``torch.cat`` would). ``magnitude=True`` ranks ``torch.abs`` of the
-    entries without making that copy.
+    entries without making that copy. DTensor chunks are selected shard by shard
+    (:mod:`prunereg._distributed`); ``collectives`` is how that runs the search
+    on each process's own entries.
     """
+    if _distributed.is_dtensor(chunks[0]):
+        return _distributed.select_k(chunks, k, largest=largest, magnitude=magnitude)
     flat = [chunk.reshape(-1) for chunk in chunks]
-    total = sum(f.numel() for f in flat)
+    total = sum(f.numel() for f in flat) if collectives is None else collectives.total
     if not 0 <= k <= total:
         raise ValueError(f"cannot select k={k} of {total} entries")
     if any(f.is_meta for f in flat):
@@ -118,13 +138,15 @@ def select_k(
     dtype = promoted_dtype(flat)
     if k == 0:
         return [torch.zeros(c.shape, dtype=torch.bool, device=c.device) for c in chunks]
-    if total <= TOPK_CUTOFF.get(flat[0].device.type, _DEFAULT_CUTOFF) or key_dtype(dtype) is None:
+    small = total <= TOPK_CUTOFF.get(flat[0].device.type, _DEFAULT_CUTOFF)
+    if collectives is None and (small or key_dtype(dtype) is None):
         if magnitude:
             flat = [f.abs() for f in flat]
         return _select_by_topk(chunks, flat, k, largest)
 
-    threshold, keys = _search(flat, k, dtype, largest=largest, magnitude=magnitude)
-    mark = Marker(threshold, keys.workspace)
+    threshold, keys = _search(flat, k, dtype, largest=largest, magnitude=magnitude, collectives=collectives)
+    spread = {} if collectives is None else {"device": flat[0].device, **_spread(collectives)}
+    mark = Marker(threshold, keys.workspace, **spread)
     selected = [torch.empty(f.shape, dtype=torch.bool, device=f.device) for f in flat]
     out_blocks = [out_block for out in selected for out_block in out.split(BLOCK)]
     for block, out_block in zip((block for f in flat for block in keys(f)), out_blocks):
@@ -152,6 +174,8 @@ def prune_k(
     memory; it may be ``scores`` itself, which is then overwritten (each block's
     scores are read before its mask is written). Use the returned tensor.
     """
+    if _distributed.is_dtensor(scores):
+        return _distributed.prune_k(scores, k, default_mask, largest=largest, magnitude=magnitude)
     flat = scores.reshape(-1)
     if not 0 < k <= flat.numel():
         raise ValueError(f"cannot select k={k} of {flat.numel()} entries")
@@ -209,7 +233,15 @@ class _Keys:
             yield keys
 
 
-def _search(flat: list[torch.Tensor], k: int, dtype: torch.dtype, *, largest: bool, magnitude: bool) -> tuple[Threshold, _Keys]:
+def _search(
+    flat: list[torch.Tensor],
+    k: int,
+    dtype: torch.dtype,
+    *,
+    largest: bool,
+    magnitude: bool,
+    collectives: Collectives | None = None,
+) -> tuple[Threshold, _Keys]:
     keys = _Keys(dtype, magnitude)
     threshold = find_threshold(
         lambda: (block for f in flat for block in keys(f)),
@@ -219,8 +251,13 @@ def _search(flat: list[torch.Tensor], k: int, dtype: torch.dtype, *, largest: bo
         two_pass=True,
         device=flat[0].device,
         workspace=keys.workspace,
+        **({} if collectives is None else _spread(collectives)),
     )
     return threshold, keys
+
+
+def _spread(collectives: Collectives) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    return {"all_reduce": collectives.all_reduce, "exclusive_prefix": collectives.exclusive_prefix}
 
 
 def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch.Tensor:

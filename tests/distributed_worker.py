@@ -333,6 +333,24 @@ def custom_from_mask_and_identity() -> None:
 
 
 @case
+def compact_masks() -> None:
+    """Under prunereg.compact_masks the sharded masks are bool DTensors, with torch's zeros."""
+
+    def run(ours: nn.Module, reference: nn.Module) -> None:
+        with prunereg.compact_masks():
+            on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=0.3))
+            globally(ours, reference, "L1Unstructured", amount=0.3)
+            on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=2, dim=1))
+        for mine, theirs in zip(linears(ours), linears(reference)):
+            assert mine.weight_mask.dtype == torch.bool
+            assert mine.weight_mask.placements == mine.weight_orig.placements
+            assert torch.equal(mine.weight_mask.full_tensor(), theirs.weight_mask != 0)
+            assert torch.equal(mine.weight.full_tensor(), theirs.weight)
+
+    each_layout(run)
+
+
+@case
 def bad_input_leaves_module_unchanged() -> None:
     """The errors of the single-process code, raised on every rank alike, and nothing changed.
 
