@@ -28,7 +28,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
 
 import prunereg
 import prunereg.prune as prune
@@ -330,6 +330,31 @@ def custom_from_mask_and_identity() -> None:
         check_masks(ours, reference)
 
     each_layout(run)
+
+
+@case
+def two_dimensional_mesh() -> None:
+    """A 2 x 2 mesh (4 ranks): shards split twice, and shards replicated over one mesh dim."""
+    if dist.get_world_size() != 4:
+        return
+    device_mesh = init_device_mesh(DEVICE, (2, 2))
+    for placements in ((Shard(0), Shard(1)), (Replicate(), Shard(1)), (Shard(1), Replicate()), (Shard(0), Shard(0))):
+
+        def run(ours: nn.Module, reference: nn.Module) -> None:
+            # Random first: on what earlier pruning left, its draws are not torch's (docs/distributed.md).
+            on_both(ours, reference, lambda api, layer: api.random_unstructured(layer, "weight", amount=0.2), seed=3)
+            on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=0.3))
+            on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=2, dim=1))
+            globally(ours, reference, "L1Unstructured", amount=0.3)
+            if placements != (Shard(0), Shard(0)):  # channels split over two mesh dims are refused
+                on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=1, dim=0))
+            check_masks(ours, reference)
+
+        reference = full_model()
+        ours = _copy(reference)
+        for layer in linears(ours):
+            layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), device_mesh, placements))
+        run(ours, reference)
 
 
 @case

@@ -67,6 +67,7 @@ CASE_NAMES = [
     "global_unstructured",
     "global_unstructured_random",
     "custom_from_mask_and_identity",
+    "two_dimensional_mesh",
     "compact_masks",
     "bad_input_leaves_module_unchanged",
     "state_dict_and_deepcopy",
