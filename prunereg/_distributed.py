@@ -112,8 +112,8 @@ def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnit
         all_reduce=lambda counts: sum_over_shards(counts, like),
         exclusive_prefix=lambda ties: _exclusive_prefix(ties, like),
     )
-    local = _select.select_k(
-        [chunk.to_local() for chunk in chunks], k, largest=largest, magnitude=magnitude, collectives=collectives
+    local = _select.select_spread(
+        [chunk.to_local() for chunk in chunks], k, collectives, largest=largest, magnitude=magnitude
     )
     return [_wrap(flags, chunk) for flags, chunk in zip(local, chunks)]
 

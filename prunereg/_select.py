@@ -109,12 +109,7 @@ class Collectives:
 
 
 def select_k(
-    chunks: Sequence[torch.Tensor],
-    k: int,
-    *,
-    largest: bool = False,
-    magnitude: bool = False,
-    collectives: Collectives | None = None,
+    chunks: Sequence[torch.Tensor], k: int, *, largest: bool = False, magnitude: bool = False
 ) -> list[torch.Tensor]:
     """Mark the ``k`` smallest (or largest) entries of all ``chunks`` taken together.
 
@@ -124,11 +119,26 @@ def select_k(
     on different devices and have different dtypes (compared in their promoted
     dtype, as ``torch.cat`` would). ``magnitude=True`` ranks ``torch.abs`` of the
     entries without making that copy. DTensor chunks are selected shard by shard
-    (:mod:`prunereg._distributed`); ``collectives`` is how that runs the search
-    on each process's own entries.
+    (:mod:`prunereg._distributed`).
     """
     if _distributed.is_dtensor(chunks[0]):
         return _distributed.select_k(chunks, k, largest=largest, magnitude=magnitude)
+    return select_spread(chunks, k, None, largest=largest, magnitude=magnitude)
+
+
+def select_spread(
+    chunks: Sequence[torch.Tensor],
+    k: int,
+    collectives: Collectives | None,
+    *,
+    largest: bool = False,
+    magnitude: bool = False,
+) -> list[torch.Tensor]:
+    """:func:`select_k` of this process's ``chunks``, the entries being spread over processes.
+
+    ``k`` counts in all processes; every process calls this with the same
+    ``collectives`` (None: all entries are here, and small inputs use ``topk``).
+    """
     flat = [chunk.reshape(-1) for chunk in chunks]
     total = sum(f.numel() for f in flat) if collectives is None else collectives.total
     if not 0 <= k <= total:
