@@ -127,7 +127,7 @@ def prune_k(scores: DTensor, k: int, default_mask: DTensor, *, largest: bool = F
     return _wrap(_select.clear_selected(mask.to_local(), selected.to_local()), scores)
 
 
-def _check_same_sharding(chunks: list[DTensor]) -> None:
+def _check_same_sharding(chunks: Sequence[DTensor]) -> None:
     """Counts of several tensors add up only if all are split over the same mesh dims."""
     mesh, dims = chunks[0].device_mesh, _sharded_mesh_dims(chunks[0])
     for chunk in chunks[1:]:
@@ -419,6 +419,7 @@ def global_shares(method: BasePruningMethod, entries: Sequence[_Entry]) -> list[
     from prunereg import _global
 
     tensors = [entry.tensor for entry in entries]
+    _check_same_sharding(tensors)
     scores = [to_layout_of(entry.scores, t) for entry, t in zip(entries, tensors)]
     local_entries = [
         _global._Entry(t.to_local(), s.to_local(), None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local())

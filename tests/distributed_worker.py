@@ -380,7 +380,8 @@ def bad_input_leaves_module_unchanged() -> None:
     """The errors of the single-process code, raised on every rank alike, and nothing changed.
 
     (Not compared with torch's: a failed re-prune leaves torch's module broken,
-    so that its next error is another.)
+    so that its next error is another.) Global pruning of tensors split over
+    different mesh dims is refused.
     """
     ours, reference = both("shard1")
     on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=0.2))
@@ -393,6 +394,10 @@ def bad_input_leaves_module_unchanged() -> None:
         lambda api, layer: api.random_structured(layer, "bias", amount=0.5, dim=0),
         lambda api, layer: api.ln_structured(layer, "weight", amount=0.5, n="nuc", dim=0),
     ]
+    device_mesh = mesh()
+    other = Holder(distribute_tensor(torch.ones(4, 4, device=DEVICE), device_mesh, [Replicate()]))
+    mixed = [(mine, "weight"), (other, "weight")]
+    assert raised_by(lambda: prune.global_unstructured(mixed, prune.L1Unstructured, amount=0.5)) is NotImplementedError
     for attempt in attempts:
         expected = raised_by(lambda: attempt(prune, theirs))
         assert expected is not None
