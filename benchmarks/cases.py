@@ -108,6 +108,9 @@ def _compute_mask_case(method: str, dtype_name: str) -> Callable[[str, bool], di
         pruning = _MASK_METHODS[method](_prune_module(lib))
         result = measure(lambda: pruning.compute_mask(t, default), weights=t.nbytes,
                          warmup=lambda: pruning.compute_mask(t, default))
+        if method == "random_unstructured":
+            # torch's masks need torch's draws: rand_like alone bounds any speedup.
+            result["draws"] = measure(lambda: torch.rand_like(t), weights=t.nbytes)["seconds"]
         return {**result, "shape": list(t.shape)}
 
     return run
