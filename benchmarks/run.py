@@ -149,7 +149,8 @@ def _section(heading: str, columns: list[str], rows: list[str], intro: list[str]
     if not rows:
         return []
     return [f"## {heading}", "", *intro, *([""] if intro else []),
-            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows, "", *notes]
+            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows, "",
+            *notes, *([""] if notes else [])]
 
 
 def _group(results: dict[str, dict[str, dict[str, Any]]], group: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
@@ -203,9 +204,10 @@ def _compute_mask_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[s
         if "draws" in by_lib.get("prunereg", {})
     ]
     notes = [
-        "random_unstructured gives torch's masks only by drawing torch's random numbers, and",
-        f"`torch.rand_like` alone takes {', '.join(draws)}: torch's time divided by that is the",
-        "highest speedup any implementation keeping torch's masks can reach (\"own draws alone\" above).",
+        "random_unstructured gives torch's masks only by drawing torch's random numbers;",
+        f"`torch.rand_like` alone takes {'; '.join(draws)}. torch's time divided by that",
+        "is the highest speedup any implementation that keeps torch's masks can reach",
+        "(\"own draws alone\" in the targets above).",
     ] if draws else []
     return _section("compute_mask, amount 0.5", columns, rows, notes=notes)
 
