@@ -70,15 +70,7 @@ class BasePruningMethod(ABC):
         importance_scores: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return ``t`` with this method's mask applied, leaving ``t`` untouched."""
-        if importance_scores is not None:
-            if importance_scores.shape != t.shape:
-                raise AssertionError(
-                    "importance_scores should have the same shape as tensor t, "
-                    f"got {importance_scores.shape} vs {t.shape}"
-                )
-            importance_scores = _distributed.to_layout_of(importance_scores, t)
-        else:
-            importance_scores = t
+        importance_scores = _reparam.scores_for(t, importance_scores, "tensor t")
         default_mask = default_mask if default_mask is not None else torch.ones_like(t)
         return t * self.compute_mask(importance_scores, default_mask=default_mask)
 
@@ -106,4 +98,4 @@ class BasePruningMethod(ABC):
 
 
 # At the end: the reparametrization engine needs the class defined above.
-from prunereg import _distributed, _reparam  # noqa: E402
+from prunereg import _reparam  # noqa: E402

@@ -73,15 +73,7 @@ def _install(
     mask: torch.Tensor | None = None,
 ) -> BasePruningMethod:
     orig = getattr(module, name)
-    if importance_scores is not None:
-        if importance_scores.shape != orig.shape:
-            raise AssertionError(
-                "importance_scores should have the same shape as parameter "
-                f"{name} of {module}, got {importance_scores.shape} vs {orig.shape}"
-            )
-        importance_scores = _distributed.to_layout_of(importance_scores, orig)
-    else:
-        importance_scores = orig
+    importance_scores = scores_for(orig, importance_scores, f"parameter {name} of {module}")
 
     if old is None:
         if not isinstance(orig, torch.nn.Parameter):
@@ -115,6 +107,18 @@ def _install(
         set_pruned_tensor(hook, module)
         module.register_forward_pre_hook(hook)
     return hook
+
+
+def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: str) -> torch.Tensor:
+    """What to rank ``t``'s entries by: ``importance_scores`` of ``t``'s shape, laid out like ``t``, or ``t``."""
+    if importance_scores is None:
+        return t
+    if importance_scores.shape != t.shape:
+        raise AssertionError(
+            f"importance_scores should have the same shape as {what}, "
+            f"got {importance_scores.shape} vs {t.shape}"
+        )
+    return _distributed.to_layout_of(importance_scores, t)
 
 
 @contextmanager

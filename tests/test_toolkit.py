@@ -60,3 +60,13 @@ def test_all_or_nothing_restores_a_module_when_the_block_fails():
         prune.l1_unstructured(layer, "weight", amount=0.5)
         raise RuntimeError("later step failed")
     assert list(layer.state_dict()) == before and not layer._forward_pre_hooks
+
+
+def test_prune_where_adds_zeros_and_keeps_the_earlier_ones(device):
+    default = torch.tensor([[1.0, 0.0], [1.0, 1.0]], device=device)
+    selected = torch.tensor([[True, False], [False, False]], device=device)
+    mask = toolkit.prune_where(default, selected)
+    assert mask.shape == default.shape and mask.device == default.device
+    if device != "meta":
+        assert mask.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+        assert default.tolist() == [[1.0, 0.0], [1.0, 1.0]]  # the input is left alone

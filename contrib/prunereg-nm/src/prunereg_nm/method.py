@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg.toolkit import keep_highest_per_row
+from prunereg.toolkit import keep_highest_per_row, prune_where
 
 
 class NMSparsity(BasePruningMethod):
@@ -56,9 +56,7 @@ class NMSparsity(BasePruningMethod):
         alive = _in_groups(default_mask != 0, self.dim, self.m)
         keep = keep_highest_per_row(scores, alive, self.n)
         keep = keep.reshape(keep.shape[:-2] + (size,)).movedim(-1, self.dim)
-        mask = default_mask.clone(memory_format=torch.contiguous_format)
-        mask.masked_fill_(~keep, 0)
-        return mask
+        return prune_where(default_mask, ~keep)
 
     @classmethod
     def apply(  # type: ignore[override]

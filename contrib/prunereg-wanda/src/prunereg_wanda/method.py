@@ -7,7 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg.toolkit import check_amount, count_to_prune, keep_highest_per_row
+from prunereg.toolkit import check_amount, count_to_prune, keep_highest_per_row, prune_where
 
 
 def wanda_scores(weight: torch.Tensor, activation_norms: torch.Tensor) -> torch.Tensor:
@@ -78,9 +78,7 @@ class WandaPruning(BasePruningMethod):
             # float64 and half-to-even rounding: Python's round(amount * n) for every row at once.
             to_prune = torch.round(remaining.to(torch.float64) * float(self.amount)).to(remaining.dtype)
         keep = keep_highest_per_row(wanda_scores(t, self.activation_norms), alive, remaining - to_prune)
-        mask = default_mask.clone(memory_format=torch.contiguous_format)
-        mask.masked_fill_(~keep, 0)
-        return mask
+        return prune_where(default_mask, ~keep)
 
     @classmethod
     def apply(  # type: ignore[override]
