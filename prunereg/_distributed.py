@@ -118,8 +118,8 @@ def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnit
     return [_wrap(flags, chunk) for flags, chunk in zip(local, chunks)]
 
 
-def prune_k(scores: DTensor, k: int, default_mask: DTensor, *, largest: bool = False, magnitude: bool = False) -> DTensor:
-    """:func:`prunereg._select.prune_k` over DTensors: ``default_mask`` with 0 at the ``k`` selected entries."""
+def prune_lowest(scores: DTensor, k: int, default_mask: DTensor, *, largest: bool = False, magnitude: bool = False) -> DTensor:
+    """:func:`prunereg._select.prune_lowest` over DTensors: ``default_mask`` with 0 at the ``k`` selected entries."""
     from prunereg import _select
 
     (selected,) = select_k([scores], k, largest=largest, magnitude=magnitude)

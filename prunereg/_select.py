@@ -1,6 +1,6 @@
 """Choosing the k entries to prune: the one selection routine every method shares.
 
-Every built-in method goes through :func:`select_k`, :func:`prune_k` or
+Every built-in method goes through :func:`select_k`, :func:`prune_lowest` or
 :func:`top_indices`, so a faster routine, or one that runs across processes, is
 a change here only.
 
@@ -166,7 +166,7 @@ def select_spread(
     return [out.view(chunk.shape) for out, chunk in zip(selected, chunks)]
 
 
-def prune_k(
+def prune_lowest(
     scores: torch.Tensor,
     k: int,
     default_mask: torch.Tensor,
@@ -175,17 +175,22 @@ def prune_k(
     magnitude: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``default_mask`` with 0 at the ``k`` entries :func:`select_k` selects, in new contiguous memory.
+    """A new mask: ``default_mask`` with zeros also at the ``k`` lowest ``scores``.
 
-    What an unstructured method returns. Built block by block from the keys,
-    without a mask of the selection: on CPU the fresh memory of every large
-    temporary costs more than computing it. ``out``, a contiguous tensor of
-    ``default_mask``'s shape and dtype, may receive the mask instead of new
-    memory; it may be ``scores`` itself, which is then overwritten (each block's
-    scores are read before its mask is written). Use the returned tensor.
+    ``largest=True`` prunes the highest scores instead, ``magnitude=True`` ranks
+    ``|scores|``. This is what prunereg's own ``l1_unstructured`` returns: exactly
+    ``k`` entries (those :func:`select_k` selects), NaN pruned first, ties broken
+    by position, no sort on large tensors, works on every device including
+    ``meta``. ``out``, a contiguous tensor of ``default_mask``'s shape and dtype,
+    may receive the mask instead of new memory; it may be ``scores`` itself, which
+    is then overwritten. Use the returned tensor.
     """
+    # Built block by block from the keys, without a mask of the selection: on
+    # CPU the fresh memory of every large temporary costs more than computing it.
+    if k == 0:
+        return default_mask.clone(memory_format=torch.contiguous_format)
     if _distributed.is_dtensor(scores):
-        return _distributed.prune_k(scores, k, default_mask, largest=largest, magnitude=magnitude)
+        return _distributed.prune_lowest(scores, k, default_mask, largest=largest, magnitude=magnitude)
     flat = scores.reshape(-1)
     if not 0 < k <= flat.numel():
         raise ValueError(f"cannot select k={k} of {flat.numel()} entries")
@@ -283,10 +288,11 @@ def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch
 
 
 def clear_selected(default_mask: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """A new contiguous mask: ``default_mask`` with 0 where ``selected`` is True.
+    """A new contiguous mask: ``default_mask`` with 0 also where the bool ``selected`` is True.
 
     Same values as ``mask = default_mask.clone(); mask[selected] = 0``, built with
-    dense passes instead of the much slower masked fill.
+    dense passes instead of the much slower masked fill: the last step of most
+    methods once they know what to prune (e.g. ``~keep_highest_per_row(...)``).
     """
     mask = torch.empty_like(default_mask, memory_format=torch.contiguous_format)
     if default_mask.is_meta:

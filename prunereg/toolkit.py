@@ -9,11 +9,11 @@ when pruning several tensors fails half-way.
 from __future__ import annotations
 
 import numbers
-import torch
 
 from prunereg._amount import nparams_to_prune, validate_amount, validate_amount_init
 from prunereg._reparam import all_or_nothing
-from prunereg._select import clear_selected, keep_highest_per_row, prune_k, select_k
+from prunereg._select import clear_selected as prune_where
+from prunereg._select import keep_highest_per_row, prune_lowest, select_k
 
 __all__ = [
     "all_or_nothing",
@@ -44,34 +44,3 @@ def count_to_prune(amount: numbers.Real, units: int) -> int:
     validate_amount(count, units)
     return count
 
-
-def prune_lowest(
-    scores: torch.Tensor,
-    k: int,
-    default_mask: torch.Tensor,
-    *,
-    largest: bool = False,
-    magnitude: bool = False,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A new mask: ``default_mask`` with zeros also at the ``k`` lowest ``scores``.
-
-    ``largest=True`` prunes the highest scores instead, ``magnitude=True`` ranks
-    ``|scores|``. This is what prunereg's own ``l1_unstructured`` returns: exactly
-    ``k`` entries, NaN pruned first, ties broken by position, no sort on large
-    tensors, works on every device including ``meta``. ``out``, a contiguous
-    tensor of ``default_mask``'s shape and dtype (``scores`` itself, say, when
-    they are scratch), may receive the mask instead of new memory.
-    """
-    if k == 0:
-        return default_mask.clone(memory_format=torch.contiguous_format)
-    return prune_k(scores, k, default_mask, largest=largest, magnitude=magnitude, out=out)
-
-
-def prune_where(default_mask: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """A new mask: ``default_mask`` with zeros also where the bool ``selected`` is True.
-
-    The last step of most methods, once they know what to prune (for example
-    ``~keep_highest_per_row(...)``); faster than a masked fill on large tensors.
-    """
-    return clear_selected(default_mask, selected)

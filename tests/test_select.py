@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import prunereg.prune as prune
 from prunereg import _select
-from prunereg._select import Marker, clear_selected, find_threshold, order_keys, prune_k, select_k, top_indices
+from prunereg._select import Marker, clear_selected, find_threshold, order_keys, prune_lowest, select_k, top_indices
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 CUTOFF = _select.TOPK_CUTOFF["cpu"]
@@ -217,12 +217,12 @@ def test_meta_chunks_give_meta_masks():
 
 @pytest.mark.parametrize("magnitude", [False, True])
 @pytest.mark.parametrize("largest", [False, True])
-def test_prune_k_may_write_the_mask_over_its_scores(small_blocks, largest, magnitude):
+def test_prune_lowest_may_write_the_mask_over_its_scores(small_blocks, largest, magnitude):
     scores = distinct(50, torch.float32, seed=4)
     default = (torch.rand(50, generator=torch.Generator().manual_seed(1)) > 0.2).float()
     (selected,) = select_k([scores], 20, largest=largest, magnitude=magnitude)
     want = clear_selected(default, selected)
-    got = prune_k(scores, 20, default, largest=largest, magnitude=magnitude, out=scores)
+    got = prune_lowest(scores, 20, default, largest=largest, magnitude=magnitude, out=scores)
     assert got.data_ptr() == scores.data_ptr() and torch.equal(got, want)
 
 
