@@ -9,7 +9,6 @@ is ``mask * t``, as a pruned module computes it.
 from __future__ import annotations
 
 import fnmatch
-import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from torch import nn
 from prunereg import _checkpoint, _reparam
 from prunereg._global import global_masks
 from prunereg._method import BasePruningMethod
+from prunereg._registry import constructor_parameters
 from prunereg_builtins.custom import CustomFromMask
 
 MethodFactory = Callable[[], BasePruningMethod]
@@ -71,7 +71,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
 
 
 def _check_arguments(name: str, cls: type[BasePruningMethod], arguments: Mapping[str, Any]) -> None:
-    parameters = _constructor_parameters(cls)
+    parameters = constructor_parameters(cls, evaluated=True)
     if parameters is None:  # no signature to read: the constructor itself will judge
         return
     named = {
@@ -93,15 +93,6 @@ def _check_arguments(name: str, cls: type[BasePruningMethod], arguments: Mapping
     missing = [key for key in required if key not in arguments]
     if missing:
         raise OfflinePruningError(f"method {name!r} needs argument {missing[0]!r}")
-
-
-def _constructor_parameters(cls: type) -> Mapping[str, inspect.Parameter] | None:
-    for evaluate in (True, False):
-        try:
-            return inspect.signature(cls, eval_str=evaluate).parameters
-        except (NameError, SyntaxError, TypeError, ValueError):  # annotations a plugin cannot evaluate
-            continue
-    return None
 
 
 def compute_device(spec: str) -> torch.device:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -299,3 +300,17 @@ def _check_method_class(cls: object, info: MethodInfo) -> None:
             f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "
             f"{getattr(cls, 'PRUNING_TYPE', None)!r}"
         )
+
+
+def constructor_parameters(cls: type, *, evaluated: bool = False) -> dict[str, inspect.Parameter] | None:
+    """The parameters ``cls(...)`` takes, or None when its signature cannot be read.
+
+    ``evaluated`` resolves string annotations (``from __future__ import
+    annotations``) where they can be evaluated, and keeps the text where not.
+    """
+    for evaluate in (True, False) if evaluated else (False,):
+        try:
+            return dict(inspect.signature(cls, eval_str=evaluate).parameters)
+        except (NameError, SyntaxError, TypeError, ValueError):  # annotations a plugin cannot evaluate
+            continue
+    return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 import prunereg
-from prunereg._registry import KINDS
+from prunereg._registry import KINDS, constructor_parameters
 
 __all__ = ["check_pruning_method"]
 
@@ -73,7 +72,7 @@ def check_pruning_method(
         for dtype in dtypes:
             checker.check_masks(device, dtype)
         checker.check_round_trip(device)
-    if "amount" in _constructor_parameters(cls):
+    if "amount" in (constructor_parameters(cls) or {}):
         checker.check_amount(exact_amount)
 
 
@@ -93,13 +92,6 @@ def _method_class(method: str | type) -> tuple[type, str]:
             f"{label}: PRUNING_TYPE must be one of {', '.join(KINDS)}, not {getattr(method, 'PRUNING_TYPE', None)!r}"
         )
     return method, label
-
-
-def _constructor_parameters(cls: type) -> list[str]:
-    try:
-        return list(inspect.signature(cls).parameters)
-    except (TypeError, ValueError):  # no introspectable constructor: it takes no arguments
-        return []
 
 
 def _default_devices() -> list[str]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli import main
-from prunereg._registry import KINDS
+from prunereg._registry import KINDS, constructor_parameters
 
 if TYPE_CHECKING:
     from prunereg._registry import Registry
@@ -144,10 +144,7 @@ def _echo_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
 
 def _parameters(cls: type) -> list[dict[str, Any]]:
     """The constructor's parameters: name, annotation, default (as repr) and whether required."""
-    try:
-        parameters = list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):
-        return []
+    parameters = (constructor_parameters(cls) or {}).values()
     return [
         {
             "name": p.name,
