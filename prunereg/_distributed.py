@@ -506,7 +506,11 @@ def global_shares(
     _check_same_sharding(tensors)
     scores = [to_layout_of(entry.scores, t) for entry, t in zip(entries, tensors)]
     local_entries = [
-        Entry(t.to_local(), s.to_local(), None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local())
+        Entry(
+            t.to_local(),
+            s.to_local(),
+            None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local(),
+        )
         for entry, t, s in zip(entries, tensors, scores)
     ]
     shares = concatenated(method, local_entries, SpreadVector(tensors[0], scores))
@@ -551,6 +555,8 @@ def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) ->
         shape, stride = like.shape, like.stride()
     else:
         stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride)
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride
+    )
 
 

@@ -119,7 +119,7 @@ class _Block(NamedTuple):
 
 
 def _shares(method: BasePruningMethod, entries: list[Entry]) -> list[torch.Tensor]:
-    """Each entry's share of the global mask (torch's ``final_mask`` slices), in its tensor's dtype and on its device."""
+    """Each entry's share of the global mask (torch's ``final_mask`` slices), in its tensor's dtype and device."""
     meta = {e.tensor.is_meta for e in entries}
     if len(meta) > 1 or (meta == {False} and any(e.scores.is_meta for e in entries)):
         raise TypeError("global_unstructured(): cannot prune meta tensors together with tensors that hold data")
@@ -319,7 +319,9 @@ def _remaining_count(entry: Entry) -> int:
     return int(torch.count_nonzero(entry.old_mask == 1))
 
 
-def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Parameter, tensor: torch.Tensor) -> torch.Tensor:
+def _scores_for(
+    importance_scores: dict[Parameter, torch.Tensor], pair: Parameter, tensor: torch.Tensor
+) -> torch.Tensor:
     """The scores of one parameter, in its shape.
 
     torch flattens every score tensor, so any shape with the parameter's number

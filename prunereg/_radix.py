@@ -98,7 +98,9 @@ def order_keys(scores: torch.Tensor, *, magnitude: bool = False, workspace: Work
     return flat_order_keys(scores.reshape(-1), magnitude, workspace, clean=False)[0]
 
 
-def flat_order_keys(flat: torch.Tensor, magnitude: bool, workspace: Workspace, *, clean: bool) -> tuple[torch.Tensor, bool]:
+def flat_order_keys(
+    flat: torch.Tensor, magnitude: bool, workspace: Workspace, *, clean: bool
+) -> tuple[torch.Tensor, bool]:
     """:func:`order_keys` of flat scores, and whether they were clean: no NaN, and no negative
     value unless ``magnitude``. ``clean=True`` (an earlier pass found them so) skips the checks."""
     view = _FLOAT_VIEWS.get(flat.dtype)

@@ -38,7 +38,6 @@ from prunereg._radix import (
     promoted_dtype,
 )
 
-
 # Entries up to which torch.topk is used: identical to torch there, and faster
 # than the radix select's fixed cost (its 65536-bin histograms, about 0.2 ms).
 # Measured on the 2-core CPU machines for k = n/2: float32 topk 0.24 ms against
@@ -63,7 +62,7 @@ def uses_topk(numel: int, device: torch.device, dtype: torch.dtype) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Collectives:
-    """A selection spread over processes, each holding some of the entries (the collectives of :mod:`prunereg._radix`)."""
+    """A selection spread over processes, each holding some of the entries (see :mod:`prunereg._radix`)."""
 
     total: int  # entries in all processes together
     all_reduce: Callable[[torch.Tensor], torch.Tensor]
@@ -277,7 +276,9 @@ def _finite(mask: torch.Tensor) -> bool:
 
 
 
-def _select_by_topk(chunks: Sequence[torch.Tensor], flat: list[torch.Tensor], k: int, largest: bool) -> list[torch.Tensor]:
+def _select_by_topk(
+    chunks: Sequence[torch.Tensor], flat: list[torch.Tensor], k: int, largest: bool
+) -> list[torch.Tensor]:
     device = flat[0].device
     scores = flat[0] if len(flat) == 1 else torch.cat([f.to(device) for f in flat])
     selected = torch.zeros(scores.shape, dtype=torch.bool, device=device)

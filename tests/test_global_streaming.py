@@ -234,7 +234,9 @@ def ranked(ranked_by: str | None) -> type:
     return Ranked
 
 
-@pytest.mark.parametrize(("ranked_by", "torch_method"), [("magnitude", "L1Unstructured"), ("random", "RandomUnstructured")])
+@pytest.mark.parametrize(
+    ("ranked_by", "torch_method"), [("magnitude", "L1Unstructured"), ("random", "RandomUnstructured")]
+)
 @pytest.mark.parametrize("amount", [1, 0.5, 100])
 def test_a_registered_third_party_method_declaring_its_ranking_streams(
     streamed, fresh_registry, monkeypatch, ranked_by, torch_method, amount
