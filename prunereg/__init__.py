@@ -132,7 +132,8 @@ def register(
         register_local(
             cls,
             name,
-            kind=kind if kind is not None else getattr(cls, "PRUNING_TYPE", None),
+            # A class without PRUNING_TYPE gives None: the registry rejects it, naming the value.
+            kind=kind if kind is not None else getattr(cls, "PRUNING_TYPE", None),  # type: ignore[arg-type]
             summary=summary if summary is not None else "".join(first_doc_line),
             replace=replace,
         )

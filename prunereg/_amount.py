@@ -8,7 +8,7 @@ that torch accepts or rejects is accepted or rejected here in the same way.
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import torch
@@ -18,7 +18,7 @@ def validate_amount_init(amount: object) -> None:
     """Reject an ``amount`` that is no real number, a negative int, or a float outside [0, 1]."""
     if not isinstance(amount, numbers.Real):
         raise TypeError(f"Invalid type for amount: {amount}. Must be int or float.")
-    if (isinstance(amount, numbers.Integral) and amount < 0) or (
+    if (isinstance(amount, numbers.Integral) and cast(int, amount) < 0) or (
         not isinstance(amount, numbers.Integral) and not 0.0 <= float(amount) <= 1.0
     ):
         raise ValueError(
@@ -27,7 +27,7 @@ def validate_amount_init(amount: object) -> None:
         )
 
 
-def validate_amount(amount: numbers.Real, tensor_size: int) -> None:
+def validate_amount(amount: float, tensor_size: int) -> None:
     """Reject an absolute (integer) amount larger than the number of units to prune."""
     if isinstance(amount, numbers.Integral) and amount > tensor_size:
         raise ValueError(
@@ -40,7 +40,7 @@ def nparams_to_prune(amount: numbers.Real, tensor_size: int) -> int:
     """Units to prune: an int is absolute, a float a fraction rounded half to even."""
     if isinstance(amount, numbers.Integral):
         return int(amount)
-    return round(amount * tensor_size)
+    return round(cast(float, amount) * tensor_size)  # cast: mypy does not know the numeric tower
 
 
 def validate_structured(t: torch.Tensor) -> None:

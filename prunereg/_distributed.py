@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard, TypeVar, cast
 
 import torch
 
 from prunereg import _amount, _channels, _remaining, _select
 
 if TYPE_CHECKING:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 
     from prunereg._remaining import MaskMethod
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 DRAW_BLOCK = 1 << 24
 
 
-def is_dtensor(t: object) -> bool:
+def is_dtensor(t: object) -> TypeGuard[DTensor]:
     """Whether ``t`` is a DTensor; never imports torch.distributed (a DTensor means it is loaded)."""
     tensor_module = sys.modules.get("torch.distributed.tensor")
     return tensor_module is not None and isinstance(t, tensor_module.DTensor)
@@ -56,6 +57,11 @@ def to_layout_of(tensor: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
                 f"for a plain one of shape {tuple(reference.shape)}"
             )
         return tensor.to(device=reference.device)
+    return _to_shards_of(tensor, reference)
+
+
+def _to_shards_of(tensor: torch.Tensor, reference: DTensor) -> DTensor:
+    """:func:`to_layout_of` a DTensor ``reference``."""
     from torch.distributed.tensor import distribute_tensor
 
     if is_dtensor(tensor):
@@ -125,11 +131,13 @@ def select_k(
     """
     if not is_dtensor(chunks[0]):
         return _select.select_k(chunks, k, largest=largest, magnitude=magnitude)
-    return _sharded_select_k(chunks, k, largest=largest, magnitude=magnitude)  # type: ignore[arg-type]
+    return _sharded_select_k(chunks, k, largest=largest, magnitude=magnitude)
 
 
-def _sharded_select_k(chunks: Sequence[DTensor], k: int, *, largest: bool, magnitude: bool) -> list[DTensor]:
-    _check_same_sharding(chunks)
+def _sharded_select_k(
+    plain_or_sharded: Sequence[torch.Tensor], k: int, *, largest: bool, magnitude: bool
+) -> list[torch.Tensor]:
+    chunks = _same_sharding(plain_or_sharded)
     like = chunks[0]
     collectives = _select.Collectives(
         total=sum(chunk.numel() for chunk in chunks),
@@ -164,22 +172,33 @@ def prune_lowest(
     """
     if k == 0 or not is_dtensor(scores):
         return _select.prune_lowest(scores, k, default_mask, largest=largest, magnitude=magnitude, out=out)
-    (selected,) = _sharded_select_k([scores], k, largest=largest, magnitude=magnitude)  # type: ignore[list-item]
-    mask = to_layout_of(default_mask, scores)
-    return _wrap(_select.clear_selected(mask.to_local(), selected.to_local()), scores)
+    (selected,) = _sharded_select_k([scores], k, largest=largest, magnitude=magnitude)
+    mask = _to_shards_of(default_mask, scores)
+    return _wrap(_select.clear_selected(mask.to_local(), local_shard(selected)), scores)
 
 
-def _check_same_sharding(chunks: Sequence[DTensor]) -> None:
-    """Counts of several tensors add up only if all are split over the same mesh dims."""
-    mesh, dims = chunks[0].device_mesh, _sharded_mesh_dims(chunks[0])
+def _same_sharding(chunks: Sequence[torch.Tensor]) -> list[DTensor]:
+    """``chunks``, DTensors all split over the same mesh dims (else counts of several tensors would not add up)."""
+    first = chunks[0]
+    if not is_dtensor(first):
+        raise TypeError("cannot combine a DTensor with a plain tensor")
+    mesh, dims = first.device_mesh, _sharded_mesh_dims(first)
+    checked = [first]
     for chunk in chunks[1:]:
         if not is_dtensor(chunk) or chunk.device_mesh != mesh:
             raise ValueError("pruning several tensors together needs them all sharded on one device mesh")
         if _sharded_mesh_dims(chunk) != dims:
             raise NotImplementedError(
                 "pruning several DTensors together needs them sharded over the same mesh dims: "
-                f"got {chunks[0].placements} and {chunk.placements}"
+                f"got {first.placements} and {chunk.placements}"
             )
+        checked.append(chunk)
+    return checked
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``t``, a DTensor that a method or a selection returned as a plain ``Tensor``."""
+    return cast("DTensor", t).to_local()
 
 
 def _sharded_mesh_dims(t: DTensor) -> list[int]:
@@ -225,11 +244,11 @@ def rand_like(t: torch.Tensor) -> torch.Tensor:
     """
     if not is_dtensor(t):
         return torch.rand_like(t, memory_format=torch.contiguous_format)
-    return _sharded_rand_like(t)  # type: ignore[arg-type]
+    return _sharded_rand_like(t)
 
 
 def _sharded_rand_like(t: DTensor) -> DTensor:
-    sources = getattr(t, "_prunereg_draw_sources", None)
+    sources = _DRAW_SOURCES.get(id(t))
     if sources is None:
         local = _box_draws(t, t.dtype)
     else:
@@ -280,11 +299,11 @@ def _draw_block(
             block = torch.rand((stop - start, *shape[1:]), dtype=dtype, device=device)
             lo, hi = max(start, first_lo), min(stop, first_hi)
             if out is not None and lo < hi:
-                out[lo - first_lo : hi - first_lo].copy_(block[(slice(lo - start, hi - start), *inner_slices)])
+                out[lo - first_lo : hi - first_lo].copy_(block[tuple([slice(lo - start, hi - start), *inner_slices])])
         return
     for row in range(shape[0]):
-        inside = out is not None and first_lo <= row < first_hi
-        _draw_block(out[row - first_lo] if inside else None, shape[1:], inner_box, dtype, device)
+        part = out[row - first_lo] if out is not None and first_lo <= row < first_hi else None
+        _draw_block(part, shape[1:], inner_box, dtype, device)
 
 
 def _reject_strided(t: DTensor) -> None:
@@ -308,7 +327,7 @@ def channel_norms(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tens
     """
     if not is_dtensor(t):
         return _amount.compute_norm(t, n, dim)
-    return _sharded_channel_norms(t, n, dim)  # type: ignore[arg-type]
+    return _sharded_channel_norms(t, n, dim)
 
 
 def _sharded_channel_norms(t: DTensor, n: int | float | str, dim: int) -> torch.Tensor:
@@ -353,7 +372,7 @@ def gather_channels(t: DTensor, dim: int, stats: torch.Tensor, op: str) -> torch
     mesh = t.device_mesh
     stats = stats.contiguous()
     for mesh_dim, placement in enumerate(t.placements):
-        if placement.is_shard() and placement.dim != dim:
+        if placement.is_shard() and cast("Shard", placement).dim != dim:
             dist.all_reduce(stats, op=reduce_op, group=mesh.get_group(mesh_dim))
     span = ChannelSpan.of(t, dim)
     if span.mesh_dim is None:
@@ -383,7 +402,7 @@ class ChannelSpan:
         import torch.distributed as dist
 
         dim = dim % t.dim()
-        mesh_dims = [i for i, p in enumerate(t.placements) if p.is_shard() and p.dim == dim]
+        mesh_dims = [i for i, p in enumerate(t.placements) if p.is_shard() and cast("Shard", p).dim == dim]
         if any(type(t.placements[i]).__name__ != "Shard" for i in mesh_dims):
             raise NotImplementedError(
                 f"prunereg cannot prune channels along dim {dim} with placements {t.placements} "
@@ -412,10 +431,10 @@ def channel_mask(t: torch.Tensor, keep: torch.Tensor, dim: int, default_mask: to
     """
     if not is_dtensor(t):
         return _channels.channel_mask(t, keep, dim, default_mask)
-    return _sharded_channel_mask(t, keep, dim, default_mask)  # type: ignore[arg-type]
+    return _sharded_channel_mask(t, keep, dim, default_mask)
 
 
-def _sharded_channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor) -> DTensor:
+def _sharded_channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: torch.Tensor) -> DTensor:
     flags = torch.zeros(t.shape[dim], dtype=torch.bool, device=keep.device)
     flags[keep] = True
     span = ChannelSpan.of(t, dim)
@@ -424,7 +443,7 @@ def _sharded_channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask
     shape[dim] = span.count
     local = torch.zeros_like(t.to_local())
     local += local_keep.reshape(shape).to(device=local.device, dtype=local.dtype)
-    local *= default_mask.to_local().to(dtype=local.dtype)
+    local *= local_shard(default_mask).to(dtype=local.dtype)
     return _wrap(local, t)
 
 
@@ -440,12 +459,12 @@ def combine_masks(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> to
     """
     if not is_dtensor(t):
         return _remaining.combine_masks(method, t, mask)
-    return _sharded_combine_masks(method, t, mask)  # type: ignore[arg-type]
+    return _sharded_combine_masks(method, t, mask)
 
 
-def _sharded_combine_masks(method: MaskMethod, t: DTensor, mask: torch.Tensor) -> DTensor:
+def _sharded_combine_masks(method: MaskMethod, t: DTensor, plain_or_sharded_mask: torch.Tensor) -> torch.Tensor:
     kind = method.PRUNING_TYPE
-    mask = to_layout_of(mask, t)
+    mask = _to_shards_of(plain_or_sharded_mask, t)
     if kind == "global":
         return method.compute_mask(t, default_mask=mask).to(dtype=t.dtype)
     local_t, local_mask = t.to_local(), mask.to_local()
@@ -456,7 +475,7 @@ def _sharded_combine_masks(method: MaskMethod, t: DTensor, mask: torch.Tensor) -
         partial = method.compute_mask(
             spread(local_t[remaining], [remaining.reshape(-1)]), default_mask=spread(local_mask[remaining])
         )
-        new_local[remaining] = partial.to_local().to(dtype=t.dtype)
+        new_local[remaining] = local_shard(partial).to(dtype=t.dtype)
     elif kind == "structured":
         dim = _remaining.structured_dim(method, t.dim())
         used = gather_channels(t, dim, (local_mask != 0).sum(dim=[d for d in range(t.dim()) if d != dim]), "sum")
@@ -468,7 +487,7 @@ def _sharded_combine_masks(method: MaskMethod, t: DTensor, mask: torch.Tensor) -
             _wrap(local_t.index_select(dim, index), t, shape),
             default_mask=_wrap(local_mask.index_select(dim, index), t, shape),
         )
-        new_local.index_copy_(dim, index, partial.to_local().to(dtype=t.dtype))
+        new_local.index_copy_(dim, index, local_shard(partial).to(dtype=t.dtype))
     else:
         raise ValueError(f"Unrecognized PRUNING_TYPE {kind}")
     return _wrap(new_local, t)
@@ -502,19 +521,25 @@ def global_shares(
     """
     if not is_dtensor(entries[0].tensor):
         return plain(method, entries)
-    tensors: list[DTensor] = [entry.tensor for entry in entries]  # type: ignore[misc]  # all DTensors, checked next
-    _check_same_sharding(tensors)
-    scores = [to_layout_of(entry.scores, t) for entry, t in zip(entries, tensors)]
+    tensors = _same_sharding([entry.tensor for entry in entries])
+    scores = [_to_shards_of(entry.scores, t) for entry, t in zip(entries, tensors)]
     local_entries = [
         Entry(
             t.to_local(),
             s.to_local(),
-            None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local(),
+            None if entry.old_mask is None else _to_shards_of(entry.old_mask, t).to_local(),
         )
         for entry, t, s in zip(entries, tensors, scores)
     ]
     shares = concatenated(method, local_entries, SpreadVector(tensors[0], scores))
     return [_wrap(share, t) for share, t in zip(shares, tensors)]
+
+
+# The vectors of kept entries that SpreadVector built, by id, with their
+# sources and kept entries: a method computes its mask on such a vector, and
+# rand_like of it must give the draws of the sources' full streams at those
+# entries, as in one process. An entry lives as long as its vector.
+_DRAW_SOURCES: dict[int, list[tuple[DTensor, torch.Tensor | None]]] = {}
 
 
 class SpreadVector:
@@ -540,10 +565,11 @@ class SpreadVector:
             self.length = int(sum_over_shards(count, self.like))
         placements = [Shard(0) if p.is_shard() else Replicate() for p in self.like.placements]
         vector = DTensor.from_local(
-            local, self.like.device_mesh, placements, run_check=False, shape=(self.length,), stride=(1,)
+            local, self.like.device_mesh, placements, run_check=False, shape=torch.Size([self.length]), stride=(1,)
         )
         if keeps is not None:
-            vector._prunereg_draw_sources = list(zip(self.sources, keeps))
+            _DRAW_SOURCES[id(vector)] = list(zip(self.sources, keeps))
+            weakref.finalize(vector, _DRAW_SOURCES.pop, id(vector), None)
         return vector
 
 
@@ -551,12 +577,8 @@ def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) ->
     """This rank's ``local`` shard of a DTensor laid out like ``like`` (of another ``shape`` if given)."""
     from torch.distributed.tensor import DTensor
 
-    if shape is None:
-        shape, stride = like.shape, like.stride()
-    else:
-        stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(
-        local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride
-    )
+    size = like.shape if shape is None else torch.Size(shape)
+    stride = like.stride() if shape is None else torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=size, stride=stride)
 
 

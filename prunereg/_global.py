@@ -201,12 +201,13 @@ def _streamed(kind: str, method: BasePruningMethod, entries: list[Entry], remain
             share.copy_(selected.logical_not_())  # the share was all ones: keep what is not selected
         else:
             _clear_remaining(share, block.remaining, selected)
-        places.append((block.entry, block.start, block.stop, block.remaining is not None))
+        places.append((block.entry, block.start, block.stop))
     for number, positions in mark.finish():
-        entry, start, stop, partial = places[number]
-        if partial:  # positions count the remaining entries of the block only
-            remaining = entries[entry].old_mask.reshape(-1)[start:stop] == 1
-            positions = remaining.nonzero().squeeze(1)[positions.to(remaining.device)]
+        entry, start, stop = places[number]
+        old_mask = entries[entry].old_mask
+        if old_mask is not None:  # positions count the remaining entries of the block only
+            kept = old_mask.reshape(-1)[start:stop] == 1
+            positions = kept.nonzero().squeeze(1)[positions.to(kept.device)]
         share = shares[entry].view(-1)[start:stop]
         share.index_fill_(0, positions.to(share.device), 0)
     return shares
@@ -276,7 +277,7 @@ def _concatenated(
     if spread is None:
         partial = method.compute_mask(relevant, default_mask=default)
     else:
-        partial = method.compute_mask(spread(relevant, keeps), default_mask=spread(default)).to_local()
+        partial = _distributed.local_shard(method.compute_mask(spread(relevant, keeps), default_mask=spread(default)))
     shares = []
     pointer = 0
     for entry, keep in zip(entries, keeps):

@@ -155,7 +155,7 @@ def _prune(
 
     old = hooks[0][1]
     container = old if isinstance(old, PruningContainer) else PruningContainer(old)  # type: ignore[arg-type]  # prunereg installs methods only
-    old_mask = module._buffers[name + "_mask"]
+    _, old_mask = _reparam.orig_and_mask(module, name)
     if mask is None:
         default_mask = old_mask.detach()
         if default_mask.dtype == torch.bool:  # compact storage: methods see the usual dtype

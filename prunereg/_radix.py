@@ -224,15 +224,14 @@ def find_threshold(
     before = 0
     for level in range(width // _DIGIT):
         shift = width - _DIGIT * (level + 1)
-        local = None
+        summed: torch.Tensor | None = None
         for keys in key_blocks():
             counts = _digit_counts(keys, shift, None if level == 0 else prefix, workspace)
-            if local is None:
-                local = counts.to(device) if device is not None else counts
+            if summed is None:
+                summed = counts.to(device) if device is not None else counts
             else:
-                local += counts.to(local.device)
-        if local is None:
-            local = torch.zeros(_BINS, dtype=torch.int64, device=device)
+                summed += counts.to(summed.device)
+        local = summed if summed is not None else torch.zeros(_BINS, dtype=torch.int64, device=device)
         merged = all_reduce(local.clone()) if all_reduce is not None else local
         digit, skipped = _walk(merged, k - before, largest)
         before += skipped

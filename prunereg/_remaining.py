@@ -13,6 +13,9 @@ from typing import ClassVar, Protocol
 
 import torch
 
+# What selects the remaining entries of a tensor: a bool mask, or a slice or bool flags per dim.
+Remaining = torch.Tensor | tuple[slice | torch.Tensor, ...]
+
 
 class MaskMethod(Protocol):
     """What combining needs of a pruning method: its kind and its mask (``dim`` too when structured)."""
@@ -48,14 +51,14 @@ def structured_dim(method: MaskMethod, n_dims: int) -> int:
             'Pruning methods of PRUNING_TYPE "structured" need to have the '
             "attribute `dim` defined."
         )
-    declared: int = method.dim  # type: ignore[attr-defined]  # checked just above: structured methods have one
+    declared: int = method.dim
     dim = declared if declared >= 0 else n_dims + declared
     if not 0 <= dim < n_dims:
         raise IndexError(f"Index is out of bounds for tensor with dimensions {n_dims}")
     return dim
 
 
-def _remaining(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | tuple[object, ...]:
+def _remaining(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> Remaining:
     kind = method.PRUNING_TYPE
     if t.is_meta and kind in ("unstructured", "structured"):
         # Meta tensors have no values, so what is left cannot be known (and
@@ -67,7 +70,7 @@ def _remaining(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> torch
         n_dims = t.dim()
         dim = structured_dim(method, n_dims)
         keep_channel = mask.sum(dim=[d for d in range(n_dims) if d != dim]) != 0
-        slc: list[object] = [slice(None)] * n_dims
+        slc: list[slice | torch.Tensor] = [slice(None)] * n_dims
         slc[dim] = keep_channel
         return tuple(slc)
     if kind == "global":

@@ -38,6 +38,9 @@ class PruningHook:
 
     _tensor_name: str
     _param_order: tuple[str, ...] | None  # the module's parameter order before the first pruning
+    # What module.<name> was made of, and when (see set_pruned_tensor); never pickled.
+    _refs: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]
+    _stamp: tuple[object, ...] | None
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
         # With autograd on, the product must be recomputed: it links <name> to
@@ -200,8 +203,7 @@ def set_pruned_tensor(method: PruningHook, module: nn.Module) -> None:
         _distributed.refuse_gathered_parameter(module, name)
     pruned = method.apply_mask(module)
     setattr(module, name, pruned)
-    orig = module._parameters[name + "_orig"]
-    mask = module._buffers[name + "_mask"]
+    orig, mask = orig_and_mask(module, name)
     method._refs = (weakref.ref(orig), weakref.ref(mask), weakref.ref(pruned))
     method._stamp = _stamp(orig, mask, pruned)
 
@@ -219,12 +221,22 @@ def pruned_tensor_is_current(method: PruningHook, module: nn.Module) -> bool:
     name = method._tensor_name
     orig, mask, pruned = (ref() for ref in method._refs)
     return (
-        orig is not None
-        and orig is module._parameters.get(name + "_orig")
+        orig is module._parameters.get(name + "_orig")
         and mask is module._buffers.get(name + "_mask")
         and pruned is module.__dict__.get(name)
+        and orig is not None
+        and mask is not None
+        and pruned is not None
         and _stamp(orig, mask, pruned) == stamp
     )
+
+
+def orig_and_mask(module: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``<name>_orig`` and ``<name>_mask`` of a pruned ``module``."""
+    orig, mask = module._parameters[name + "_orig"], module._buffers[name + "_mask"]
+    if orig is None or mask is None:
+        raise RuntimeError(f"{type(module).__name__}.{name} is pruned but {name}_orig or {name}_mask is None")
+    return orig, mask
 
 
 def _stamp(orig: torch.Tensor, mask: torch.Tensor, pruned: torch.Tensor) -> tuple[object, ...] | None:
@@ -248,7 +260,7 @@ def make_permanent(method: PruningHook, module: nn.Module) -> None:
     weight = method.apply_mask(module).detach()
     if hasattr(module, name):
         delattr(module, name)
-    orig = module._parameters[name + "_orig"]
+    orig, _ = orig_and_mask(module, name)
     _distributed.assign_values(orig, weight)
     del module._parameters[name + "_orig"]
     del module._buffers[name + "_mask"]

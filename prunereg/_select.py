@@ -113,14 +113,16 @@ def select_spread(
         return _select_by_topk(chunks, flat, k, largest)
 
     threshold, keys = _search(flat, k, dtype, largest=largest, magnitude=magnitude, collectives=collectives)
-    spread = {} if collectives is None else {"device": flat[0].device, **_spread(collectives)}
-    mark = Marker(threshold, keys.workspace, **spread)
+    if collectives is None:
+        mark = Marker(threshold, keys.workspace)
+    else:
+        mark = Marker(threshold, keys.workspace, device=flat[0].device, **_spread(collectives))
     selected = [torch.empty(f.shape, dtype=torch.bool, device=f.device) for f in flat]
     out_blocks = [out_block for out in selected for out_block in out.split(BLOCK)]
     for block, out_block in zip((block for f in flat for block in keys(f)), out_blocks):
         mark(block, out=out_block)
-    for block, positions in mark.finish():
-        out_blocks[block].index_fill_(0, positions.to(out_blocks[block].device), True)
+    for number, positions in mark.finish():
+        out_blocks[number].index_fill_(0, positions.to(out_blocks[number].device), True)
     return [out.view(chunk.shape) for out, chunk in zip(selected, chunks)]
 
 
@@ -163,24 +165,29 @@ def prune_lowest(
     all_ones = low == high == 1
     threshold, keys = _search([flat], k, dtype, largest=largest, magnitude=magnitude)
     mark = Marker(threshold, keys.workspace)
-    fits = out is not None and out.shape == default_mask.shape and out.dtype == default_mask.dtype
-    if fits and out.is_contiguous() and out.device == default_mask.device:
+    if (
+        out is not None
+        and out.shape == default_mask.shape
+        and out.dtype == default_mask.dtype
+        and out.is_contiguous()
+        and out.device == default_mask.device
+    ):
         mask = out
     else:
         mask = torch.empty_like(default_mask, memory_format=torch.contiguous_format)
     outs = mask.view(-1).split(BLOCK)
     defaults = default_mask.to(device=flat.device).reshape(-1).split(BLOCK)
-    for block, out, default in zip(keys(flat), outs, defaults):
+    for block, out_block, default in zip(keys(flat), outs, defaults):
         keep = mark(block, out=keys.workspace.like("selected", block, torch.bool)).logical_not_()
-        out.copy_(keep)
+        out_block.copy_(keep)
         if all_ones:
             continue
-        if out.dtype == torch.bool:
-            out.logical_and_(default)
+        if out_block.dtype == torch.bool:
+            out_block.logical_and_(default)
         else:
-            out.mul_(default)
-    for block, positions in mark.finish():
-        outs[block].index_fill_(0, positions.to(outs[block].device), 0)
+            out_block.mul_(default)
+    for number, positions in mark.finish():
+        outs[number].index_fill_(0, positions.to(outs[number].device), 0)
     return mask
 
 

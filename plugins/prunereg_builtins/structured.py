@@ -53,7 +53,7 @@ class RandomStructured(_ChannelPruning):
         return prob > threshold
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real, dim: int = -1) -> RandomStructured:  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real, dim: int = -1) -> BasePruningMethod:  # type: ignore[override]
         """Prune ``amount`` random channels of ``module.<name>`` along ``dim``."""
         return super().apply(module, name, amount=amount, dim=dim)
 
@@ -78,6 +78,6 @@ class LnStructured(_ChannelPruning):
         n: int | float | str,
         dim: int,
         importance_scores: torch.Tensor | None = None,
-    ) -> LnStructured:
+    ) -> BasePruningMethod:
         """Prune the ``amount`` channels of ``module.<name>`` along ``dim`` of lowest ``n``-norm."""
         return super().apply(module, name, amount=amount, n=n, dim=dim, importance_scores=importance_scores)

@@ -19,7 +19,7 @@ class Identity(BasePruningMethod):
         return default_mask
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str) -> Identity:  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str) -> BasePruningMethod:  # type: ignore[override]
         """Add the reparametrization to ``module.<name>`` without pruning anything."""
         return super().apply(module, name)
 
@@ -54,7 +54,7 @@ class RandomUnstructured(_AmountUnstructured):
         return prune_lowest(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real) -> RandomUnstructured:  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real) -> BasePruningMethod:  # type: ignore[override]
         """Prune ``amount`` random entries of ``module.<name>``."""
         return super().apply(module, name, amount=amount)
 
@@ -74,6 +74,6 @@ class L1Unstructured(_AmountUnstructured):
         name: str,
         amount: numbers.Real,
         importance_scores: torch.Tensor | None = None,
-    ) -> L1Unstructured:
+    ) -> BasePruningMethod:
         """Prune the ``amount`` entries of ``module.<name>`` (or of ``importance_scores``) of smallest magnitude."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)
