@@ -154,7 +154,7 @@ def _prune(
         return method
 
     old = hooks[0][1]
-    container = old if isinstance(old, PruningContainer) else PruningContainer(old)  # type: ignore[arg-type]  # prunereg installs methods only
+    container = old if isinstance(old, PruningContainer) else PruningContainer(old)  # type: ignore[arg-type]  # hooks are methods
     _, old_mask = _reparam.orig_and_mask(module, name)
     if mask is None:
         default_mask = old_mask.detach()
