@@ -66,9 +66,7 @@ class BasePruningMethod(_reparam.PruningHook, ABC):
                 f"Avoid adding multiple pruning hooks to the same tensor {name} of "
                 f"module {module}. Use a PruningContainer."
             )
-        method = cls(*args, **kwargs)
-        method._tensor_name = name
-        return _prune(module, name, method, importance_scores)
+        return _prune(module, name, cls(*args, **kwargs), importance_scores)
 
     def prune(
         self,
@@ -131,7 +129,6 @@ def install_mask(module: nn.Module, name: str, method: BasePruningMethod, mask: 
     Global pruning computes every tensor's combined mask at once; this registers
     that mask as is, without computing it a second time or copying it.
     """
-    method._tensor_name = name
     _prune(module, name, method, None, mask=mask)
 
 
@@ -143,6 +140,7 @@ def _prune(
     mask: torch.Tensor | None = None,
 ) -> BasePruningMethod:
     """Prune ``module.<name>`` with ``method`` (and ``mask``, when already known), on top of any earlier pruning."""
+    method._tensor_name = name
     _reparam.check_prunable(module, name)
     hooks = _reparam.pruning_hooks(module, name)
     orig = getattr(module, name)
