@@ -23,8 +23,7 @@ class CustomFromMask(BasePruningMethod):
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         if default_mask.shape != self.mask.shape:
             raise AssertionError(
-                f"default_mask shape {default_mask.shape} must match "
-                f"self.mask shape {self.mask.shape}"
+                f"default_mask shape {default_mask.shape} must match self.mask shape {self.mask.shape}"
             )
         return default_mask * to_layout_of(self.mask, default_mask).to(dtype=default_mask.dtype)
 

@@ -280,8 +280,10 @@ class Marker:
         selected = torch.gt(keys, last, out=out) if t.largest else torch.lt(keys, t.key, out=out)
         if t.span > 1:
             # (keys up to the bin's end) XOR (keys below it): the bin's entries.
-            reach = torch.ge(keys, t.key, out=self.workspace.like("equal", keys, torch.bool)) if t.largest else (
-                torch.le(keys, last, out=self.workspace.like("equal", keys, torch.bool))
+            reach = (
+                torch.ge(keys, t.key, out=self.workspace.like("equal", keys, torch.bool))
+                if t.largest
+                else (torch.le(keys, last, out=self.workspace.like("equal", keys, torch.bool)))
             )
             positions = reach.bitwise_xor_(selected).nonzero().squeeze(1)
             if positions.numel():
@@ -313,9 +315,16 @@ class Marker:
         if t.span == 1 or t.take == t.ties:
             return []
         collected = [keys for _, _, keys in self.candidates]
-        exact = find_threshold(lambda: iter(collected), t.take, width=t.width, largest=t.largest,
-                               device=self.device, all_reduce=self.all_reduce,
-                               exclusive_prefix=self.exclusive_prefix, workspace=self.workspace)
+        exact = find_threshold(
+            lambda: iter(collected),
+            t.take,
+            width=t.width,
+            largest=t.largest,
+            device=self.device,
+            all_reduce=self.all_reduce,
+            exclusive_prefix=self.exclusive_prefix,
+            workspace=self.workspace,
+        )
         mark = Marker(exact, self.workspace)
         return [(block, positions[mark(keys)]) for block, positions, keys in self.candidates]
 

@@ -47,10 +47,7 @@ def combine_masks(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> to
 def structured_dim(method: MaskMethod, n_dims: int) -> int:
     """The non-negative ``dim`` a structured ``method`` prunes channels along, for a tensor of ``n_dims``."""
     if not hasattr(method, "dim"):
-        raise AttributeError(
-            'Pruning methods of PRUNING_TYPE "structured" need to have the '
-            "attribute `dim` defined."
-        )
+        raise AttributeError('Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.')
     declared: int = method.dim
     dim = declared if declared >= 0 else n_dims + declared
     if not 0 <= dim < n_dims:
