@@ -93,8 +93,10 @@ class Selection:
         counts: dict[str, int] = {}
         for reason in self.skipped.values():
             counts[reason] = counts.get(reason, 0) + 1
+        if not counts:
+            return "no tensor selected: the file holds no tensors"
         reasons = ", ".join(f"{count} {reason}" for reason, count in counts.items())
-        return f"no tensor selected: of the {self.total} tensors, " + (reasons or "there are none")
+        return f"no tensor selected: of the {self.total} tensors, {reasons}"
 
 
 def select(tensors: Mapping[str, torch.Tensor], include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Selection:

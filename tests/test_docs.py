@@ -311,3 +311,25 @@ def test_docstrings_render_as_markdown() -> None:
         "\n"
         "The end.\n"
     )
+
+
+def _setup_commands(page: Path) -> list[str]:
+    """The lines of the first ```bash block under the page's set-up heading."""
+    text = page.read_text()
+    heading = re.search(r"^##+ (Set up|Install)\s*$", text, re.MULTILINE)
+    assert heading is not None, f"{_page_id(page)} has no set-up section"
+    block = re.search(r"^```bash\n(.*?)^```", text[heading.end() :], re.MULTILINE | re.DOTALL)
+    assert block is not None, f"{_page_id(page)} shows no set-up command"
+    return block.group(1).splitlines()
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", DOCS / "quickstart.md"], ids=_page_id)
+def test_set_up_installs_what_ci_installs(page: Path) -> None:
+    """The pages' install line keeps torch to the pin CI uses, so it pulls no CUDA packages on our machines."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q -c constraints.txt -e ".[dev]"' in ci
+    assert re.search(r"^torch==[\d.]+$", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
+    assert _setup_commands(page) == [
+        "python3 -m venv .venv && . .venv/bin/activate",
+        'pip install -c constraints.txt -e ".[dev]" && prunereg list',
+    ]
