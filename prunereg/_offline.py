@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prunereg_builtins.custom import CustomFromMask
 from torch import nn
 
 from prunereg import _checkpoint, _reparam
-from prunereg._container import combine_masks
+from prunereg._custom import CustomFromMask
+from prunereg._distributed import combine_masks
 from prunereg._global import global_masks
 from prunereg._method import BasePruningMethod
+from prunereg._plugins import registry
 from prunereg._registry import constructor_parameters
 
 MethodFactory = Callable[[], BasePruningMethod]
@@ -40,9 +41,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     constructor's signature, the values (the method's own validation), and
     that a method pruning tensors ``together`` is ``"unstructured"`` (torch's rule).
     """
-    import prunereg
-
-    cls = prunereg.get(name)
+    cls = registry().resolve(name)
     if together and cls.PRUNING_TYPE != "unstructured":
         raise OfflinePruningError(
             f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}"
@@ -156,7 +155,9 @@ def _prune_together(
     try:
         masks = global_masks(make_method(), moved, moved, old_masks)
     except Exception as error:
-        raise OfflinePruningError(f"cannot prune the selected tensors together: {_checkpoint.describe(error)}") from error
+        raise OfflinePruningError(
+            f"cannot prune the selected tensors together: {_checkpoint.describe(error)}"
+        ) from error
     for (name, tensor), on_device, mask in zip(tensors.items(), moved, masks):
         yield name, *_apply(tensor, on_device, mask)
 

@@ -38,7 +38,10 @@ class PrunedState:
 
     @classmethod
     def of(cls, stored: Mapping[str, torch.Tensor]) -> PrunedState:
-        """Find the pairs in ``stored``: ``<name>_orig`` (floating point) and ``<name>_mask`` of one shape, no ``<name>``."""
+        """Find the pairs: a floating-point ``<name>_orig``, a ``<name>_mask`` of its shape, and no ``<name>``.
+
+        Every other tensor is taken as it is.
+        """
         pairs = {name: PrunedPair(name + ORIG, name + MASK) for name in _paired_names(stored)}
         mask_keys = {pair.mask_key for pair in pairs.values()}
         tensors: dict[str, torch.Tensor] = {}

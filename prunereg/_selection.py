@@ -142,4 +142,4 @@ def shorten(names: Sequence[str], limit: int) -> list[str]:
     shown = [members[0] if len(members) == 1 else f"{pattern} ({len(members)})" for pattern, members in groups.items()]
     if len(shown) <= limit + 1:  # "and 1 more" would take the place of the one it hides
         return shown
-    return shown[:limit] + [f"and {len(shown) - limit} more"]
+    return [*shown[:limit], f"and {len(shown) - limit} more"]

@@ -17,6 +17,7 @@ import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunereg._method import BasePruningMethod
+from prunereg._plugins import registry
 
 PRUNING_HOOKS = (BasePruningMethod, torch_prune.BasePruningMethod)
 
@@ -156,11 +157,10 @@ class _MethodNames:
 
 
 def _registered_targets() -> dict[str, str]:
-    import prunereg
-
+    methods = registry()
     found: dict[str, str] = {}
-    for name in prunereg.list_methods():
-        found.setdefault(prunereg.info(name).target, name)
+    for name in methods.names():
+        found.setdefault(methods.info(name).target, name)
     return found
 
 
@@ -178,16 +178,33 @@ def format_table(report: Summary) -> str:
     header = ["NAME", "SHAPE", "DTYPE", "NUMEL", "ZEROS", "SPARSITY", ""] + (["PRUNED BY"] if with_methods else [])
     lines = [header]
     for row in report.rows:
-        line = [row.name, "x".join(map(str, row.shape)) or "scalar", row.dtype, f"{row.numel:,}", f"{row.zeros:,}",
-                _percent(row.sparsity), _bar(row.sparsity)]
+        line = [
+            row.name,
+            "x".join(map(str, row.shape)) or "scalar",
+            row.dtype,
+            f"{row.numel:,}",
+            f"{row.zeros:,}",
+            _percent(row.sparsity),
+            _bar(row.sparsity),
+        ]
         lines.append(line + (["+".join(row.pruned_by)] if with_methods else []))
-    total = ["total", "", "", f"{report.numel:,}", f"{report.zeros:,}", _percent(report.sparsity), _bar(report.sparsity)]
+    total = [
+        "total",
+        "",
+        "",
+        f"{report.numel:,}",
+        f"{report.zeros:,}",
+        _percent(report.sparsity),
+        _bar(report.sparsity),
+    ]
     lines.append(total + ([""] if with_methods else []))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     right_aligned = {3, 4, 5}
     return "\n".join(
-        "  ".join(cell.rjust(width) if i in right_aligned else cell.ljust(width)
-                  for i, (cell, width) in enumerate(zip(line, widths))).rstrip()
+        "  ".join(
+            cell.rjust(width) if i in right_aligned else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(line, widths))
+        ).rstrip()
         for line in lines
     )
 

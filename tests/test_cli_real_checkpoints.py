@@ -28,8 +28,9 @@ def invoke(*args: object) -> Result:
 
 
 def run_script(*args: object, **streams: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), *map(str, args)], text=True, timeout=120, check=False,
-                          **(streams or {"capture_output": True}))
+    return subprocess.run(
+        [str(SCRIPT), *map(str, args)], text=True, timeout=120, check=False, **(streams or {"capture_output": True})
+    )
 
 
 def network() -> nn.Sequential:
@@ -40,7 +41,9 @@ def network() -> nn.Sequential:
         for parameter in net.parameters():
             n = parameter.numel()
             values = (torch.randperm(n, generator=generator) + 1.0) / n
-            parameter.copy_((values * (torch.randint(0, 2, (n,), generator=generator) * 2 - 1)).reshape(parameter.shape))
+            parameter.copy_(
+                (values * (torch.randint(0, 2, (n,), generator=generator) * 2 - 1)).reshape(parameter.shape)
+            )
     return net
 
 
@@ -60,6 +63,7 @@ def save_state(net: nn.Module, path: Path) -> Path:
 
 
 # Pruned state dicts: <name>_orig and <name>_mask are the tensor <name>.
+
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_report_shows_the_tensor_the_model_computes(tmp_path: Path, suffix: str) -> None:
@@ -87,13 +91,25 @@ CASES = [
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 @pytest.mark.parametrize(("method", "arguments", "together"), CASES)
-def test_prune_prunes_again_as_torch_does(tmp_path: Path, suffix: str, method: str, arguments: dict,
-                                          together: bool) -> None:
+def test_prune_prunes_again_as_torch_does(
+    tmp_path: Path, suffix: str, method: str, arguments: dict, together: bool
+) -> None:
     path = save_state(torch_pruned(), tmp_path / f"pruned{suffix}")
     output, masks = tmp_path / f"again{suffix}", tmp_path / "masks.safetensors"
     options = [f"--amount={arguments['amount']}"] + [f"--arg={k}={v}" for k, v in arguments.items() if k != "amount"]
-    result = invoke("prune", path, output, "--method", method, *options, "--seed", 3, "--masks", masks,
-                    *(["--global"] if together else []))
+    result = invoke(
+        "prune",
+        path,
+        output,
+        "--method",
+        method,
+        *options,
+        "--seed",
+        3,
+        "--masks",
+        masks,
+        *(["--global"] if together else []),
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("pruned 2 of 4 tensors ")
 
@@ -133,13 +149,21 @@ def test_a_mask_of_other_values_is_refused(tmp_path: Path) -> None:
 
 def test_a_lone_orig_or_mask_is_an_ordinary_tensor(tmp_path: Path) -> None:
     path = tmp_path / "lonely.safetensors"
-    save_file({"a.weight_orig": torch.ones(2, 2), "b.weight_mask": torch.ones(3, 3),
-               "c.weight_orig": torch.ones(2, 2), "c.weight_mask": torch.ones(2, 3)}, path)  # shapes differ: no pair
+    save_file(
+        {
+            "a.weight_orig": torch.ones(2, 2),
+            "b.weight_mask": torch.ones(3, 3),
+            "c.weight_orig": torch.ones(2, 2),
+            "c.weight_mask": torch.ones(2, 3),
+        },
+        path,
+    )  # shapes differ: no pair
     names = [row["name"] for row in json.loads(invoke("report", path, "--json").stdout)["tensors"]]
     assert sorted(names) == ["a.weight_orig", "b.weight_mask", "c.weight_mask", "c.weight_orig"]
 
 
 # Non-contiguous tensors, as real .pt checkpoints hold them (transposed or sliced views).
+
 
 def views() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(1)
@@ -154,8 +178,11 @@ def views() -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     ("method", "arguments"),
-    [("ln_structured", {"amount": 0.5, "n": 2, "dim": 0}), ("random_structured", {"amount": 0.5, "dim": 1}),
-     ("l1_unstructured", {"amount": 0.3})],
+    [
+        ("ln_structured", {"amount": 0.5, "n": 2, "dim": 0}),
+        ("random_structured", {"amount": 0.5, "dim": 1}),
+        ("l1_unstructured", {"amount": 0.3}),
+    ],
 )
 def test_non_contiguous_tensors_prune_and_save_their_masks(tmp_path: Path, method: str, arguments: dict) -> None:
     path = tmp_path / "views.pt"
@@ -176,6 +203,7 @@ def test_non_contiguous_tensors_prune_and_save_their_masks(tmp_path: Path, metho
 
 
 # Transformer checkpoints: embeddings, norms and the head are left alone by default.
+
 
 def test_a_transformer_is_pruned_where_users_expect(tmp_path: Path) -> None:
     path = tmp_path / "minilm.safetensors"
@@ -201,21 +229,44 @@ def test_include_brings_back_what_the_defaults_leave(tmp_path: Path) -> None:
     path = tmp_path / "minilm.safetensors"
     save_file(minilm_like(), path)
     output = tmp_path / "out.safetensors"
-    result = invoke("prune", path, output, "--method", "l1_unstructured", "--amount", 0.5,
-                    "--include", "pooler.dense.weight", "--include", "embeddings.word_embeddings.weight")
+    result = invoke(
+        "prune",
+        path,
+        output,
+        "--method",
+        "l1_unstructured",
+        "--amount",
+        0.5,
+        "--include",
+        "pooler.dense.weight",
+        "--include",
+        "embeddings.word_embeddings.weight",
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[1] == "  selected 2: embeddings.word_embeddings.weight, pooler.dense.weight"
     written = _checkpoint.read(output).tensors
     assert int((written["pooler.dense.weight"] == 0).sum()) == 8
-    assert torch.equal(written["encoder.layer.0.output.dense.weight"], minilm_like()["encoder.layer.0.output.dense.weight"])
+    assert torch.equal(
+        written["encoder.layer.0.output.dense.weight"], minilm_like()["encoder.layer.0.output.dense.weight"]
+    )
 
 
 def test_dry_run_prints_the_selection_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "minilm.pt"
     torch.save(minilm_like(layers=12), path)
     (tmp_path / "out.pt").write_bytes(b"kept")  # no --force needed: nothing is written
-    done = run_script("prune", path, tmp_path / "out.pt", "--method", "l1_unstructured", "--amount", "0.5",
-                      "--masks", tmp_path / "masks.safetensors", "--dry-run")
+    done = run_script(
+        "prune",
+        path,
+        tmp_path / "out.pt",
+        "--method",
+        "l1_unstructured",
+        "--amount",
+        "0.5",
+        "--masks",
+        tmp_path / "masks.safetensors",
+        "--dry-run",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     lines = done.stdout.splitlines()
@@ -233,6 +284,7 @@ def test_dry_run_still_checks_the_method(tmp_path: Path) -> None:
 
 
 # Progress: on a terminal only, never on a pipe or with --json.
+
 
 def on_a_terminal(*args: object) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run the command with stderr on a pseudo-terminal; return it and what the terminal showed."""

@@ -158,7 +158,9 @@ class Reader:
 
 
 @pytest.mark.parametrize("page", _pages_with_examples(), ids=_page_id)
-def test_examples_run_and_print_what_the_page_shows(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_examples_run_and_print_what_the_page_shows(
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # examples save files
     reader = Reader()
     with torch.random.fork_rng():
@@ -207,7 +209,9 @@ def test_console_commands_pair_commands_with_their_output() -> None:
 def test_a_wrong_output_on_a_page_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     block = CodeBlock(Path("page.md"), 1, "console", "$ prunereg report missing.pt\nError: something else")
-    with pytest.raises(AssertionError, match=r"page.md:1: `prunereg report missing.pt` printed\s+Error: 'missing.pt' does"):
+    with pytest.raises(
+        AssertionError, match=r"page.md:1: `prunereg report missing.pt` printed\s+Error: 'missing.pt' does"
+    ):
         Reader().run(block)
 
 
@@ -262,8 +266,7 @@ def _documented_objects() -> list[object]:
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    [(prunereg, name) for name in prunereg.__all__]
-    + [(prunereg.prune, name) for name in prunereg.prune.__all__],
+    [(prunereg, name) for name in prunereg.__all__] + [(prunereg.prune, name) for name in prunereg.prune.__all__],
     ids=lambda value: getattr(value, "__name__", value),
 )
 def test_api_reference_documents_public_name(module: object, name: str) -> None:

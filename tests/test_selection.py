@@ -36,8 +36,14 @@ def minilm_like(layers: int = 6, hidden: int = 4) -> dict[str, torch.Tensor]:
     }
     for layer in range(layers):
         prefix = f"encoder.layer.{layer}."
-        for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-                     "intermediate.dense", "output.dense"):
+        for name in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "intermediate.dense",
+            "output.dense",
+        ):
             tensors[prefix + name + ".weight"] = randn(hidden, hidden)
             tensors[prefix + name + ".bias"] = torch.zeros(hidden)
         for name in ("attention.output.LayerNorm", "output.LayerNorm"):
@@ -51,8 +57,14 @@ def minilm_like(layers: int = 6, hidden: int = 4) -> dict[str, torch.Tensor]:
 ENCODER_MATRICES = [
     f"encoder.layer.{layer}.{name}.weight"
     for layer in range(6)
-    for name in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-                 "intermediate.dense", "output.dense")
+    for name in (
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    )
 ]
 
 
@@ -110,8 +122,12 @@ def test_small_models_are_pruned_as_before() -> None:
     }
     selection = select(tensors)
     assert selection.selected == ["a.weight", "conv.weight"]
-    assert selection.skipped == {"a.bias": FEW_DIMENSIONS, "ids": NOT_FLOATING, "flags": NOT_FLOATING,
-                                 "scalar": FEW_DIMENSIONS}
+    assert selection.skipped == {
+        "a.bias": FEW_DIMENSIONS,
+        "ids": NOT_FLOATING,
+        "flags": NOT_FLOATING,
+        "scalar": FEW_DIMENSIONS,
+    }
 
 
 def test_include_replaces_the_defaults_for_floating_point_tensors() -> None:
@@ -151,13 +167,22 @@ def test_a_small_selection_is_named_in_full_on_one_line() -> None:
 def test_shorten_groups_layers_and_counts_the_rest() -> None:
     names = [f"h.{i}.attn.weight" for i in range(3)] + ["emb.weight"] + [f"x{i}.weight" for i in range(4)]
     assert shorten(names, 8) == names
-    assert shorten(names, 5) == ["h.*.attn.weight (3)", "emb.weight", "x0.weight", "x1.weight", "x2.weight",
-                                 "x3.weight"]  # one over the limit: shown rather than counted
+    assert shorten(names, 5) == [
+        "h.*.attn.weight (3)",
+        "emb.weight",
+        "x0.weight",
+        "x1.weight",
+        "x2.weight",
+        "x3.weight",
+    ]  # one over the limit: shown rather than counted
     assert shorten(names, 2) == ["h.*.attn.weight (3)", "emb.weight", "and 4 more"]
 
 
 def test_why_nothing_counts_each_reason() -> None:
     selection = select({"a.bias": torch.ones(2), "ids": torch.ones(2, 2, dtype=torch.int64)}, exclude=["b*"])
     assert selection.selected == []
-    assert selection.why_nothing() == "no tensor selected: of the 2 tensors, 1 fewer than 2 dimensions, 1 not floating point"
+    assert (
+        selection.why_nothing()
+        == "no tensor selected: of the 2 tensors, 1 fewer than 2 dimensions, 1 not floating point"
+    )
     assert select({}).why_nothing() == "no tensor selected: the file holds no tensors"

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import prunereg
-from prunereg import prune
-from prunereg import Summary, TensorSummary
+from prunereg import Summary, TensorSummary, prune
 
 
 def model() -> nn.Sequential:
@@ -92,7 +91,14 @@ def test_a_registered_method_is_named_as_registered(fresh_registry: None) -> Non
 
 def test_the_table_is_the_report_table_with_a_column_for_methods() -> None:
     net = model()
-    assert str(prunereg.summary(net)).splitlines()[0].split() == ["NAME", "SHAPE", "DTYPE", "NUMEL", "ZEROS", "SPARSITY"]
+    assert str(prunereg.summary(net)).splitlines()[0].split() == [
+        "NAME",
+        "SHAPE",
+        "DTYPE",
+        "NUMEL",
+        "ZEROS",
+        "SPARSITY",
+    ]
     prune.l1_unstructured(net[0], "weight", amount=0.5)
     lines = str(prunereg.summary(net)).splitlines()
     assert lines[0].split() == ["NAME", "SHAPE", "DTYPE", "NUMEL", "ZEROS", "SPARSITY", "PRUNED", "BY"]
@@ -109,7 +115,12 @@ def test_rows_as_json_able_dicts() -> None:
     data = json.loads(json.dumps(found.as_dict()))
     assert data["tensors"] == found.as_dicts()
     assert found.as_dicts()[1] == {
-        "name": "0.weight", "shape": [4, 6], "dtype": "float32", "numel": 24, "zeros": 12, "sparsity": 0.5,
+        "name": "0.weight",
+        "shape": [4, 6],
+        "dtype": "float32",
+        "numel": 24,
+        "zeros": 12,
+        "sparsity": 0.5,
         "pruned_by": ["ln_structured"],
     }
     assert data["total"] == {"numel": 43, "zeros": 12, "sparsity": 12 / 43}
@@ -140,5 +151,11 @@ def test_zeros_agree_with_torch_for_any_shape_and_dtype(shape: list[int], dtype:
     prune.l1_unstructured(ours, "w", amount=amount)
     torch_prune.l1_unstructured(theirs, "w", amount=amount)
     (row,) = prunereg.summary(ours).rows
-    assert row == TensorSummary("w", tuple(shape), str(dtype).removeprefix("torch."), values.numel(),
-                                int((theirs.w == 0).sum()), ("l1_unstructured",))
+    assert row == TensorSummary(
+        "w",
+        tuple(shape),
+        str(dtype).removeprefix("torch."),
+        values.numel(),
+        int((theirs.w == 0).sum()),
+        ("l1_unstructured",),
+    )

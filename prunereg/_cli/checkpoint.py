@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from prunereg._cli import main
+from prunereg._cli.app import main
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +100,7 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
     help="Also write the masks (bool) to this .safetensors file; see prunereg.apply_masks.",
 )
 @click.option("--force", is_flag=True, help="Replace OUTPUT (and MASKS_FILE) if it exists.")
-@click.option("--dry-run", is_flag=True, help="Print which tensors would be pruned and which left alone; write nothing.")
+@click.option("--dry-run", is_flag=True, help="Print which tensors would be pruned and which kept; write nothing.")
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
 def prune_command(
     input_path: Path,
@@ -153,13 +153,16 @@ def prune_command(
         if not selection.selected:
             raise click.ClickException(selection.why_nothing())
         if dry_run:
-            click.echo(f"would prune {len(selection.selected)} of {selection.total} tensors with {method_name} "
-                       "(dry run: nothing written)")
+            click.echo(
+                f"would prune {len(selection.selected)} of {selection.total} tensors with {method_name} "
+                "(dry run: nothing written)"
+            )
             click.echo("\n".join(selection.describe()))
             return
         selected = {name: state.tensors[name] for name in selection.selected}
-        results = _offline.prune(selected, make_method, together=together, device=compute_device, seed=seed,
-                                 prior_masks=state.masks)
+        results = _offline.prune(
+            selected, make_method, together=together, device=compute_device, seed=seed, prior_masks=state.masks
+        )
         pruned, replaced, masks = {}, {}, {}
         for name, tensor, mask in progress(results, label=f"pruning with {method_name}", total=len(selected)):
             pruned[name] = tensor
@@ -233,11 +236,15 @@ def report_command(file: Path, as_json: bool, debug: bool) -> None:
         from prunereg._summary import Summary, tensor_summary
 
         state = PrunedState.of(_checkpoint.read(file).tensors)
-        items = progress(state.tensors.items(), label=f"counting zeros in {file.name}", total=len(state.tensors),
-                         enabled=False if as_json else None)
-        report = Summary(tuple(
-            tensor_summary(name, tensor, ["mask"] if name in state.pairs else []) for name, tensor in items
-        ))
+        items = progress(
+            state.tensors.items(),
+            label=f"counting zeros in {file.name}",
+            total=len(state.tensors),
+            enabled=False if as_json else None,
+        )
+        report = Summary(
+            tuple(tensor_summary(name, tensor, ["mask"] if name in state.pairs else []) for name, tensor in items)
+        )
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
 
 
