@@ -8,7 +8,7 @@ the same :class:`Summary` from a model file, so both print the same table.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,11 +207,6 @@ def format_table(report: Summary) -> str:
         ).rstrip()
         for line in lines
     )
-
-
-def summarize(tensors: Mapping[str, torch.Tensor]) -> Summary:
-    """A :class:`Summary` of named tensors, in order, none of them marked as pruned."""
-    return Summary(tuple(tensor_summary(name, tensor) for name, tensor in tensors.items()))
 
 
 def _sparsity(zeros: int, numel: int) -> float:
