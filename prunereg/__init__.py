@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from prunereg._reparam import is_pruned, remove
     from prunereg._serialization import safe_globals
     from prunereg._state_dict import load_state_dict
+    from prunereg._summary import Summary, TensorSummary, summary
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,8 @@ __all__ = [
     "PluginInfo",
     "PluginWarning",
     "PruningContainer",
+    "Summary",
+    "TensorSummary",
     "UnknownMethodError",
     "apply_masks",
     "compact_masks",
@@ -43,6 +46,7 @@ __all__ = [
     "register",
     "remove",
     "safe_globals",
+    "summary",
 ]
 
 _LAZY = {
@@ -61,6 +65,9 @@ _LAZY = {
     "remove": "prunereg._reparam",
     "safe_globals": "prunereg._serialization",
     "load_state_dict": "prunereg._state_dict",
+    "Summary": "prunereg._summary",
+    "TensorSummary": "prunereg._summary",
+    "summary": "prunereg._summary",
 }
 
 _Class = TypeVar("_Class", bound=type)

@@ -3,14 +3,15 @@
 Each tensor gets exactly what ``torch.nn.utils.prune`` would give the parameter
 holding it: a fresh method's ``compute_mask(t, ones_like(t))``, or, pruned
 together, its share of :func:`prunereg._global.global_masks`; the pruned value
-is ``mask * t``, as a pruned module computes it.
+is ``mask * t``, as a pruned module computes it. A tensor pruned before (its
+mask given) is pruned again as torch re-prunes a parameter: the new method acts
+on what the old mask left, as in a ``PruningContainer``.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from prunereg import _checkpoint, _reparam
 from prunereg._custom import CustomFromMask
+from prunereg._distributed import combine_masks
 from prunereg._global import global_masks
 from prunereg._method import BasePruningMethod
 from prunereg._plugins import registry
@@ -29,23 +31,6 @@ MethodFactory = Callable[[], BasePruningMethod]
 
 class OfflinePruningError(Exception):
     """A pruning request that cannot be carried out, said in one line."""
-
-
-def select(tensors: Mapping[str, torch.Tensor], include: Sequence[str] = (), exclude: Sequence[str] = ()) -> list[str]:
-    """The names of the tensors to prune, in order.
-
-    Every floating-point tensor of at least two dimensions (weights, not biases
-    or norm scales), narrowed to the names matching one of the ``include``
-    globs when there are any, minus the names matching an ``exclude`` glob.
-    """
-    return [
-        name
-        for name, tensor in tensors.items()
-        if tensor.is_floating_point()
-        and tensor.dim() >= 2
-        and (not include or any(fnmatch.fnmatchcase(name, glob) for glob in include))
-        and not any(fnmatch.fnmatchcase(name, glob) for glob in exclude)
-    ]
 
 
 def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = False) -> MethodFactory:
@@ -116,22 +101,30 @@ def prune(
     together: bool = False,
     device: torch.device | str = "cpu",
     seed: int | None = None,
+    prior_masks: Mapping[str, torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     """Prune ``tensors`` one by one (or all ``together``); yield ``(name, pruned, bool mask)``.
 
     Each tensor is a separate parameter to torch: it gets a fresh method, in
-    the order given, after ``torch.manual_seed(seed)``. Masks are computed on
-    ``device``; results come back on each tensor's own device and dtype.
+    the order given, after ``torch.manual_seed(seed)``. A tensor with a mask in
+    ``prior_masks`` (zero: pruned) was pruned before and is given as the
+    pruned values; the mask yielded for it includes the old one. Masks are
+    computed on ``device`` and come back contiguous, on each tensor's own
+    device; pruned tensors keep their dtype.
     """
+    prior = {name: _prior_mask(name, mask) for name, mask in (prior_masks or {}).items() if name in tensors}
     if seed is not None:
         torch.manual_seed(seed)
     if together:
-        yield from _prune_together(tensors, make_method, device)
+        yield from _prune_together(tensors, make_method, device, prior)
         return
     for name, tensor in tensors.items():
         moved = tensor.to(device)
         try:
-            mask = make_method().compute_mask(moved, torch.ones_like(moved))
+            if name in prior:
+                mask = combine_masks(make_method(), moved, prior[name].to(device=device, dtype=moved.dtype))
+            else:
+                mask = make_method().compute_mask(moved, torch.ones_like(moved))
         except Exception as error:  # the method's own complaint, tied to the tensor it is about
             raise OfflinePruningError(
                 f"cannot prune {name!r} (shape {list(tensor.shape)}): {_checkpoint.describe(error)}"
@@ -139,23 +132,40 @@ def prune(
         yield name, *_apply(tensor, moved, mask)
 
 
+def _prior_mask(name: str, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` checked to be a pruning mask: ones and zeros only."""
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise OfflinePruningError(f"cannot prune {name!r} again: its mask holds values other than 0 and 1")
+    return mask
+
+
 def _prune_together(
-    tensors: Mapping[str, torch.Tensor], make_method: MethodFactory, device: torch.device | str
+    tensors: Mapping[str, torch.Tensor],
+    make_method: MethodFactory,
+    device: torch.device | str,
+    prior: Mapping[str, torch.Tensor],
 ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     if not tensors:
         return
     moved = [tensor.to(device) for tensor in tensors.values()]
+    old_masks = [
+        prior[name].to(device=device, dtype=tensor.dtype) if name in prior else None
+        for (name, _), tensor in zip(tensors.items(), moved)
+    ]
     try:
-        masks = global_masks(make_method(), moved, moved, [None] * len(moved))
+        masks = global_masks(make_method(), moved, moved, old_masks)
     except Exception as error:
-        raise OfflinePruningError(f"cannot prune the selected tensors together: {_checkpoint.describe(error)}") from error
+        raise OfflinePruningError(
+            f"cannot prune the selected tensors together: {_checkpoint.describe(error)}"
+        ) from error
     for (name, tensor), on_device, mask in zip(tensors.items(), moved, masks):
         yield name, *_apply(tensor, on_device, mask)
 
 
 def _apply(tensor: torch.Tensor, moved: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pruned = mask.to(dtype=moved.dtype) * moved  # what a pruned module computes, NaN * 0 included
-    return pruned.to(tensor.device), (mask != 0).to(tensor.device)
+    # safetensors writes contiguous tensors only, and a mask takes the layout of a transposed or sliced weight.
+    return pruned.to(tensor.device), (mask != 0).to(tensor.device).contiguous()
 
 
 def apply_masks(

@@ -1,42 +1,61 @@
-"""The docs cannot rot: every Python example runs, every link lands, every public name is documented."""
+"""The docs cannot rot: every example runs and shows what it prints, every link lands, every public name is documented.
+
+A page's ```python and ```console blocks run in order, in one working
+directory, as a reader would paste them: Python blocks in one namespace,
+console blocks command by command, their output compared with the page. An
+```output block right after a Python block is what that block prints.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from markdown.extensions.toc import slugify
 
 import prunereg
 import prunereg.prune
+from prunereg._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 
-# Put this comment on the line before a ```python block that cannot run in the
-# test suite (it needs several processes, a GPU, a file from outside).
+# Put this comment on the line before a block that cannot run in the test
+# suite (it needs several processes, a GPU, a package from outside).
 SKIP_MARKER = "<!-- skip -->"
+# `<!-- file: NAME -->` before a ```python block: the block is a script the
+# page runs later (`$ python NAME`), written to NAME instead of executed.
+_FILE_MARKER = re.compile(r"^<!-- file: ([\w.-]+) -->$")
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
+_RUN = ("python", "console", "output")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _DIRECTIVE = re.compile(r"^::: ([\w.]+)\s*$", re.MULTILINE)
+# Other installed plugins may add method names to "did you mean" messages.
+_KNOWN_METHODS = re.compile(r"\(known: [^)]*\)")
 
 
 @dataclass(frozen=True)
 class CodeBlock:
     path: Path
     line: int  # of the block's first code line, 1-based
+    language: str  # "python", "console" or "output" (what the Python block before it prints)
     code: str
+    file: str | None = None  # a script to write, not to run
 
 
-def python_blocks(path: Path, text: str) -> list[CodeBlock]:
-    """The ```python blocks of a Markdown page, less those marked with ``SKIP_MARKER``."""
+def code_blocks(path: Path, text: str) -> list[CodeBlock]:
+    """The ```python, ```console and ```output blocks of a Markdown page, less those marked with ``SKIP_MARKER``."""
     blocks: list[CodeBlock] = []
     lines = text.splitlines()
     previous = ""  # the last non-blank line outside a block
@@ -51,34 +70,105 @@ def python_blocks(path: Path, text: str) -> list[CodeBlock]:
         end = index + 1
         while end < len(lines) and lines[end].strip() != "```":
             end += 1
-        if opening.group(1) == "python" and previous != SKIP_MARKER:
-            blocks.append(CodeBlock(path, index + 2, "\n".join(lines[index + 1 : end])))
+        language = opening.group(1)
+        if language in _RUN and previous != SKIP_MARKER:
+            file = _FILE_MARKER.match(previous)
+            code = "\n".join(lines[index + 1 : end])
+            blocks.append(CodeBlock(path, index + 2, language, code, file.group(1) if file else None))
         previous = ""
         index = end + 1
     return blocks
 
 
+def console_commands(block: CodeBlock) -> list[tuple[int, str, str]]:
+    """``(line, command, expected output)`` for each ``$ `` line of a console block."""
+    found: list[tuple[int, str, str]] = []
+    for offset, line in enumerate((block.code + "\n").splitlines(keepends=True)):
+        if line.startswith("$ "):
+            found.append((block.line + offset, line[2:].strip(), ""))
+        elif found:
+            found[-1] = (found[-1][0], found[-1][1], found[-1][2] + line)
+        else:
+            pytest.fail(f"{block.path}:{block.line + offset}: console output before any command")
+    return found
+
+
 def _page_id(path: Path) -> str:
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _pages_with_examples() -> list[Path]:
-    return [page for page in PAGES if python_blocks(page, page.read_text())]
+    return [page for page in PAGES if code_blocks(page, page.read_text())]
+
+
+class Reader:
+    """Runs a page's blocks in order, as a reader at a shell and a Python prompt would."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, object] = {"__name__": "__docs__"}
+        self.exit_code: int | None = None
+        self.printed: str | None = None  # by the last Python block
+
+    def run(self, block: CodeBlock) -> None:
+        where = f"{_page_id(block.path)}:{block.line}"
+        if block.language == "python":
+            self.printed = None
+            if block.file is not None:
+                Path(block.file).write_text(block.code + "\n")
+                return
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(self._compiled(block.code, block.path, block.line), self.namespace)
+            self.printed = printed.getvalue()
+            return
+        if block.language == "output":
+            assert self.printed is not None, f"{where}: an output block must follow a Python block"
+            assert self.printed == block.code + "\n", f"{where}: the Python block before printed\n{self.printed}"
+            return
+        for line, command, expected in console_commands(block):
+            shown = self.shell(command, f"{_page_id(block.path)}:{line}")
+            assert _KNOWN_METHODS.sub("", shown) == _KNOWN_METHODS.sub("", expected), (
+                f"{_page_id(block.path)}:{line}: `{command}` printed\n{shown}"
+            )
+
+    def shell(self, command: str, where: str) -> str:
+        """What ``command`` prints: ``prunereg ...``, ``python SCRIPT`` or ``echo $?``."""
+        args = shlex.split(command)
+        if args[0] == "prunereg":
+            result = CliRunner().invoke(main, args[1:], prog_name="prunereg")
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                raise result.exception
+            self.exit_code = result.exit_code
+            return result.output
+        if args[0] == "python" and len(args) == 2:
+            script = Path(args[1])
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(self._compiled(script.read_text(), script, 1), {"__name__": "__main__"})
+            self.exit_code = 0
+            return printed.getvalue()
+        if command == "echo $?":
+            return f"{self.exit_code}\n"
+        pytest.fail(f"{where}: the docs test cannot run `{command}`; use prunereg, python or echo $?, or mark it skip")
+
+    @staticmethod
+    def _compiled(code: str, path: Path, line: int) -> object:
+        # Padding with blank lines makes tracebacks point at the page's own lines.
+        return compile("\n" * (line - 1) + code, str(path), "exec")
 
 
 @pytest.mark.parametrize("page", _pages_with_examples(), ids=_page_id)
-def test_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A page's blocks run in order in one namespace, as a reader would paste them."""
-    monkeypatch.chdir(tmp_path)  # examples may save files
-    namespace: dict[str, object] = {"__name__": "__docs__"}
+def test_examples_run_and_print_what_the_page_shows(
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # examples save files
+    reader = Reader()
     with torch.random.fork_rng():
-        for block in python_blocks(page, page.read_text()):
-            # Padding with blank lines makes tracebacks point at the page's own lines.
-            code = compile("\n" * (block.line - 1) + block.code, str(block.path), "exec")
-            exec(code, namespace)
+        for block in code_blocks(page, page.read_text()):
+            reader.run(block)
 
 
-def test_python_blocks_finds_runnable_blocks_only() -> None:
+def test_code_blocks_finds_runnable_blocks_only() -> None:
     text = "\n".join(
         [
             "# Page",
@@ -93,19 +183,55 @@ def test_python_blocks_finds_runnable_blocks_only() -> None:
             "```bash",
             "pip install prunereg",
             "```",
+            "<!-- file: train.py -->",
             "```python",
             "y = 2",
             "z = 3",
             "```",
+            "```console",
+            "$ python train.py",
+            "```",
         ]
     )
-    blocks = python_blocks(Path("page.md"), text)
-    assert [(block.line, block.code) for block in blocks] == [(3, "x = 1"), (14, "y = 2\nz = 3")]
+    blocks = code_blocks(Path("page.md"), text)
+    assert [(block.line, block.language, block.code, block.file) for block in blocks] == [
+        (3, "python", "x = 1", None),
+        (15, "python", "y = 2\nz = 3", "train.py"),
+        (19, "console", "$ python train.py", None),
+    ]
+
+
+def test_console_commands_pair_commands_with_their_output() -> None:
+    block = CodeBlock(Path("page.md"), 10, "console", "$ prunereg list\na\nb\n$ echo $?\n0")
+    assert console_commands(block) == [(10, "prunereg list", "a\nb\n"), (13, "echo $?", "0\n")]
+
+
+def test_a_wrong_output_on_a_page_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    block = CodeBlock(Path("page.md"), 1, "console", "$ prunereg report missing.pt\nError: something else")
+    with pytest.raises(
+        AssertionError, match=r"page.md:1: `prunereg report missing.pt` printed\s+Error: 'missing.pt' does"
+    ):
+        Reader().run(block)
+
+
+def test_output_blocks_are_what_the_python_block_before_prints() -> None:
+    reader = Reader()
+    reader.run(CodeBlock(Path("page.md"), 1, "python", "print('a')\nprint(1 + 1)"))
+    reader.run(CodeBlock(Path("page.md"), 4, "output", "a\n2"))
+    with pytest.raises(AssertionError, match=r"page.md:6: the Python block before printed\s+a\s+2"):
+        reader.run(CodeBlock(Path("page.md"), 6, "output", "a\n3"))
 
 
 def test_readme_and_quickstart_have_examples() -> None:
     assert ROOT / "README.md" in _pages_with_examples()
     assert DOCS / "quickstart.md" in _pages_with_examples()
+
+
+def test_readme_cli_example_makes_the_file_it_prunes() -> None:
+    blocks = code_blocks(ROOT / "README.md", (ROOT / "README.md").read_text())
+    first_console = next(index for index, block in enumerate(blocks) if block.language == "console")
+    assert any('"model.safetensors"' in block.code for block in blocks[:first_console])
 
 
 def _anchors(page: Path) -> set[str]:
@@ -140,8 +266,7 @@ def _documented_objects() -> list[object]:
 
 @pytest.mark.parametrize(
     ("module", "name"),
-    [(prunereg, name) for name in prunereg.__all__]
-    + [(prunereg.prune, name) for name in prunereg.prune.__all__],
+    [(prunereg, name) for name in prunereg.__all__] + [(prunereg.prune, name) for name in prunereg.prune.__all__],
     ids=lambda value: getattr(value, "__name__", value),
 )
 def test_api_reference_documents_public_name(module: object, name: str) -> None:
@@ -189,3 +314,25 @@ def test_docstrings_render_as_markdown() -> None:
         "\n"
         "The end.\n"
     )
+
+
+def _setup_commands(page: Path) -> list[str]:
+    """The lines of the first ```bash block under the page's set-up heading."""
+    text = page.read_text()
+    heading = re.search(r"^##+ (Set up|Install)\s*$", text, re.MULTILINE)
+    assert heading is not None, f"{_page_id(page)} has no set-up section"
+    block = re.search(r"^```bash\n(.*?)^```", text[heading.end() :], re.MULTILINE | re.DOTALL)
+    assert block is not None, f"{_page_id(page)} shows no set-up command"
+    return block.group(1).splitlines()
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", DOCS / "quickstart.md"], ids=_page_id)
+def test_set_up_installs_what_ci_installs(page: Path) -> None:
+    """The pages' install line keeps torch to the pin CI uses, so it pulls no CUDA packages on our machines."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q -c constraints.txt -e ".[dev]"' in ci
+    assert re.search(r"^torch==[\d.]+$", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
+    assert _setup_commands(page) == [
+        "python3 -m venv .venv && . .venv/bin/activate",
+        'pip install -c constraints.txt -e ".[dev]" && prunereg list',
+    ]

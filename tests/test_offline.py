@@ -20,7 +20,6 @@ from prunereg._amount import compute_norm
 from prunereg._offline import OfflinePruningError
 
 
-
 @pytest.fixture
 def value_device(device: str) -> str:
     """The devices whose tensors hold values; meta is refused (test_meta_device_is_refused)."""
@@ -132,23 +131,6 @@ def test_pruned_nan_stays_nan_as_in_torch() -> None:
     torch_prune.custom_from_mask(module, "weight", mask)
     assert torch.equal(pruned.isnan(), module.weight.isnan()) and bool(pruned.isnan()[0, 0])
     assert mask.tolist() == [[False, True], [True, True]]  # NaN is pruned first (prunereg's documented policy)
-
-
-def test_select_defaults_to_float_tensors_of_two_or_more_dims() -> None:
-    tensors = {
-        "a.weight": torch.ones(2, 2),
-        "a.bias": torch.ones(2),
-        "conv.weight": torch.ones(1, 1, 2, 2, dtype=torch.float16),
-        "ids": torch.ones(2, 2, dtype=torch.int64),
-        "flags": torch.ones(2, 2, dtype=torch.bool),
-        "scalar": torch.tensor(1.0),
-    }
-    assert _offline.select(tensors) == ["a.weight", "conv.weight"]
-    assert _offline.select(tensors, include=["conv.*"]) == ["conv.weight"]
-    assert _offline.select(tensors, include=["*.bias", "ids"]) == []  # globs narrow, never widen
-    assert _offline.select(tensors, exclude=["a.*"]) == ["conv.weight"]
-    assert _offline.select(tensors, include=["*weight"], exclude=["conv*"]) == ["a.weight"]
-    assert _offline.select(tensors, include=["A.WEIGHT"]) == []  # case-sensitive
 
 
 def test_method_factory_builds_a_fresh_method_each_call() -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,8 +20,6 @@ from prunereg._cli.app import main
 
 if TYPE_CHECKING:
     import torch
-
-T = TypeVar("T")
 
 EXIT_CODES = "Exit codes: 0 success, 1 error (bad file, method or argument), 2 usage error."
 DEBUG_HELP = "Show the traceback of an error instead of a one-line message."
@@ -85,7 +82,12 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
     callback=_parse_arguments,
     help="Another method argument (n=2, dim=0); numbers are parsed, inf included. Repeatable.",
 )
-@click.option("--include", multiple=True, metavar="GLOB", help="Prune only tensors whose name matches. Repeatable.")
+@click.option(
+    "--include",
+    multiple=True,
+    metavar="GLOB",
+    help="Prune the floating-point tensors whose name matches, instead of the defaults. Repeatable.",
+)
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave tensors whose name matches. Repeatable.")
 @click.option("--global", "together", is_flag=True, help="Prune the selected tensors together (unstructured methods).")
 @click.option("--device", default="cpu", show_default=True, metavar="DEVICE", help="Where masks are computed (cuda, cuda:1, ...).")
@@ -98,6 +100,7 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
     help="Also write the masks (bool) to this .safetensors file; see prunereg.apply_masks.",
 )
 @click.option("--force", is_flag=True, help="Replace OUTPUT (and MASKS_FILE) if it exists.")
+@click.option("--dry-run", is_flag=True, help="Print which tensors would be pruned and which kept; write nothing.")
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
 def prune_command(
     input_path: Path,
@@ -112,16 +115,22 @@ def prune_command(
     seed: int | None,
     masks_path: Path | None,
     force: bool,
+    dry_run: bool,
     debug: bool,
 ) -> None:
     """Prune the weights in model file INPUT, writing OUTPUT.
 
-    Every floating-point tensor of at least two dimensions is pruned, narrowed
-    by --include and --exclude globs on tensor names; each is pruned as
-    torch.nn.utils.prune would prune the parameter holding it. Everything else
-    in the file is kept. INPUT is never modified; OUTPUT is written to a
-    temporary file and renamed into place. Formats: .safetensors, and torch
-    state dicts or checkpoint dicts (.pt, .pth, .bin), read with
+    By default every floating-point tensor of 2 or more dimensions is pruned,
+    except embeddings, norms and output heads (lm_head, head, pooler,
+    classifier, cls, score, qa_outputs), found by name. --include globs replace
+    the defaults (the floating-point tensors matching one are pruned), --exclude
+    globs leave tensors out; --dry-run shows the choice. Each tensor is pruned
+    as torch.nn.utils.prune would prune the parameter holding it. A pruned
+    state dict's <name>_orig and <name>_mask are one tensor, <name>: pruned
+    again as torch re-prunes it, and written back as a pair with the new mask.
+    Everything else in the file is kept. INPUT is never modified; OUTPUT is
+    written to a temporary file and renamed into place. Formats: .safetensors,
+    and torch state dicts or checkpoint dicts (.pt, .pth, .bin), read with
     torch.load(weights_only=True).
     """
     if amount is not None:
@@ -130,24 +139,38 @@ def prune_command(
         arguments = {"amount": parse_value(amount), **arguments}
     with _errors_in_one_line(debug):
         from prunereg import _checkpoint, _offline
+        from prunereg._progress import progress
+        from prunereg._pruned_state import PrunedState
+        from prunereg._selection import select
 
-        _check_paths(input_path, output_path, masks_path, force)
+        if not dry_run:
+            _check_paths(input_path, output_path, masks_path, force)
         make_method = _offline.method_factory(method_name, arguments, together=together)
         compute_device = _offline.compute_device(device)
         checkpoint = _checkpoint.read(input_path)
-        names = _offline.select(checkpoint.tensors, include, exclude)
-        if not names:
-            raise click.ClickException(_nothing_selected(checkpoint.tensors, include, exclude))
-        selected = {name: checkpoint.tensors[name] for name in names}
-        results = _offline.prune(selected, make_method, together=together, device=compute_device, seed=seed)
-        pruned, masks = {}, {}
-        with _progress(results, len(names), f"pruning with {method_name}") as bar:
-            for name, tensor, mask in bar:
-                pruned[name] = tensor
-                if masks_path is not None:
-                    masks[name] = mask
+        state = PrunedState.of(checkpoint.tensors)
+        selection = select(state.tensors, include, exclude)
+        if not selection.selected:
+            raise click.ClickException(selection.why_nothing())
+        if dry_run:
+            click.echo(
+                f"would prune {len(selection.selected)} of {selection.total} tensors with {method_name} "
+                "(dry run: nothing written)"
+            )
+            click.echo("\n".join(selection.describe()))
+            return
+        selected = {name: state.tensors[name] for name in selection.selected}
+        results = _offline.prune(
+            selected, make_method, together=together, device=compute_device, seed=seed, prior_masks=state.masks
+        )
+        pruned, replaced, masks = {}, {}, {}
+        for name, tensor, mask in progress(results, label=f"pruning with {method_name}", total=len(selected)):
+            pruned[name] = tensor
+            replaced.update(state.stored_form(name, tensor, mask))
+            if masks_path is not None:
+                masks[name] = mask
         with _checkpoint.AtomicWrites() as writes:
-            writes.stage(output_path, lambda path: _checkpoint.save(checkpoint, pruned, path))
+            writes.stage(output_path, lambda path: _checkpoint.save(checkpoint, replaced, path))
             if masks_path is not None:
                 provenance = {"format": "pt", "prunereg.method": method_name,
                               "prunereg.arguments": json.dumps(arguments), "prunereg.global": str(together).lower()}
@@ -155,10 +178,11 @@ def prune_command(
     zeros = sum(_count_zeros(tensor) for tensor in pruned.values())
     numel = sum(tensor.numel() for tensor in pruned.values())
     click.echo(
-        f"pruned {len(pruned)} of {len(checkpoint.tensors)} tensors with {method_name}: "
+        f"pruned {len(pruned)} of {selection.total} tensors with {method_name}: "
         f"{zeros:,} of {numel:,} entries are zero ({_percent(zeros, numel)}); wrote {output_path}"
         + (f" and {masks_path}" if masks_path is not None else "")
     )
+    click.echo("\n".join(selection.describe()))
 
 
 def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, force: bool) -> None:
@@ -195,78 +219,38 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _nothing_selected(tensors: dict[str, torch.Tensor], include: tuple[str, ...], exclude: tuple[str, ...]) -> str:
-    refinements = [f"--include {glob}" for glob in include] + [f"--exclude {glob}" for glob in exclude]
-    return (
-        f"no tensor selected: none of the {len(tensors)} tensors is floating point with 2 or more dimensions"
-        + (f" and matches {' '.join(refinements)}" if refinements else "")
-    )
-
-
-@contextlib.contextmanager
-def _progress(items: Iterable[T], length: int, label: str) -> Iterator[Iterable[T]]:
-    """A progress bar on stderr, shown only when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        yield items
-        return
-    with click.progressbar(items, length=length, label=label, file=sys.stderr) as bar:
-        yield bar
-
-
 @main.command("report", epilog=EXIT_CODES)
 @click.argument("file", metavar="FILE", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
 def report_command(file: Path, as_json: bool, debug: bool) -> None:
-    """Show the sparsity of every tensor in model FILE, then the totals."""
+    """Show the sparsity of every tensor in model FILE, then the totals.
+
+    A pruned state dict's <name>_orig and <name>_mask are shown as the tensor
+    the model uses, <name> (their product), marked as pruned by its mask.
+    """
     with _errors_in_one_line(debug):
         from prunereg import _checkpoint
+        from prunereg._progress import progress
+        from prunereg._pruned_state import PrunedState
+        from prunereg._summary import Summary, tensor_summary
 
-        tensors = _checkpoint.read(file).tensors
-        rows = [
-            {
-                "name": name,
-                "shape": list(tensor.shape),
-                "dtype": str(tensor.dtype).removeprefix("torch."),
-                "numel": tensor.numel(),
-                "zeros": _count_zeros(tensor),
-            }
-            for name, tensor in tensors.items()
-        ]
-    for row in rows:
-        row["sparsity"] = _sparsity(row["zeros"], row["numel"])
-    numel = sum(row["numel"] for row in rows)
-    zeros = sum(row["zeros"] for row in rows)
-    if as_json:
-        total = {"numel": numel, "zeros": zeros, "sparsity": _sparsity(zeros, numel)}
-        click.echo(json.dumps({"tensors": rows, "total": total}, indent=2))
-        return
-    header = ["NAME", "SHAPE", "DTYPE", "NUMEL", "ZEROS", "SPARSITY"]
-    table = [header] + [
-        [row["name"], "x".join(map(str, row["shape"])) or "scalar", row["dtype"],
-         f"{row['numel']:,}", f"{row['zeros']:,}", _percent(row["zeros"], row["numel"])]
-        for row in rows
-    ]
-    table.append(["total", "", "", f"{numel:,}", f"{zeros:,}", _percent(zeros, numel)])
-    bars = [""] + [_bar(row["sparsity"]) for row in rows] + [_bar(_sparsity(zeros, numel))]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    for line, bar in zip(table, bars):
-        cells = [cell.ljust(width) if i < 3 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths))]
-        click.echo(("  ".join(cells) + "  " + bar).rstrip())
+        state = PrunedState.of(_checkpoint.read(file).tensors)
+        items = progress(
+            state.tensors.items(),
+            label=f"counting zeros in {file.name}",
+            total=len(state.tensors),
+            enabled=False if as_json else None,
+        )
+        report = Summary(
+            tuple(tensor_summary(name, tensor, ["mask"] if name in state.pairs else []) for name, tensor in items)
+        )
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
 
 
 def _count_zeros(tensor: torch.Tensor) -> int:
     return int((tensor == 0).sum())
 
 
-def _sparsity(zeros: int, numel: int) -> float:
-    return zeros / numel if numel else 0.0
-
-
 def _percent(zeros: int, numel: int) -> str:
-    return f"{100 * _sparsity(zeros, numel):.1f}%"
-
-
-def _bar(sparsity: float, width: int = 10) -> str:
-    filled = round(sparsity * width)
-    return "[" + "#" * filled + "." * (width - filled) + "]"
+    return f"{100 * zeros / numel if numel else 0.0:.1f}%"
