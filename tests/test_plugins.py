@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import types
+from typing import Any
 
 import pytest
 from plugin_fakes import MISSING_TARGET, DropFirstChannel, KeepAll, builtins, method, plugin
@@ -257,3 +259,71 @@ def test_import_prunereg_imports_neither_torch_nor_pluggy_nor_plugins() -> None:
     code = "import sys, prunereg; print(sorted(m for m in sys.modules if m.startswith(('torch', 'pluggy', 'prunereg'))))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "['prunereg']"
+
+
+# -- plugins that exit, interrupt, print or call back into prunereg while loading (issue 13, items 2 and 7) --
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+@pytest.mark.parametrize(
+    "misbehaving",
+    [
+        plugin("bad", method("mine"), import_error=SystemExit(3)),
+        plugin("bad", method("mine"), on_import=lambda: exit_with(0)),
+        plugin("bad", method("mine"), raises=SystemExit(2)),
+        plugin("bad", method("mine"), raises=KeyboardInterrupt()),
+        plugin("bad", method("mine"), in_hook=lambda: exit_with(1)),
+    ],
+    ids=["SystemExit at import", "sys.exit at import", "SystemExit in the hook", "KeyboardInterrupt in the hook",
+         "sys.exit in the hook"],
+)
+def test_a_plugin_that_exits_or_interrupts_is_a_failed_plugin_and_the_rest_loads(misbehaving: Any) -> None:
+    registry = load([builtins(), misbehaving, plugin("good", method("keep"))])
+    bad = registry.plugins["bad"]
+    assert (bad.status, bad.methods) == ("error", [])
+    assert (bad.error or "").startswith("failed to load and was skipped: ")
+    assert any(kind in (bad.error or "") for kind in ("SystemExit", "KeyboardInterrupt"))
+    assert registry.names() == sorted([*BUILTIN_NAMES, "keep"])
+
+
+def test_what_a_plugin_prints_while_loading_goes_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    registry = load([builtins(), plugin("chatty", method("keep"), on_import=lambda: print("imported!"),
+                                        in_hook=lambda: print("hooked!"))])
+    assert registry.plugins["chatty"].status == "loaded"
+    assert capsys.readouterr() == ("", "imported!\nhooked!\n")
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_prunereg_register_while_a_plugin_loads_registers_for_that_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    def register_at_import() -> None:
+        prunereg.register("at_import", summary="Registered at import")(KeepAll)
+
+    points = [builtins(), plugin("eager", module=types.ModuleType("prunereg_fake_eager"), on_import=register_at_import),
+              plugin("hooked", in_hook=lambda: prunereg.register("in_hook", summary="In the hook")(DropFirstChannel))]
+    monkeypatch.setattr(_plugins, "entry_points", lambda: points)
+    assert prunereg.list_methods() == sorted([*BUILTIN_NAMES, "at_import", "in_hook"])
+    registry = _plugins.registry()
+    assert registry.problems == []
+    assert statuses(registry) == {"builtins": "loaded", "eager": "loaded", "hooked": "loaded"}
+    info = prunereg.info("at_import")
+    assert (info.plugin, info.package, info.version) == ("eager", "prunereg-eager", "1.0")
+    assert prunereg.get("hooked:in_hook") is DropFirstChannel
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_a_hook_asking_for_the_methods_sees_those_loaded_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    points = [builtins(), plugin("first", method("keep")), plugin("second", method("drop"),
+                                                                  in_hook=lambda: seen.append(prunereg.list_methods()))]
+    monkeypatch.setattr(_plugins, "entry_points", lambda: points)
+    assert prunereg.list_methods() == sorted([*BUILTIN_NAMES, "drop", "keep"])
+    assert seen == [sorted([*BUILTIN_NAMES, "keep"])]
+    assert _plugins.registry().problems == []
+
+
+def test_a_plugin_with_no_hook_that_registered_nothing_is_still_an_error() -> None:
+    registry = load([plugin("empty", module=types.ModuleType("prunereg_fake_empty"), on_import=lambda: None)])
+    assert registry.plugins["empty"].status == "error"
