@@ -60,7 +60,9 @@ def check_pruning_method(
       channels along ``dim``), without it more amount never prunes less (for
       methods that apply the amount per row or per group);
     - ``apply`` / a second ``apply`` (a ``PruningContainer``) / ``deepcopy`` /
-      ``prunereg.remove``: the reparametrization round trip, on cpu and meta.
+      ``prunereg.remove``: the reparametrization round trip on every device,
+      the installed mask having the parameter's own shape (not one that
+      merely broadcasts, like ``(1, n)``) and device (not meta for a real one).
     """
     cls, label = _method_class(method)
     checker = _Checker(cls, label, tuple(tensor_shape), kwargs)
@@ -259,6 +261,16 @@ class _Checker:
         hooks = [h for h in module._forward_pre_hooks.values() if isinstance(h, prunereg.BasePruningMethod)]
         if len(hooks) != 1:
             self.fail(f"a pruned tensor must have exactly one pruning hook, found {len(hooks)}", device)
+        mask = getattr(module, "weight_mask", None)
+        if isinstance(mask, torch.Tensor) and mask.shape != original.shape:
+            # A (1, n) mask broadcasts in orig * mask and looks fine until a state dict or a container meets it.
+            self.fail(
+                f"apply installed a mask of shape {tuple(mask.shape)} for a parameter of shape "
+                f"{tuple(original.shape)}; a mask must have the parameter's shape, not one that broadcasts",
+                device,
+            )
+        if isinstance(mask, torch.Tensor) and mask.device != original.device:
+            self.fail(f"apply installed a mask on {mask.device} for a parameter on {original.device}", device)
         if module.weight_orig is not original or set(module.state_dict()) != {"weight_orig", "weight_mask"}:
             self.fail("apply must move the Parameter itself to weight_orig and add the buffer weight_mask", device)
         if device != "meta" and not torch.equal(module.weight, original * module.weight_mask):
