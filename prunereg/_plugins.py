@@ -43,8 +43,7 @@ from typing import Any
 import pluggy
 
 from prunereg import _hookspec
-from prunereg._hookspec import Register
-from prunereg._registry import PluginError, PluginWarning, Registry
+from prunereg._registry import PluginError, PluginWarning, Register, Registry
 
 BUILTIN_DISTRIBUTION = "prunereg"
 

@@ -15,16 +15,17 @@ import difflib
 import importlib
 import inspect
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prunereg._isolation import PLUGIN_FAILURES, UserInterrupt, plugin_code
 from prunereg._text import describe, printable
 
-if TYPE_CHECKING:
-    from prunereg._hookspec import Register
+Register = Callable[..., None]
+"""``register(name, target, *, kind, summary, replace=False)``: see :class:`prunereg._hookspec.Register`."""
 
 KINDS = ("unstructured", "structured", "global")
 LOCAL_PLUGIN = "local"
@@ -390,9 +391,11 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
 
 def _checked_class(cls: object, info: MethodInfo) -> type:
     """``cls``, once it is known to be a method class of the registered kind."""
-    from prunereg._method import BasePruningMethod
-
-    if not (isinstance(cls, type) and issubclass(cls, BasePruningMethod)):
+    # Without importing the pruning contract (the registry sits below it): a
+    # class can subclass BasePruningMethod only once its module is loaded.
+    contract = sys.modules.get("prunereg._method")
+    base = getattr(contract, "BasePruningMethod", None)
+    if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
         raise TypeError(f"{info.target!r} is not a BasePruningMethod subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from prunereg._cli import main
+from prunereg._cli.app import main
 from prunereg._registry import KINDS, constructor_parameters
 from prunereg._text import describe, printable
 
