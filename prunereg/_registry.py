@@ -33,10 +33,9 @@ LOCAL_PLUGIN = "local"
 
 MAX_NAME_LENGTH = 100
 _METHOD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*", re.ASCII)
-NAME_RULE = (
-    f"an ASCII letter, then ASCII letters, digits, '_' or '-', at most {MAX_NAME_LENGTH} characters in all"
-)
+NAME_RULE = f"an ASCII letter, then ASCII letters, digits, '_' or '-', at most {MAX_NAME_LENGTH} characters in all"
 """The documented character set of method names (docs/plugins.md)."""
+
 
 class UnknownMethodError(LookupError):
     """No usable pruning method is registered under the name asked for."""
@@ -313,7 +312,9 @@ class Registry:
         return None
 
     def _save(self) -> _Saved:
-        return _Saved(dict(self.methods), dict(self.qualified), dict(self._objects), set(self._replaced), len(self.problems))
+        return _Saved(
+            dict(self.methods), dict(self.qualified), dict(self._objects), set(self._replaced), len(self.problems)
+        )
 
     def _restore(self, saved: _Saved) -> None:
         for key in set(self.qualified) - set(saved.qualified):
@@ -399,8 +400,7 @@ def _checked_class(cls: object, info: MethodInfo) -> type:
         raise TypeError(f"{info.target!r} is not a BasePruningMethod subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
-            f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "
-            f"{getattr(cls, 'PRUNING_TYPE', None)!r}"
+            f"registered as kind {info.kind!r} but the class has PRUNING_TYPE {getattr(cls, 'PRUNING_TYPE', None)!r}"
         )
     return cls
 

@@ -124,7 +124,12 @@ def plugin(
 
 def builtins() -> FakeEntryPoint:
     """prunereg's real built-in plugin, as its own distribution's entry point."""
-    return plugin("builtins", package="prunereg", version=prunereg.__version__, module=importlib.import_module("prunereg_builtins"))
+    return plugin(
+        "builtins",
+        package="prunereg",
+        version=prunereg.__version__,
+        module=importlib.import_module("prunereg_builtins"),
+    )
 
 
 def fake_install(site: Path, module: str, source: str, version: str = "1.0") -> None:

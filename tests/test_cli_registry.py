@@ -52,8 +52,15 @@ def test_list_json_is_a_flat_list_with_every_key_present(use_plugins) -> None:
     rows = json.loads(run("list", "--json").stdout)
     assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)
     assert all(set(row) == METHOD_KEYS for row in rows)
-    assert {"name": "keep", "kind": "unstructured", "summary": "The fake keep", "plugin": "good",
-            "package": "prunereg-good", "version": "1.0", "target": "plugin_fakes:KeepAll"} in rows
+    assert {
+        "name": "keep",
+        "kind": "unstructured",
+        "summary": "The fake keep",
+        "plugin": "good",
+        "package": "prunereg-good",
+        "version": "1.0",
+        "target": "plugin_fakes:KeepAll",
+    } in rows
 
 
 @pytest.mark.usefixtures("fresh_registry")
@@ -63,14 +70,23 @@ def test_list_json_keeps_null_keys_for_in_process_methods() -> None:
     prunereg.register("keep_local")(KeepAll)
     rows = json.loads(run("list", "--json").stdout)
     local = next(row for row in rows if row["name"] == "keep_local")
-    assert local == {"name": "keep_local", "kind": "unstructured", "summary": "Prune nothing (a fake unstructured method).",
-                     "plugin": "local", "package": None, "version": None, "target": "plugin_fakes:KeepAll"}
+    assert local == {
+        "name": "keep_local",
+        "kind": "unstructured",
+        "summary": "Prune nothing (a fake unstructured method).",
+        "plugin": "local",
+        "package": None,
+        "version": None,
+        "target": "plugin_fakes:KeepAll",
+    }
 
 
 def test_list_filters_by_kind(use_plugins) -> None:
     use_plugins(builtins())
     assert [row["name"] for row in json.loads(run("list", "--json", "--kind", "structured").stdout)] == [
-        "ln_structured", "random_structured"]
+        "ln_structured",
+        "random_structured",
+    ]
     assert run("list", "--kind", "pointwise").exit_code == 2
 
 
@@ -79,7 +95,10 @@ def test_list_reports_broken_plugins_on_stderr_and_exits_0(use_plugins) -> None:
     result = run("list", "--json")
     assert result.exit_code == 0
     assert len(json.loads(result.stdout)) == 6
-    assert "warning: prunereg plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: nope" in result.stderr
+    assert (
+        "warning: prunereg plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: nope"
+        in result.stderr
+    )
 
 
 def test_list_exits_non_zero_in_strict_mode(use_plugins) -> None:
@@ -104,7 +123,12 @@ def test_plugins_shows_each_status(use_plugins) -> None:
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert all(set(row) == PLUGIN_KEYS for row in rows.values())
     assert {name: row["status"] for name, row in rows.items()} == {
-        "builtins": "loaded", "blocked": "blocked", "broken": "error", "clash": "conflict", "partial": "error"}
+        "builtins": "loaded",
+        "blocked": "blocked",
+        "broken": "error",
+        "clash": "conflict",
+        "partial": "error",
+    }
     assert rows["partial"]["methods"] == ["gone", "fine"]
     assert "'gone' is unavailable" in rows["partial"]["error"] and "ModuleNotFoundError" in rows["partial"]["error"]
     assert rows["builtins"]["error"] is None
@@ -116,7 +140,9 @@ def test_plugins_table(use_plugins) -> None:
     lines = run("plugins").stdout.splitlines()
     assert lines[0].split() == ["NAME", "PACKAGE", "VERSION", "STATUS", "METHODS", "ERROR"]
     assert lines[1].startswith("builtins") and "loaded" in lines[1] and "l1_unstructured" in lines[1]
-    assert lines[2].split()[:4] == ["broken", "prunereg-broken", "1.0", "error"] and lines[2].endswith("ImportError: nope")
+    assert lines[2].split()[:4] == ["broken", "prunereg-broken", "1.0", "error"] and lines[2].endswith(
+        "ImportError: nope"
+    )
 
 
 def test_plugins_exits_non_zero_in_strict_mode_on_a_broken_target(use_plugins) -> None:
@@ -161,16 +187,26 @@ def test_new_plugin_writes_a_complete_package(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["new-plugin", "prunereg-foo-bar", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     written = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert written == ["README.md", "prunereg_foo_bar/__init__.py", "prunereg_foo_bar/method.py",
-                       "pyproject.toml", "tests/test_foo_bar.py"]
+    assert written == [
+        "README.md",
+        "prunereg_foo_bar/__init__.py",
+        "prunereg_foo_bar/method.py",
+        "pyproject.toml",
+        "tests/test_foo_bar.py",
+    ]
     pyproject = (tmp_path / "out" / "pyproject.toml").read_text()
     assert 'name = "prunereg-foo-bar"' in pyproject
     assert '[project.entry-points.prunereg]\nfoo_bar = "prunereg_foo_bar"' in pyproject
     assert "{{" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert "class FooBarPruning(prunereg.BasePruningMethod)" in (tmp_path / "out" / "prunereg_foo_bar" / "method.py").read_text()
+    assert (
+        "class FooBarPruning(prunereg.BasePruningMethod)"
+        in (tmp_path / "out" / "prunereg_foo_bar" / "method.py").read_text()
+    )
 
 
-def test_new_plugin_defaults_to_a_folder_named_after_the_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_new_plugin_defaults_to_a_folder_named_after_the_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert CliRunner().invoke(main, ["new-plugin", "baz"]).exit_code == 0
     assert (tmp_path / "prunereg-baz" / "prunereg_baz" / "__init__.py").is_file()
@@ -228,9 +264,14 @@ def test_the_console_script_lists_the_installed_builtins() -> None:
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["l1_unstructured"] == {
-        "name": "l1_unstructured", "kind": "unstructured", "summary": "Prune the entries of smallest absolute value",
-        "plugin": "builtins", "package": "prunereg", "version": prunereg.__version__,
-        "target": "prunereg_builtins.unstructured:L1Unstructured"}
+        "name": "l1_unstructured",
+        "kind": "unstructured",
+        "summary": "Prune the entries of smallest absolute value",
+        "plugin": "builtins",
+        "package": "prunereg",
+        "version": prunereg.__version__,
+        "target": "prunereg_builtins.unstructured:L1Unstructured",
+    }
 
 
 def test_the_console_script_honours_the_switches() -> None:
@@ -248,20 +289,32 @@ def test_the_console_script_honours_the_switches() -> None:
 
 def test_installed_broken_and_clashing_plugins_never_break_the_cli(tmp_path: Path) -> None:
     fake_install(tmp_path, "prunereg_broken", "raise ImportError('needs scipy')\n")
-    fake_install(tmp_path, "prunereg_clash", (
-        "import prunereg\n\n"
-        "@prunereg.hookimpl\n"
-        "def prunereg_register_methods(register):\n"
-        "    register('l1_unstructured', 'prunereg_builtins.unstructured:Identity', kind='unstructured', summary='Clash')\n"
-    ), version="2.5")
+    fake_install(
+        tmp_path,
+        "prunereg_clash",
+        (
+            "import prunereg\n\n"
+            "@prunereg.hookimpl\n"
+            "def prunereg_register_methods(register):\n"
+            "    register('l1_unstructured', 'prunereg_builtins.unstructured:Identity', kind='unstructured',\n"
+            "             summary='Clash')\n"
+        ),
+        version="2.5",
+    )
     env = site_env(tmp_path)
 
     lenient = script("list", "--json", **env, PRUNEREG_STRICT_PLUGINS="0")
     assert lenient.returncode == 0
     rows = {row["name"]: row for row in json.loads(lenient.stdout)}
     assert rows["l1_unstructured"]["package"] == "prunereg"
-    assert "plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: needs scipy" in lenient.stderr
-    assert "plugin 'clash' (prunereg-clash 2.5): method 'l1_unstructured' conflicts with plugin 'builtins' (prunereg" in lenient.stderr
+    assert (
+        "plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: needs scipy"
+        in lenient.stderr
+    )
+    assert (
+        "plugin 'clash' (prunereg-clash 2.5): method 'l1_unstructured' conflicts with plugin 'builtins' (prunereg"
+        in lenient.stderr
+    )
 
     statuses = {row["name"]: row["status"] for row in json.loads(script("plugins", "--json", **env).stdout)}
     assert (statuses["builtins"], statuses["broken"], statuses["clash"]) == ("loaded", "error", "conflict")
@@ -270,8 +323,12 @@ def test_installed_broken_and_clashing_plugins_never_break_the_cli(tmp_path: Pat
     assert strict.returncode == 1 and "l1_unstructured" in strict.stdout
 
     code = "import prunereg; print(prunereg.get('l1_unstructured').__name__)"
-    used = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env, "PRUNEREG_STRICT_PLUGINS": "0"})
+    used = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "PRUNEREG_STRICT_PLUGINS": "0"},
+    )
     assert used.stdout == "L1Unstructured\n"
     assert "PluginWarning" in used.stderr and "needs scipy" in used.stderr
 
@@ -344,9 +401,11 @@ def test_nothing_a_plugin_wrote_reaches_the_terminal_raw(use_plugins) -> None:
     class Loud(KeepAll):
         __doc__ = f"Doc {HOSTILE}\nsecond line\r overwritten"
 
-    use_plugins(builtins(), plugin("loud\x1b[1m", method("loud", Loud, summary=f"Summary {HOSTILE}"),
-                                   package="prunereg-loud\x1b[5m"),
-                plugin("broken", import_error=ImportError(f"cannot import {HOSTILE}\r\nsecond line")))
+    use_plugins(
+        builtins(),
+        plugin("loud\x1b[1m", method("loud", Loud, summary=f"Summary {HOSTILE}"), package="prunereg-loud\x1b[5m"),
+        plugin("broken", import_error=ImportError(f"cannot import {HOSTILE}\r\nsecond line")),
+    )
     outputs = [run("list"), run("plugins"), run("info", "loud")]
     for result in outputs:
         assert result.exit_code == 0
@@ -354,7 +413,10 @@ def test_nothing_a_plugin_wrote_reaches_the_terminal_raw(use_plugins) -> None:
         assert not {"\x1b", "\x07", "\r", "\xa0", "\t"} & set(printed), printed
     assert "Summary red   bell\\x07 nbsp\\xa0 tab\\t end" in outputs[0].stdout
     assert "cannot import red   bell\\x07 nbsp\\xa0 tab\\t end second line" in outputs[0].stderr
-    assert "Doc red   bell\\x07 nbsp" in outputs[2].stdout and "plugin 'loud\\x1b[1m' (prunereg-loud 1.0)" in outputs[2].stdout
+    assert (
+        "Doc red   bell\\x07 nbsp" in outputs[2].stdout
+        and "plugin 'loud\\x1b[1m' (prunereg-loud 1.0)" in outputs[2].stdout
+    )
     listed = {row["name"]: row for row in json.loads(run("list", "--json").stdout)}
     assert listed["loud"]["summary"] == f"Summary {HOSTILE}"  # JSON escapes it; the data stays as registered
 

@@ -24,18 +24,23 @@ PLUGINS = {
     "prunereg_exits_at_import": "import sys\nprint('printed at import')\nsys.exit(3)\n",
     "prunereg_exits_in_hook": HOOK + "    print('printed in the hook')\n    raise SystemExit(0)\n",
     "prunereg_interrupts": HOOK + "    raise KeyboardInterrupt\n",
-    "prunereg_late_exit": HOOK + "    register('late_exit', 'prunereg_late_exit_impl:Gone', kind='unstructured', summary='Exits')\n",
+    "prunereg_late_exit": HOOK
+    + "    register('late_exit', 'prunereg_late_exit_impl:Gone', kind='unstructured', summary='Exits')\n",
     "prunereg_registers_at_import": (
         "import prunereg\n"
         "from prunereg_fake_methods import Median\n\n"
         "prunereg.register('registered_at_import', summary='Registered with prunereg.register at import')(Median)\n"
     ),
-    "prunereg_asks_for_methods": HOOK + (
+    "prunereg_asks_for_methods": HOOK
+    + (
         "    known = prunereg.list_methods()\n"
-        "    register('asked', 'prunereg_fake_methods:Median', kind='unstructured', summary=f'Saw {len(known)} methods')\n"
+        "    register('asked', 'prunereg_fake_methods:Median', kind='unstructured',\n"
+        "             summary=f'Saw {len(known)} methods')\n"
     ),
-    "prunereg_unresolvable": HOOK + (
-        "    register('unresolvable', 'prunereg_fake_methods:Unresolvable', kind='unstructured', summary='Odd annotations')\n"
+    "prunereg_unresolvable": HOOK
+    + (
+        "    register('unresolvable', 'prunereg_fake_methods:Unresolvable', kind='unstructured',\n"
+        "             summary='Odd annotations')\n"
         "    register('unreadable', 'prunereg_fake_methods:Unreadable', kind='unstructured', summary='No signature')\n"
         "    register('shout', 'prunereg_fake_methods:Median', kind='unstructured',\n"
         "             summary='\\x1b[31mRED\\x1b[0m \\x1b]0;title\\x07 bell\\x07 done')\n"
@@ -79,12 +84,16 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("site")
     for module, source in PLUGINS.items():
         fake_install(folder, module, source)
-    (folder / "prunereg_late_exit_impl.py").write_text("import sys\nprint('printed by the method module')\nsys.exit(0)\n")
+    (folder / "prunereg_late_exit_impl.py").write_text(
+        "import sys\nprint('printed by the method module')\nsys.exit(0)\n"
+    )
     (folder / "prunereg_fake_methods.py").write_text(METHODS)
     return folder
 
 
-def prunereg_cli(site: Path, *args: str, strict: bool = False, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def prunereg_cli(
+    site: Path, *args: str, strict: bool = False, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     executable = Path(sys.executable).with_name("prunereg")
     env = {**os.environ, **site_env(site), "PRUNEREG_STRICT_PLUGINS": "1" if strict else "0"}
     return subprocess.run([str(executable), *args], capture_output=True, text=True, env=env, cwd=cwd)
@@ -98,9 +107,18 @@ def test_list_json_stays_json_and_every_misbehaving_plugin_is_reported(site: Pat
     assert rows["registered_at_import"]["package"] == "prunereg-registers-at-import"
     assert rows["asked"]["summary"].startswith("Saw ")
     assert "printed at import" in result.stderr and "printed in the hook" in result.stderr
-    assert "plugin 'exits_at_import' (prunereg-exits-at-import 1.0): failed to load and was skipped: SystemExit: 3" in result.stderr
-    assert "plugin 'exits_in_hook' (prunereg-exits-in-hook 1.0): failed to load and was skipped: SystemExit: 0" in result.stderr
-    assert "plugin 'interrupts' (prunereg-interrupts 1.0): failed to load and was skipped: KeyboardInterrupt" in result.stderr
+    assert (
+        "plugin 'exits_at_import' (prunereg-exits-at-import 1.0): failed to load and was skipped: SystemExit: 3"
+        in result.stderr
+    )
+    assert (
+        "plugin 'exits_in_hook' (prunereg-exits-in-hook 1.0): failed to load and was skipped: SystemExit: 0"
+        in result.stderr
+    )
+    assert (
+        "plugin 'interrupts' (prunereg-interrupts 1.0): failed to load and was skipped: KeyboardInterrupt"
+        in result.stderr
+    )
     assert "RecursionError" not in result.stderr and "defines no prunereg_register_methods" not in result.stderr
 
 
@@ -110,15 +128,23 @@ def test_plugins_shows_each_plugin_failed_or_loaded_on_its_own(site: Path) -> No
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     statuses = {name: row["status"] for name, row in rows.items()}
     assert statuses == {
-        "builtins": "loaded", "asks_for_methods": "loaded", "exits_at_import": "error", "exits_in_hook": "error",
-        "interrupts": "error", "late_exit": "error", "registers_at_import": "loaded", "unresolvable": "loaded",
+        "builtins": "loaded",
+        "asks_for_methods": "loaded",
+        "exits_at_import": "error",
+        "exits_in_hook": "error",
+        "interrupts": "error",
+        "late_exit": "error",
+        "registers_at_import": "loaded",
+        "unresolvable": "loaded",
     }
     assert rows["registers_at_import"]["methods"] == ["registered_at_import"]
     assert "'late_exit' is unavailable" in rows["late_exit"]["error"] and "SystemExit: 0" in rows["late_exit"]["error"]
     assert "printed by the method module" in result.stderr
 
 
-def test_prune_with_a_method_whose_module_exits_fails_in_one_line_and_writes_nothing(site: Path, tmp_path: Path) -> None:
+def test_prune_with_a_method_whose_module_exits_fails_in_one_line_and_writes_nothing(
+    site: Path, tmp_path: Path
+) -> None:
     source = model_file(tmp_path)
     result = prunereg_cli(site, "prune", str(source), str(tmp_path / "out.safetensors"), "--method", "late_exit")
     assert result.returncode == 1
@@ -133,8 +159,9 @@ def test_prune_and_info_read_a_signature_whose_annotations_cannot_be_resolved(si
     pruned = prunereg_cli(site, "prune", str(source), str(output), "--method", "unresolvable", "--amount", "0.5")
     assert pruned.returncode == 0, pruned.stderr
     assert output.is_file() and "pruned 1 of 1 tensors with unresolvable" in pruned.stdout
-    unknown = prunereg_cli(site, "prune", str(source), str(tmp_path / "x.safetensors"), "--method", "unresolvable",
-                           "--arg", "ratio=0.5")
+    unknown = prunereg_cli(
+        site, "prune", str(source), str(tmp_path / "x.safetensors"), "--method", "unresolvable", "--arg", "ratio=0.5"
+    )
     assert unknown.returncode == 1 and "does not take argument 'ratio' (it takes: amount)" in unknown.stderr
     info = prunereg_cli(site, "info", "unresolvable")
     assert info.returncode == 0, info.stderr

@@ -10,12 +10,12 @@ from plugin_fakes import MISSING_TARGET, DropFirstChannel, KeepAll
 
 from prunereg._registry import (
     MethodInfo,
-    origin,
     PluginError,
     PluginWarning,
     Registry,
     UnknownMethodError,
     import_target,
+    origin,
     target_name,
     validate_registration,
 )
@@ -28,8 +28,14 @@ def registry_with_plugins(*names: str, strict: bool = False) -> Registry:
     return registry
 
 
-def register(registry: Registry, name: str, plugin: str = "a", target: object = "plugin_fakes:KeepAll",
-             kind: str = "unstructured", replace: bool = False) -> None:
+def register(
+    registry: Registry,
+    name: str,
+    plugin: str = "a",
+    target: object = "plugin_fakes:KeepAll",
+    kind: str = "unstructured",
+    replace: bool = False,
+) -> None:
     registry.register(plugin, name, target, kind=kind, summary=f"The fake {name}", replace=replace)
 
 
@@ -49,7 +55,9 @@ def test_the_first_registration_keeps_the_name_and_the_clash_names_both_packages
     register(registry, "keep", plugin="a")
     register(registry, "keep", plugin="b", target="plugin_fakes:DropFirstChannel", kind="structured")
     [clash] = registry.problems
-    assert clash.startswith("prunereg plugin 'b' (prunereg-b 1.0): method 'keep' conflicts with plugin 'a' (prunereg-a 1.0)")
+    assert clash.startswith(
+        "prunereg plugin 'b' (prunereg-b 1.0): method 'keep' conflicts with plugin 'a' (prunereg-a 1.0)"
+    )
     assert "'b:keep'" in clash and "replace=True" in clash
     assert (registry.plugins["b"].status, registry.plugins["b"].methods) == ("conflict", ["keep"])
     assert registry.info("keep").plugin == "a"
@@ -134,8 +142,11 @@ def test_a_plugin_name_is_taken_once_and_local_is_reserved() -> None:
     assert not registry.add_plugin("a", "prunereg-other", "2.0")
     assert not registry.add_plugin("local", "prunereg-local", "1.0")
     rows = [(key, p.package, p.status) for key, p in registry.plugins.items()]
-    assert rows == [("a", "prunereg-a", "loaded"), ("a (prunereg-other)", "prunereg-other", "conflict"),
-                    ("local (prunereg-local)", "prunereg-local", "conflict")]
+    assert rows == [
+        ("a", "prunereg-a", "loaded"),
+        ("a (prunereg-other)", "prunereg-other", "conflict"),
+        ("local (prunereg-local)", "prunereg-local", "conflict"),
+    ]
     assert "the name is taken by plugin 'a' (prunereg-a 1.0)" in registry.problems[0]
     assert "reserved for in-process registrations" in registry.problems[1]
 
@@ -169,9 +180,11 @@ def test_an_unimportable_target_is_set_aside_with_a_warning_naming_package_and_v
     registry = registry_with_plugins("a")
     register(registry, "gone", target=MISSING_TARGET)
     register(registry, "keep")
-    with pytest.warns(PluginWarning, match=r"plugin 'a' \(prunereg-a 1.0\).*'gone'.*ModuleNotFoundError"):
-        with pytest.raises(UnknownMethodError, match="unavailable") as raised:
-            registry.resolve("gone")
+    with (
+        pytest.warns(PluginWarning, match=r"plugin 'a' \(prunereg-a 1.0\).*'gone'.*ModuleNotFoundError"),
+        pytest.raises(UnknownMethodError, match="unavailable") as raised,
+    ):
+        registry.resolve("gone")
     assert isinstance(raised.value.__cause__, ModuleNotFoundError)
     assert registry.plugins["a"].status == "error"
     assert "prunereg_fake_missing" in (registry.plugins["a"].error or "")
@@ -224,8 +237,9 @@ def test_a_class_target_is_used_as_is() -> None:
     assert registry.resolve("local") is Local
 
 
-def test_a_target_module_that_exits_sets_its_method_aside(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_target_module_that_exits_sets_its_method_aside(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "prunereg_fake_exits.py").write_text("import sys\nprint('leaving')\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = registry_with_plugins("a")
@@ -265,13 +279,29 @@ def test_local_registration_checks_the_class_at_once() -> None:
 
 @pytest.mark.parametrize(
     ("name", "kind", "summary"),
-    [("", "unstructured", "s"), ("a:b", "unstructured", "s"), ("a b", "unstructured", "s"),
-     (3, "unstructured", "s"), ("a", "channel", "s"), ("a", "unstructured", "two\nlines"), ("a", "unstructured", None),
-     # Names that look like others or act on a terminal (issue 13, item 8); summaries of two lines however split.
-     ("a\r", "unstructured", "s"), ("a\x0bb", "unstructured", "s"), ("a\xa0b", "unstructured", "s"),
-     ("a\u2028b", "unstructured", "s"), ("a\x00", "unstructured", "s"), ("\x1b[31ma", "unstructured", "s"),
-     ("é", "unstructured", "s"), ("1st", "unstructured", "s"), ("_a", "unstructured", "s"), ("a" * 101, "unstructured", "s"),
-     ("a", "unstructured", "one\rtwo"), ("a", "unstructured", "one\u2028two"), ("a", "unstructured", "one\x0btwo")],
+    [
+        ("", "unstructured", "s"),
+        ("a:b", "unstructured", "s"),
+        ("a b", "unstructured", "s"),
+        (3, "unstructured", "s"),
+        ("a", "channel", "s"),
+        ("a", "unstructured", "two\nlines"),
+        ("a", "unstructured", None),
+        # Names that look like others or act on a terminal (issue 13, item 8); summaries of two lines however split.
+        ("a\r", "unstructured", "s"),
+        ("a\x0bb", "unstructured", "s"),
+        ("a\xa0b", "unstructured", "s"),
+        ("a\u2028b", "unstructured", "s"),
+        ("a\x00", "unstructured", "s"),
+        ("\x1b[31ma", "unstructured", "s"),
+        ("é", "unstructured", "s"),
+        ("1st", "unstructured", "s"),
+        ("_a", "unstructured", "s"),
+        ("a" * 101, "unstructured", "s"),
+        ("a", "unstructured", "one\rtwo"),
+        ("a", "unstructured", "one\u2028two"),
+        ("a", "unstructured", "one\x0btwo"),
+    ],
 )
 def test_bad_registrations_are_rejected(name: object, kind: object, summary: object) -> None:
     with pytest.raises(ValueError):
@@ -287,7 +317,7 @@ def test_targets_are_module_colon_attribute() -> None:
     assert target_name("pkg.mod:Cls") == "pkg.mod:Cls"
     assert target_name(KeepAll) == "plugin_fakes:KeepAll"
     for bad in ("pkg.mod.Cls", ":Cls", "pkg:"):
-        with pytest.raises(ValueError, match="package.module:ClassName"):
+        with pytest.raises(ValueError, match=r"package\.module:ClassName"):
             target_name(bad)
     with pytest.raises(TypeError):
         target_name(42)

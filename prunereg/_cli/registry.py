@@ -115,7 +115,9 @@ def new_plugin_command(name: str, directory: Path | None) -> None:
             raise click.ClickException(f"{directory} already exists and is not empty; name another DIRECTORY")
         written = write_plugin(names, directory)
     except OSError as error:  # a name or path too long for the filesystem, no permission, a full disk
-        raise click.ClickException(f"cannot write the plugin into {printable(str(directory))}: {describe(error)}") from error
+        raise click.ClickException(
+            f"cannot write the plugin into {printable(str(directory))}: {describe(error)}"
+        ) from error
     for path in written:
         click.echo(f"wrote {path}")
     where = _shell_path(directory)
