@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -60,6 +61,14 @@ class _Loading(threading.local):
 
 
 _loading = _Loading()
+
+_resuming: dict[str, str] = {}
+"""Plugin modules whose own import was under way when plugins loaded, by module name: their plugin names.
+
+That happens when the user imports a plugin module that calls
+:func:`prunereg.register` at import before prunereg has loaded its plugins:
+the registrations arrive when the import resumes, and belong to that plugin.
+"""
 
 
 @dataclass(frozen=True)
@@ -121,15 +130,21 @@ def reset() -> None:
     with _lock:
         _registry = None
         _reported = False
+        _resuming.clear()
 
 
 def register_local(cls: type, name: str, *, kind: str, summary: str, replace: bool) -> None:
-    """The engine of :func:`prunereg.register`: in-process, or for the plugin loading now."""
+    """The engine of :func:`prunereg.register`: in-process, or for the plugin whose import is running."""
     with _lock:
         if _loading.registry is not None and _loading.plugin is not None:
             _loading.registry.register(_loading.plugin, name, cls, kind=kind, summary=summary, replace=replace)
+            return
+        current = registry()
+        plugin = _resuming_plugin()
+        if plugin is not None:
+            current.register(plugin, name, cls, kind=kind, summary=summary, replace=replace)
         else:
-            registry().register_local(cls, name, kind=kind, summary=summary, replace=replace)
+            current.register_local(cls, name, kind=kind, summary=summary, replace=replace)
 
 
 def entry_points() -> list[Any]:
@@ -184,6 +199,9 @@ def _loading_into(result: Registry, plugin: str) -> Iterator[None]:
 def _run_plugin(result: Registry, point: Any, register: Register) -> None:
     """Import one plugin and call its hook with ``register``."""
     module = point.load()
+    if getattr(getattr(module, "__spec__", None), "_initializing", False):  # importlib's mark of a running import
+        _resuming[module.__name__] = point.name
+        return
     manager = pluggy.PluginManager(_hookspec.PROJECT_NAME)
     manager.add_hookspecs(_hookspec)
     manager.register(module, name=point.name)
@@ -195,6 +213,17 @@ def _run_plugin(result: Registry, point: Any, register: Register) -> None:
             f"{getattr(module, '__name__', module)!r} defines no prunereg_register_methods "
             "hook marked with @prunereg.hookimpl"
         )
+
+
+def _resuming_plugin() -> str | None:
+    """The plugin whose module's import is running further up the call stack, if any."""
+    frame = sys._getframe(1) if _resuming else None
+    while frame is not None:
+        plugin = _resuming.get(frame.f_globals.get("__name__", ""))
+        if plugin is not None:
+            return plugin
+        frame = frame.f_back
+    return None
 
 
 def _selected(settings: Settings, names: set[str], builtin: bool) -> bool:

@@ -205,6 +205,19 @@ def test_python_sees_the_same_isolation(site: Path) -> None:
     assert result.stdout == "Median\nunavailable\nstill running\n"
 
 
+def test_a_plugin_module_the_user_imports_first_keeps_its_method(site: Path) -> None:
+    code = (
+        "import prunereg_registers_at_import, prunereg\n"
+        "info = prunereg.info('registered_at_import')\n"
+        "print(info.plugin, info.package)\n"
+    )
+    env = {**os.environ, **site_env(site), "PRUNEREG_STRICT_PLUGINS": "0", "PRUNEREG_PLUGINS": "registers_at_import"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "registers_at_import prunereg-registers-at-import\n"
+    assert "PluginWarning" not in result.stderr
+
+
 def model_file(folder: Path) -> Path:
     import torch
     from safetensors.torch import save_file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import types
 from typing import Any
@@ -405,6 +406,24 @@ def test_a_hook_asking_for_the_methods_sees_those_loaded_before_it(monkeypatch: 
     assert prunereg.list_methods() == sorted([*BUILTIN_NAMES, "drop", "keep"])
     assert seen == [sorted([*BUILTIN_NAMES, "keep"])]
     assert _plugins.registry().problems == []
+
+
+@pytest.mark.usefixtures("fresh_registry")
+def test_a_plugin_imported_by_the_user_that_registers_at_import_keeps_its_method(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `import prunereg_fake_direct` by the user, whose module code calls prunereg.register before plugins loaded:
+    # loading finds the module mid-import (importlib's mark), and the registration that follows is the plugin's.
+    module = types.ModuleType("prunereg_fake_direct")
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+    module.__spec__._initializing = True  # type: ignore[attr-defined]  (what importlib sets during an import)
+    monkeypatch.setattr(_plugins, "entry_points", lambda: [builtins(), plugin("direct", module=module)])
+    module_code = "prunereg.register('direct_method', summary='Registered at import')(KeepAll)"
+    exec(module_code, {"__name__": "prunereg_fake_direct", "prunereg": prunereg, "KeepAll": KeepAll})
+    info = prunereg.info("direct_method")
+    assert (info.plugin, info.package) == ("direct", "prunereg-direct")
+    assert _plugins.registry().problems == []
+    assert _plugins.registry().plugins["direct"].methods == ["direct_method"]
 
 
 def test_a_plugin_with_no_hook_that_registered_nothing_is_still_an_error() -> None:
