@@ -19,7 +19,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from prunereg._isolation import PLUGIN_FAILURES, UserInterrupt, plugin_code
 from prunereg._text import describe, printable
@@ -206,7 +206,7 @@ class Registry:
         ``ValueError``. A class registered in-process is checked at once.
         """
         info = self._method_info(LOCAL_PLUGIN, name, cls, kind, summary)
-        _checked_class(cls, info)
+        _check_method_class(cls, info)
         holder = self.methods.get(name)
         if holder is not None and holder.plugin != LOCAL_PLUGIN and not replace:
             raise ValueError(
@@ -336,7 +336,8 @@ class Registry:
         else:
             with plugin_code():
                 found = import_target(info.target)
-        cls = self._classes[key] = _checked_class(found, info)
+        _check_method_class(found, info)
+        cls = self._classes[key] = cast(type, found)  # a class: checked just above
         return cls
 
     def _set_aside(self, info: MethodInfo, error: BaseException) -> str:
@@ -390,8 +391,7 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
         raise ValueError(f"summary must be a one-line string, not {summary!r}")
 
 
-def _checked_class(cls: object, info: MethodInfo) -> type:
-    """``cls``, once it is known to be a method class of the registered kind."""
+def _check_method_class(cls: object, info: MethodInfo) -> None:
     # Without importing the pruning contract (the registry sits below it): a
     # class can subclass BasePruningMethod only once its module is loaded.
     contract = sys.modules.get("prunereg._method")
@@ -400,9 +400,9 @@ def _checked_class(cls: object, info: MethodInfo) -> type:
         raise TypeError(f"{info.target!r} is not a BasePruningMethod subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
-            f"registered as kind {info.kind!r} but the class has PRUNING_TYPE {getattr(cls, 'PRUNING_TYPE', None)!r}"
+            f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "
+            f"{getattr(cls, 'PRUNING_TYPE', None)!r}"
         )
-    return cls
 
 
 def constructor_parameters(cls: type, *, evaluated: bool = False) -> dict[str, inspect.Parameter] | None:
