@@ -27,14 +27,18 @@ def printable(text: str) -> str:
 
 
 def describe(error: BaseException) -> str:
-    """``Type: message`` for an exception, in one printable line, whatever the exception's ``__str__`` does.
+    """``Type: first sentence of the message``: an error in one printable line, whatever its ``__str__`` does.
 
-    A message of several lines is joined into one: its later lines often say
-    what matters (pluggy names the offending argument on the third).
+    The lines of a message are joined before its first sentence is taken, so a
+    message whose first line only introduces the problem keeps what follows
+    (pluggy names the offending hook argument on its third line); long
+    explanations after the first sentence (torch's) are left out.
     """
     try:
         message = str(error)
     except Exception:  # a hostile or broken __str__ must not break the report about it
         message = "<the message cannot be read>"
     joined = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    return printable(f"{type(error).__name__}: {joined}" if joined else type(error).__name__)
+    sentence_end = joined.find(". ")
+    first = joined if sentence_end == -1 else joined[: sentence_end + 1]
+    return printable(f"{type(error).__name__}: {first}" if first else type(error).__name__)
