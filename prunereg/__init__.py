@@ -127,7 +127,8 @@ def register(
 
     ``kind`` defaults to the class's ``PRUNING_TYPE`` and ``summary`` to the
     first line of its docstring. The method belongs to the plugin ``local``
-    (``get("local:half_magnitude")`` also works). Registering a name ``local``
+    (``get("local:half_magnitude")`` also works), or, when called while an
+    installed plugin loads (at its import or in its hook), to that plugin. Registering a name ``local``
     already has redefines it; taking one from an installed plugin needs
     ``replace=True``, else ``ValueError``. Packages use the entry point instead.
     """

@@ -60,9 +60,10 @@ def prunereg_register_methods(register: Register) -> None:
 
     ``register(name, target, *, kind, summary, replace=False)``:
 
-    - ``name``: how users ask for the method (``prunereg.get(name)``); lowercase
-      with underscores, no ``:`` nor spaces. It is also reachable as
-      ``"<plugin>:<name>"``, ``<plugin>`` being the entry-point name.
+    - ``name``: how users ask for the method (``prunereg.get(name)``): an ASCII
+      letter, then ASCII letters, digits, ``_`` or ``-``, at most 100
+      characters (lowercase with underscores by convention). It is also
+      reachable as ``"<plugin>:<name>"``, ``<plugin>`` being the entry-point name.
     - ``target``: a ``"module:Attr"`` string imported on the first ``get()``
       (best: listing stays fast), or the class itself. The class subclasses
       :class:`prunereg.BasePruningMethod`.
@@ -74,6 +75,8 @@ def prunereg_register_methods(register: Register) -> None:
       is reported as a conflict; only one plugin may take a name over.
 
     Plugins load in a fixed order: the built-ins first, then the other
-    distributions by name. If this hook raises, every method it registered is
-    withdrawn and the plugin is reported as failed; other plugins are not affected.
+    distributions by name. If this hook raises (``SystemExit`` and
+    ``KeyboardInterrupt`` included), every method it registered is withdrawn and
+    the plugin is reported as failed; other plugins are not affected. What it
+    prints goes to stderr.
     """

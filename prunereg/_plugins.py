@@ -7,9 +7,15 @@ in-process with :func:`prunereg.register` come after all of them. When two
 plugins register one name, the first in this order keeps it.
 
 Each plugin is loaded on its own: one that fails to import, that defines no
-valid hook, or whose hook raises is rolled back (none of its methods stay
+valid hook, or whose hook raises (``sys.exit()``, ``SystemExit`` and
+``KeyboardInterrupt`` included) is rolled back (none of its methods stay
 registered), recorded with status ``error`` and reported; the others load as if
-it were not there. Environment switches, read when the registry loads:
+it were not there. What a plugin prints goes to stderr, never to stdout. A
+plugin may also call :func:`prunereg.register` while it loads (at import or in
+its hook): the method is its own, as if passed to ``register``. Code that runs
+while plugins load (a hook calling :func:`prunereg.list_methods`, say) sees
+the methods of the plugins loaded so far. Environment switches, read when the
+registry loads:
 
 - ``PRUNEREG_DISABLE_PLUGIN_AUTOLOAD=1``: load only the built-ins (and the
   plugins named in ``PRUNEREG_PLUGINS``, if set).
@@ -24,34 +30,45 @@ Plugins are named by entry-point name or by distribution name (``nm`` or
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import sys
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
 from prunereg import _hookspec
-from prunereg._registry import (
-    LOCAL_PLUGIN,
-    MethodInfo,
-    PluginError,
-    PluginInfo,
-    PluginWarning,
-    Registry,
-    describe,
-    target_name,
-    validate_registration,
-)
+from prunereg._registry import PluginError, PluginWarning, Register, Registry
 
 BUILTIN_DISTRIBUTION = "prunereg"
 
 _lock = threading.RLock()
 _registry: Registry | None = None
 _reported = False
+
+
+class _Loading(threading.local):
+    """The registry being filled and the plugin being loaded into it, in this thread, if any."""
+
+    registry: Registry | None = None
+    plugin: str | None = None
+
+
+_loading = _Loading()
+
+_resuming: dict[str, str] = {}
+"""Plugin modules whose own import was under way when plugins loaded, by module name: their plugin names.
+
+That happens when the user imports a plugin module that calls
+:func:`prunereg.register` at import before prunereg has loaded its plugins:
+the registrations arrive when the import resumes, and belong to that plugin.
+"""
 
 
 @dataclass(frozen=True)
@@ -79,10 +96,13 @@ def registry() -> Registry:
     """The process-wide registry, loading every plugin on the first call.
 
     Load problems are reported once, as :class:`PluginWarning`; in strict mode
-    every call raises :class:`PluginError` while there are any.
+    every call raises :class:`PluginError` while there are any. Called while
+    plugins load, it returns the registry as loaded so far, without reporting.
     """
     global _reported
     with _lock:
+        if _loading.registry is not None:
+            return _loading.registry
         current = loaded_registry()
         if current.strict and current.problems:
             raise PluginError("\n".join(current.problems))
@@ -97,6 +117,8 @@ def loaded_registry() -> Registry:
     """The process-wide registry without reporting its problems (the CLI reports them itself)."""
     global _registry
     with _lock:
+        if _loading.registry is not None:
+            return _loading.registry
         if _registry is None:
             _registry = load(entry_points(), Settings.from_env())
         return _registry
@@ -108,19 +130,28 @@ def reset() -> None:
     with _lock:
         _registry = None
         _reported = False
+        _resuming.clear()
 
 
 def register_local(cls: type, name: str, *, kind: str, summary: str, replace: bool) -> None:
-    """Register ``cls`` in the process-wide registry (the engine of :func:`prunereg.register`)."""
+    """The engine of :func:`prunereg.register`: in-process, or for the plugin whose import is running."""
     with _lock:
-        registry().register_local(cls, name, kind=kind, summary=summary, replace=replace)
+        if _loading.registry is not None and _loading.plugin is not None:
+            _loading.registry.register(_loading.plugin, name, cls, kind=kind, summary=summary, replace=replace)
+            return
+        current = registry()
+        plugin = _resuming_plugin()
+        if plugin is not None:
+            current.register(plugin, name, cls, kind=kind, summary=summary, replace=replace)
+        else:
+            current.register_local(cls, name, kind=kind, summary=summary, replace=replace)
 
 
 def entry_points() -> list[Any]:
     """The ``prunereg`` entry points of every installed distribution, each once."""
     from importlib_metadata import entry_points as _entry_points
 
-    found = {}
+    found: dict[tuple[str, str], Any] = {}
     for point in _entry_points(group=_hookspec.PROJECT_NAME):
         # A distribution found twice on sys.path (an editable install, say) counts once.
         found.setdefault((_distribution(point), point.name), point)
@@ -134,75 +165,65 @@ def load(points: Iterable[Any], settings: Settings | None = None) -> Registry:
     ordered = sorted(points, key=lambda p: (_distribution(p) != BUILTIN_DISTRIBUTION, _distribution(p), p.name))
     for point in ordered:
         dist = getattr(point, "dist", None)
-        plugin = PluginInfo(point.name, dist.name if dist else None, dist.version if dist else None)
-        if plugin.name in result.plugins or plugin.name == LOCAL_PLUGIN:
-            _duplicate_plugin_name(result, plugin)
-            continue
-        result.plugins[plugin.name] = plugin
-        names = {_normalize(plugin.name), _normalize(plugin.package or "")}
+        package, version = (dist.name, dist.version) if dist else (None, None)
+        names = {_normalize(point.name), _normalize(package or "")}
         if names & settings.block:
-            plugin.status = "blocked"
-        elif not _selected(settings, names, _distribution(point) == BUILTIN_DISTRIBUTION):
-            plugin.status = "disabled"
+            status = "blocked"
+        elif _selected(settings, names, _distribution(point) == BUILTIN_DISTRIBUTION):
+            status = "loaded"
         else:
-            _load_plugin(result, plugin, point)
+            status = "disabled"
+        if result.add_plugin(point.name, package, version, status=status) and status == "loaded":
+            with _loading_into(result, point.name):
+                result.load_plugin(point.name, functools.partial(_run_plugin, result, point))
     if settings.allow:
         known = {_normalize(n) for p in result.plugins.values() for n in (p.name, p.package or "")}
         for name in sorted(settings.allow - known):
-            result.problems.append(
-                f"prunereg: PRUNEREG_PLUGINS names {name!r}, but no installed plugin or "
+            result.report(
+                f"PRUNEREG_PLUGINS names {name!r}, but no installed plugin or "
                 "distribution has that name (see `prunereg plugins`)"
             )
     return result
 
 
-def _load_plugin(result: Registry, plugin: PluginInfo, point: Any) -> None:
-    """Import one plugin and run its hook; on any failure undo what it registered."""
-    snapshot = result.snapshot()
-    conflicts: list[str] = []
+@contextmanager
+def _loading_into(result: Registry, plugin: str) -> Iterator[None]:
+    previous = (_loading.registry, _loading.plugin)
+    _loading.registry, _loading.plugin = result, plugin
     try:
-        module = point.load()
-        manager = pluggy.PluginManager(_hookspec.PROJECT_NAME)
-        manager.add_hookspecs(_hookspec)
-        manager.register(module, name=plugin.name)
-        manager.check_pending()
-        if not manager.hook.prunereg_register_methods.get_hookimpls():
-            raise LookupError(
-                f"{getattr(module, '__name__', module)!r} defines no prunereg_register_methods "
-                "hook marked with @prunereg.hookimpl"
-            )
-        manager.hook.prunereg_register_methods(register=_registrar(result, plugin, conflicts))
-    except Exception as error:  # a plugin must never break the others
-        result.restore(snapshot)
-        plugin.methods.clear()
-        result.problems.append(plugin.record("error", f"failed to load and was skipped: {describe(error)}"))
+        yield
+    finally:
+        _loading.registry, _loading.plugin = previous
+
+
+def _run_plugin(result: Registry, point: Any, register: Register) -> None:
+    """Import one plugin and call its hook with ``register``."""
+    module = point.load()
+    if getattr(getattr(module, "__spec__", None), "_initializing", False):  # importlib's mark of a running import
+        _resuming[module.__name__] = point.name
         return
-    for conflict in conflicts:
-        result.problems.append(plugin.record("conflict", conflict))
+    manager = pluggy.PluginManager(_hookspec.PROJECT_NAME)
+    manager.add_hookspecs(_hookspec)
+    manager.register(module, name=point.name)
+    manager.check_pending()
+    if manager.hook.prunereg_register_methods.get_hookimpls():
+        manager.hook.prunereg_register_methods(register=register)
+    elif not result.plugins[point.name].methods:  # registering with prunereg.register at import is fine too
+        raise LookupError(
+            f"{getattr(module, '__name__', module)!r} defines no prunereg_register_methods "
+            "hook marked with @prunereg.hookimpl"
+        )
 
 
-def _registrar(result: Registry, plugin: PluginInfo, conflicts: list[str]) -> _hookspec.Register:
-    def register(name: str, target: object, *, kind: str, summary: str, replace: bool = False) -> None:
-        validate_registration(name, kind, summary)
-        info = MethodInfo(name, kind, summary.strip(), plugin.name, plugin.package, plugin.version, target_name(target))
-        conflict = result.add(info, target, replace=replace)
-        if name not in plugin.methods:
-            plugin.methods.append(name)
-        if conflict is not None:
-            conflicts.append(conflict)
-
-    return register
-
-
-def _duplicate_plugin_name(result: Registry, plugin: PluginInfo) -> None:
-    holder = result.plugins.get(plugin.name)
-    why = (
-        f"the name is taken by {holder.label}" if holder else "the name is reserved for in-process registrations"
-    )
-    problem = f"was skipped: {why}; rename its entry point"
-    plugin.status, plugin.error = "conflict", problem
-    result.plugins[f"{plugin.name} ({plugin.package})"] = plugin
-    result.problems.append(f"prunereg {plugin.label}: {problem}")
+def _resuming_plugin() -> str | None:
+    """The plugin whose module's import is running further up the call stack, if any."""
+    frame = sys._getframe(1) if _resuming else None
+    while frame is not None:
+        plugin = _resuming.get(frame.f_globals.get("__name__", ""))
+        if plugin is not None:
+            return plugin
+        frame = frame.f_back
+    return None
 
 
 def _selected(settings: Settings, names: set[str], builtin: bool) -> bool:

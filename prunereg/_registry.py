@@ -2,9 +2,11 @@
 
 Nothing here imports torch or a plugin's implementation: a registration is a
 name, a kind, a summary and a ``"module:Attr"`` target, imported on the first
-:meth:`Registry.resolve`. Problems are recorded on the plugin that caused them
-(:class:`PluginInfo`); how they are reported (warning or error) is up to the
-caller, see :mod:`prunereg._plugins`.
+:meth:`Registry.resolve`. The registry owns all of its state: plugins are
+added, loaded and registered through its methods, and every problem is
+recorded on the plugin that caused it (:class:`PluginInfo`) by the registry
+itself. How problems are reported (warning or error) is up to the caller, see
+:mod:`prunereg._plugins`.
 """
 
 from __future__ import annotations
@@ -12,14 +14,27 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import re
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from prunereg._isolation import PLUGIN_FAILURES, UserInterrupt, plugin_code
+from prunereg._text import describe, printable
+
+Register = Callable[..., None]
+"""``register(name, target, *, kind, summary, replace=False)``: see :class:`prunereg._hookspec.Register`."""
 
 KINDS = ("unstructured", "structured", "global")
 LOCAL_PLUGIN = "local"
 """The plugin name of methods registered in-process with :func:`prunereg.register`."""
+
+MAX_NAME_LENGTH = 100
+_METHOD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*", re.ASCII)
+NAME_RULE = f"an ASCII letter, then ASCII letters, digits, '_' or '-', at most {MAX_NAME_LENGTH} characters in all"
+"""The documented character set of method names (docs/plugins.md)."""
 
 
 class UnknownMethodError(LookupError):
@@ -32,6 +47,17 @@ class PluginWarning(UserWarning):
 
 class PluginError(RuntimeError):
     """A plugin could not be loaded, in strict mode (``PRUNEREG_STRICT_PLUGINS=1``)."""
+
+
+def origin(plugin: str, package: str | None, version: str | None) -> str:
+    """How every message names a plugin: ``plugin 'nm' (prunereg-nm 1.2)``."""
+    if package:
+        where = printable(f"{package} {version}")
+    elif plugin == LOCAL_PLUGIN:
+        where = "registered in this process"
+    else:
+        where = "no installed distribution"
+    return f"plugin {plugin!r} ({where})"
 
 
 @dataclass(frozen=True)
@@ -50,6 +76,11 @@ class MethodInfo:
     def qualified_name(self) -> str:
         """``plugin:name``, the name that reaches this registration even when another won the plain name."""
         return f"{self.plugin}:{self.name}"
+
+    @property
+    def label(self) -> str:
+        """The plugin this method came from, as messages name it."""
+        return origin(self.plugin, self.package, self.version)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,18 +108,21 @@ class PluginInfo:
     @property
     def label(self) -> str:
         """How messages name the plugin: its name, distribution and version."""
-        origin = f"{self.package} {self.version}" if self.package else "no installed distribution"
-        return f"plugin {self.name!r} ({origin})"
-
-    def record(self, status: str, problem: str) -> str:
-        """Note a problem; ``error`` outranks ``conflict``. Returns the message to report."""
-        if self.status != "error":
-            self.status = status
-        self.error = problem if self.error is None else f"{self.error}; {problem}"
-        return f"prunereg {self.label}: {problem}"
+        return origin(self.name, self.package, self.version)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """The registry's state before a plugin ran, to undo everything the plugin did if it fails."""
+
+    methods: dict[str, MethodInfo]
+    qualified: dict[str, MethodInfo]
+    objects: dict[str, object]
+    replaced: set[str]
+    problems: int
 
 
 class Registry:
@@ -113,33 +147,56 @@ class Registry:
         self._classes: dict[str, type] = {}
         self._failures: dict[str, str] = {}
 
-    # -- filling -----------------------------------------------------------------
+    # -- plugins -------------------------------------------------------------------
 
-    def add(self, info: MethodInfo, target: object = None, *, replace: bool = False) -> str | None:
-        """Register ``info`` (``target`` is the class itself when it was given as one).
+    def add_plugin(self, name: str, package: str | None, version: str | None, *, status: str = "loaded") -> bool:
+        """Record a plugin with its load ``status``; False when its name is taken (a conflict, reported)."""
+        plugin = PluginInfo(name, package, version, status)
+        holder = self.plugins.get(name)
+        if holder is None and name != LOCAL_PLUGIN:
+            self.plugins[name] = plugin
+            return True
+        why = f"the name is taken by {holder.label}" if holder else "the name is reserved for in-process registrations"
+        self.plugins[f"{name} ({package})"] = plugin
+        self.report(f"was skipped: {why}; rename its entry point", plugin=plugin, status="conflict")
+        return False
 
-        Returns a description of the clash when the name stays with an earlier
-        registration, and None when ``info`` now holds it.
+    def load_plugin(self, name: str, load: Callable[[Register], object]) -> None:
+        """Run ``load(register)``, which imports plugin ``name`` and calls its hook, as one transaction.
+
+        If ``load`` fails in any way (an exception, ``sys.exit()``, a
+        ``KeyboardInterrupt`` raised by the plugin), every registration it made
+        is withdrawn and the plugin is recorded as failed; the user's Ctrl-C
+        still propagates. Conflicts are recorded as they happen.
         """
-        key = info.qualified_name
-        if key in self.qualified and not replace:
-            return f"registers {info.name!r} twice; the first registration is kept"
-        self.qualified[key] = info
-        self._forget(key)
-        if target is not None and not isinstance(target, str):
-            self._objects[key] = target
-        holder = self.methods.get(info.name)
-        if holder is not None and holder.plugin != info.plugin and (not replace or info.name in self._replaced):
-            how = "took it over with replace=True" if info.name in self._replaced else "registered it first"
-            return (
-                f"method {info.name!r} conflicts with {_origin(holder)}, which {how}: "
-                f"{info.name!r} stays {holder.plugin!r}'s; reach this one as {key!r}"
-                + ("" if replace else ", or register it with replace=True to take the name over")
-            )
-        if holder is not None and replace and holder.plugin != info.plugin:
-            self._replaced.add(info.name)
-        self.methods[info.name] = info
-        return None
+        plugin = self.plugins[name]
+        saved = self._save()
+        try:
+            with plugin_code():
+                load(self._registrar(name))
+        except UserInterrupt:
+            raise
+        except PLUGIN_FAILURES as error:
+            self._restore(saved)
+            plugin.status, plugin.methods, plugin.error = "loaded", [], None
+            self.report(f"failed to load and was skipped: {describe(error)}", plugin=plugin)
+
+    def report(self, problem: str, *, plugin: PluginInfo | None = None, status: str = "error") -> str:
+        """Record a load problem (on ``plugin`` with ``status``, if given); returns the message."""
+        message = self._record(plugin, status, problem) if plugin else f"prunereg: {problem}"
+        self.problems.append(message)
+        return message
+
+    # -- registrations -------------------------------------------------------------
+
+    def register(
+        self, plugin: str, name: str, target: object, *, kind: str, summary: str, replace: bool = False
+    ) -> None:
+        """One registration from installed ``plugin``; a clash is recorded as a conflict on the plugin."""
+        info = self._method_info(plugin, name, target, kind, summary)
+        clash = self._add(info, target, replace=replace)
+        if clash is not None:
+            self.report(clash, plugin=self.plugins[plugin], status="conflict")
 
     def register_local(self, cls: type, name: str, *, kind: str, summary: str, replace: bool) -> None:
         """Register ``cls`` in-process, as plugin ``local``: see :func:`prunereg.register`.
@@ -148,32 +205,17 @@ class Registry:
         twice); taking a name from another plugin needs ``replace=True``, else
         ``ValueError``. A class registered in-process is checked at once.
         """
-        validate_registration(name, kind, summary)
-        info = MethodInfo(name, kind, summary, LOCAL_PLUGIN, None, None, target_name(cls))
+        info = self._method_info(LOCAL_PLUGIN, name, cls, kind, summary)
         _check_method_class(cls, info)
         holder = self.methods.get(name)
         if holder is not None and holder.plugin != LOCAL_PLUGIN and not replace:
             raise ValueError(
-                f"a pruning method named {name!r} is already registered by {_origin(holder)}; "
+                f"a pruning method named {name!r} is already registered by {holder.label}; "
                 "pass replace=True to take the name over, or choose another name"
             )
-        plugin = self.plugins.setdefault(LOCAL_PLUGIN, PluginInfo(LOCAL_PLUGIN, None, None))
-        if name not in plugin.methods:
-            plugin.methods.append(name)
+        self.plugins.setdefault(LOCAL_PLUGIN, PluginInfo(LOCAL_PLUGIN, None, None))
         self._replaced.discard(name)
-        self.add(info, cls, replace=True)
-
-    def snapshot(self) -> Any:
-        """The registrations as they are now, for :meth:`restore`."""
-        return dict(self.methods), dict(self.qualified), dict(self._objects), set(self._replaced)
-
-    def restore(self, snapshot: Any) -> None:
-        """Undo every registration made since ``snapshot``."""
-        methods, qualified, objects, replaced = snapshot
-        for key in set(self.qualified) - set(qualified):
-            self._forget(key)
-        self.methods, self.qualified, self._objects = dict(methods), dict(qualified), dict(objects)
-        self._replaced = set(replaced)
+        self._add(info, cls, replace=True)
 
     # -- lookups -------------------------------------------------------------------
 
@@ -187,11 +229,11 @@ class Registry:
     def resolve(self, name: str) -> type:
         """The method class for ``name``, importing its module the first time.
 
-        A target that cannot be imported, or is no :class:`BasePruningMethod` of
-        the registered kind, sets its method aside: the plugin's status becomes
-        ``error`` and a :class:`PluginWarning` is issued (once), then
-        :class:`UnknownMethodError` is raised; in strict mode :class:`PluginError`.
-        Every other method keeps working.
+        A target that cannot be imported (whatever its module does, exiting
+        included), or is no :class:`BasePruningMethod` of the registered kind,
+        sets its method aside: the plugin's status becomes ``error`` and a
+        :class:`PluginWarning` is issued (once), then :class:`UnknownMethodError`
+        is raised; in strict mode :class:`PluginError`. Every other method keeps working.
         """
         info = self.info(name)
         key = info.qualified_name
@@ -201,7 +243,9 @@ class Registry:
             raise self._unavailable(self._failures[key])
         try:
             return self._import(key, info)
-        except Exception as error:
+        except UserInterrupt:
+            raise
+        except PLUGIN_FAILURES as error:
             failure = self._set_aside(info, error)
             warnings.warn(failure, PluginWarning, stacklevel=3)
             raise self._unavailable(failure) from error
@@ -214,7 +258,9 @@ class Registry:
                 continue
             try:
                 self._import(key, info)
-            except Exception as error:
+            except UserInterrupt:
+                raise
+            except PLUGIN_FAILURES as error:
                 failures.append(self._set_aside(info, error))
         return failures
 
@@ -224,16 +270,80 @@ class Registry:
 
     # -- internals -----------------------------------------------------------------
 
+    def _registrar(self, plugin: str) -> Register:
+        def register(name: str, target: object, *, kind: str, summary: str, replace: bool = False) -> None:
+            self.register(plugin, name, target, kind=kind, summary=summary, replace=replace)
+
+        return register
+
+    def _method_info(self, plugin: str, name: str, target: object, kind: str, summary: str) -> MethodInfo:
+        validate_registration(name, kind, summary)
+        owner = self.plugins.get(plugin)
+        package, version = (owner.package, owner.version) if owner else (None, None)
+        return MethodInfo(name, kind, summary.strip(), plugin, package, version, target_name(target))
+
+    def _add(self, info: MethodInfo, target: object, *, replace: bool) -> str | None:
+        """The one place a registration enters the registry.
+
+        Returns a description of the clash when the name stays with an earlier
+        registration, and None when ``info`` now holds it.
+        """
+        key = info.qualified_name
+        if key in self.qualified and not replace:
+            return f"registers {info.name!r} twice; the first registration is kept"
+        self.qualified[key] = info
+        self._forget(key)
+        if not isinstance(target, str):
+            self._objects[key] = target
+        plugin = self.plugins.get(info.plugin)
+        if plugin is not None and info.name not in plugin.methods:
+            plugin.methods.append(info.name)
+        holder = self.methods.get(info.name)
+        if holder is not None and holder.plugin != info.plugin and (not replace or info.name in self._replaced):
+            how = "took it over with replace=True" if info.name in self._replaced else "registered it first"
+            return (
+                f"method {info.name!r} conflicts with {holder.label}, which {how}: "
+                f"{info.name!r} stays {holder.plugin!r}'s; reach this one as {key!r}"
+                + ("" if replace else ", or register it with replace=True to take the name over")
+            )
+        if holder is not None and replace and holder.plugin != info.plugin:
+            self._replaced.add(info.name)
+        self.methods[info.name] = info
+        return None
+
+    def _save(self) -> _Saved:
+        return _Saved(
+            dict(self.methods), dict(self.qualified), dict(self._objects), set(self._replaced), len(self.problems)
+        )
+
+    def _restore(self, saved: _Saved) -> None:
+        for key in set(self.qualified) - set(saved.qualified):
+            self._forget(key)
+        self.methods, self.qualified, self._objects = dict(saved.methods), dict(saved.qualified), dict(saved.objects)
+        self._replaced = set(saved.replaced)
+        del self.problems[saved.problems :]
+
+    def _record(self, plugin: PluginInfo, status: str, problem: str) -> str:
+        """Note a problem on ``plugin``; ``error`` outranks ``conflict``. Returns the message to report."""
+        if plugin.status != "error":
+            plugin.status = status
+        plugin.error = problem if plugin.error is None else f"{plugin.error}; {problem}"
+        return f"prunereg {plugin.label}: {problem}"
+
     def _import(self, key: str, info: MethodInfo) -> type:
-        cls = self._objects[key] if key in self._objects else import_target(info.target)
-        _check_method_class(cls, info)
-        self._classes[key] = cls
+        if key in self._objects:
+            found = self._objects[key]
+        else:
+            with plugin_code():
+                found = import_target(info.target)
+        _check_method_class(found, info)
+        cls = self._classes[key] = cast(type, found)  # a class: checked just above
         return cls
 
     def _set_aside(self, info: MethodInfo, error: BaseException) -> str:
         problem = f"method {info.name!r} is unavailable: cannot use {info.target!r}: {describe(error)}"
         plugin = self.plugins.get(info.plugin)
-        message = plugin.record("error", problem) if plugin else f"prunereg {problem}"
+        message = self._record(plugin, "error", problem) if plugin else f"prunereg {problem}"
         self._failures[info.qualified_name] = message
         return message
 
@@ -248,16 +358,6 @@ class Registry:
         close = difflib.get_close_matches(name, list(self.methods) + list(self.qualified), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         return f"no pruning method named {name!r}{hint} (known: {', '.join(self.names()) or 'none'})"
-
-
-def _origin(info: MethodInfo) -> str:
-    origin = f"{info.package} {info.version}" if info.package else "no installed distribution"
-    return f"plugin {info.plugin!r} ({origin})"
-
-
-def describe(error: BaseException) -> str:
-    """``Type: message`` for an exception, as the reports show it."""
-    return f"{type(error).__name__}: {error}"
 
 
 def import_target(target: str) -> Any:
@@ -283,11 +383,11 @@ def target_name(target: object) -> str:
 
 def validate_registration(name: object, kind: object, summary: object) -> None:
     """Reject a method name, kind or summary that listings and lookups could not handle."""
-    if not isinstance(name, str) or not name or any(c in name for c in ": \t\n"):
-        raise ValueError(f"method name must be a non-empty string without ':' or whitespace, not {name!r}")
+    if not (isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and _METHOD_NAME.fullmatch(name)):
+        raise ValueError(f"method name must be {NAME_RULE}, not {name!r}")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-    if not isinstance(summary, str) or "\n" in summary.strip():
+    if not isinstance(summary, str) or len(summary.strip().splitlines()) > 1:
         raise ValueError(f"summary must be a one-line string, not {summary!r}")
 
 
@@ -306,14 +406,16 @@ def _check_method_class(cls: object, info: MethodInfo) -> None:
 
 
 def constructor_parameters(cls: type, *, evaluated: bool = False) -> dict[str, inspect.Parameter] | None:
-    """The parameters ``cls(...)`` takes, or None when its signature cannot be read.
+    """The parameters ``cls(...)`` takes, or None when its signature cannot be read for any reason.
 
     ``evaluated`` resolves string annotations (``from __future__ import
-    annotations``) where they can be evaluated, and keeps the text where not.
+    annotations``) where they can be evaluated; where they cannot (a name that
+    does not exist, ``torch.NoSuchType``, anything raising), the raw signature
+    with the annotations as text is used instead.
     """
     for evaluate in (True, False) if evaluated else (False,):
         try:
             return dict(inspect.signature(cls, eval_str=evaluate).parameters)
-        except (NameError, SyntaxError, TypeError, ValueError):  # annotations a plugin cannot evaluate
+        except Exception:  # a plugin's signature or annotations can fail in any way; fall back, then give up
             continue
     return None

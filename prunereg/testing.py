@@ -60,7 +60,9 @@ def check_pruning_method(
       channels along ``dim``), without it more amount never prunes less (for
       methods that apply the amount per row or per group);
     - ``apply`` / a second ``apply`` (a ``PruningContainer``) / ``deepcopy`` /
-      ``prunereg.remove``: the reparametrization round trip, on cpu and meta.
+      ``prunereg.remove``: the reparametrization round trip on every device,
+      the installed mask having the parameter's own shape (not one that
+      merely broadcasts, like ``(1, n)``) and device (not meta for a real one).
     """
     cls, label = _method_class(method)
     checker = _Checker(cls, label, tuple(tensor_shape), kwargs)
@@ -76,7 +78,7 @@ def check_pruning_method(
         checker.check_amount(exact_amount)
 
 
-def _method_class(method: str | type) -> tuple[type, str]:
+def _method_class(method: str | type) -> tuple[type[prunereg.BasePruningMethod], str]:
     if isinstance(method, str):
         with _step(repr(method), "looking it up in the registry"):
             cls = prunereg.get(method)
@@ -120,6 +122,10 @@ def _seeded(device: str) -> Iterator[None]:
 class _Holder(nn.Module):
     """The smallest module with a prunable parameter of any shape."""
 
+    # What pruning adds, declared for type checkers (nn.Module's __getattr__ is untyped).
+    weight_orig: nn.Parameter
+    weight_mask: torch.Tensor
+
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
@@ -129,7 +135,9 @@ class _Holder(nn.Module):
 
 
 class _Checker:
-    def __init__(self, cls: type, label: str, shape: tuple[int, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, cls: type[prunereg.BasePruningMethod], label: str, shape: tuple[int, ...], kwargs: dict[str, Any]
+    ) -> None:
         self.cls, self.label, self.shape, self.kwargs = cls, label, shape, kwargs
 
     # -- tensors -------------------------------------------------------------------
@@ -198,7 +206,10 @@ class _Checker:
             if amount == 1.0 and bool(mask.any()):
                 self.fail(f"amount=1.0 kept {int(mask.count_nonzero())} entries, expected none")
             if exact and count != round(amount * total):
-                self.fail(f"amount={amount} pruned {count} of {total}, expected round(amount * {total}) = {round(amount * total)}")
+                self.fail(
+                    f"amount={amount} pruned {count} of {total}, "
+                    f"expected round(amount * {total}) = {round(amount * total)}"
+                )
             pruned.append(count)
         if pruned != sorted(pruned):
             self.fail(f"more amount pruned less: amounts 0, .25, .5, .75, 1 pruned {pruned}")
@@ -215,7 +226,7 @@ class _Checker:
         """How many entries (or, structured, whole channels along dim) the mask prunes, of how many."""
         if self.cls.PRUNING_TYPE != "structured":
             return int((mask == 0).sum()), mask.numel()
-        dim = self.cls(**self.kwargs).dim
+        dim: int = getattr(self.cls(**self.kwargs), "dim")  # noqa: B009  (structured methods have it: checked first)
         rows = mask.movedim(dim, 0).reshape(mask.shape[dim], -1) != 0
         if not bool((rows.all(dim=1) | ~rows.any(dim=1)).all()):
             self.fail(f"a structured mask must keep or prune whole channels along dim={dim}")
@@ -259,6 +270,16 @@ class _Checker:
         hooks = [h for h in module._forward_pre_hooks.values() if isinstance(h, prunereg.BasePruningMethod)]
         if len(hooks) != 1:
             self.fail(f"a pruned tensor must have exactly one pruning hook, found {len(hooks)}", device)
+        mask = module.weight_mask
+        if mask.shape != original.shape:
+            # A (1, n) mask broadcasts in orig * mask and looks fine until a state dict or a container meets it.
+            self.fail(
+                f"apply installed a mask of shape {tuple(mask.shape)} for a parameter of shape "
+                f"{tuple(original.shape)}; a mask must have the parameter's shape, not one that broadcasts",
+                device,
+            )
+        if mask.device != original.device:
+            self.fail(f"apply installed a mask on {mask.device} for a parameter on {original.device}", device)
         if module.weight_orig is not original or set(module.state_dict()) != {"weight_orig", "weight_mask"}:
             self.fail("apply must move the Parameter itself to weight_orig and add the buffer weight_mask", device)
         if device != "meta" and not torch.equal(module.weight, original * module.weight_mask):

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
-from plugin_fakes import MISSING_TARGET, builtins, method, plugin
+from plugin_fakes import MISSING_TARGET, KeepAll, builtins, fake_install, method, plugin, site_env
 
 import prunereg
 from prunereg import _plugins
@@ -51,8 +52,15 @@ def test_list_json_is_a_flat_list_with_every_key_present(use_plugins) -> None:
     rows = json.loads(run("list", "--json").stdout)
     assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)
     assert all(set(row) == METHOD_KEYS for row in rows)
-    assert {"name": "keep", "kind": "unstructured", "summary": "The fake keep", "plugin": "good",
-            "package": "prunereg-good", "version": "1.0", "target": "plugin_fakes:KeepAll"} in rows
+    assert {
+        "name": "keep",
+        "kind": "unstructured",
+        "summary": "The fake keep",
+        "plugin": "good",
+        "package": "prunereg-good",
+        "version": "1.0",
+        "target": "plugin_fakes:KeepAll",
+    } in rows
 
 
 @pytest.mark.usefixtures("fresh_registry")
@@ -62,14 +70,23 @@ def test_list_json_keeps_null_keys_for_in_process_methods() -> None:
     prunereg.register("keep_local")(KeepAll)
     rows = json.loads(run("list", "--json").stdout)
     local = next(row for row in rows if row["name"] == "keep_local")
-    assert local == {"name": "keep_local", "kind": "unstructured", "summary": "Prune nothing (a fake unstructured method).",
-                     "plugin": "local", "package": None, "version": None, "target": "plugin_fakes:KeepAll"}
+    assert local == {
+        "name": "keep_local",
+        "kind": "unstructured",
+        "summary": "Prune nothing (a fake unstructured method).",
+        "plugin": "local",
+        "package": None,
+        "version": None,
+        "target": "plugin_fakes:KeepAll",
+    }
 
 
 def test_list_filters_by_kind(use_plugins) -> None:
     use_plugins(builtins())
     assert [row["name"] for row in json.loads(run("list", "--json", "--kind", "structured").stdout)] == [
-        "ln_structured", "random_structured"]
+        "ln_structured",
+        "random_structured",
+    ]
     assert run("list", "--kind", "pointwise").exit_code == 2
 
 
@@ -78,7 +95,10 @@ def test_list_reports_broken_plugins_on_stderr_and_exits_0(use_plugins) -> None:
     result = run("list", "--json")
     assert result.exit_code == 0
     assert len(json.loads(result.stdout)) == 6
-    assert "warning: prunereg plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: nope" in result.stderr
+    assert (
+        "warning: prunereg plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: nope"
+        in result.stderr
+    )
 
 
 def test_list_exits_non_zero_in_strict_mode(use_plugins) -> None:
@@ -103,7 +123,12 @@ def test_plugins_shows_each_status(use_plugins) -> None:
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert all(set(row) == PLUGIN_KEYS for row in rows.values())
     assert {name: row["status"] for name, row in rows.items()} == {
-        "builtins": "loaded", "blocked": "blocked", "broken": "error", "clash": "conflict", "partial": "error"}
+        "builtins": "loaded",
+        "blocked": "blocked",
+        "broken": "error",
+        "clash": "conflict",
+        "partial": "error",
+    }
     assert rows["partial"]["methods"] == ["gone", "fine"]
     assert "'gone' is unavailable" in rows["partial"]["error"] and "ModuleNotFoundError" in rows["partial"]["error"]
     assert rows["builtins"]["error"] is None
@@ -115,7 +140,9 @@ def test_plugins_table(use_plugins) -> None:
     lines = run("plugins").stdout.splitlines()
     assert lines[0].split() == ["NAME", "PACKAGE", "VERSION", "STATUS", "METHODS", "ERROR"]
     assert lines[1].startswith("builtins") and "loaded" in lines[1] and "l1_unstructured" in lines[1]
-    assert lines[2].split()[:4] == ["broken", "prunereg-broken", "1.0", "error"] and lines[2].endswith("ImportError: nope")
+    assert lines[2].split()[:4] == ["broken", "prunereg-broken", "1.0", "error"] and lines[2].endswith(
+        "ImportError: nope"
+    )
 
 
 def test_plugins_exits_non_zero_in_strict_mode_on_a_broken_target(use_plugins) -> None:
@@ -160,16 +187,26 @@ def test_new_plugin_writes_a_complete_package(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["new-plugin", "prunereg-foo-bar", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     written = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert written == ["README.md", "prunereg_foo_bar/__init__.py", "prunereg_foo_bar/method.py",
-                       "pyproject.toml", "tests/test_foo_bar.py"]
+    assert written == [
+        "README.md",
+        "prunereg_foo_bar/__init__.py",
+        "prunereg_foo_bar/method.py",
+        "pyproject.toml",
+        "tests/test_foo_bar.py",
+    ]
     pyproject = (tmp_path / "out" / "pyproject.toml").read_text()
     assert 'name = "prunereg-foo-bar"' in pyproject
     assert '[project.entry-points.prunereg]\nfoo_bar = "prunereg_foo_bar"' in pyproject
     assert "{{" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
-    assert "class FooBarPruning(prunereg.BasePruningMethod)" in (tmp_path / "out" / "prunereg_foo_bar" / "method.py").read_text()
+    assert (
+        "class FooBarPruning(prunereg.BasePruningMethod)"
+        in (tmp_path / "out" / "prunereg_foo_bar" / "method.py").read_text()
+    )
 
 
-def test_new_plugin_defaults_to_a_folder_named_after_the_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_new_plugin_defaults_to_a_folder_named_after_the_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert CliRunner().invoke(main, ["new-plugin", "baz"]).exit_code == 0
     assert (tmp_path / "prunereg-baz" / "prunereg_baz" / "__init__.py").is_file()
@@ -227,9 +264,14 @@ def test_the_console_script_lists_the_installed_builtins() -> None:
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["l1_unstructured"] == {
-        "name": "l1_unstructured", "kind": "unstructured", "summary": "Prune the entries of smallest absolute value",
-        "plugin": "builtins", "package": "prunereg", "version": prunereg.__version__,
-        "target": "prunereg_builtins.unstructured:L1Unstructured"}
+        "name": "l1_unstructured",
+        "kind": "unstructured",
+        "summary": "Prune the entries of smallest absolute value",
+        "plugin": "builtins",
+        "package": "prunereg",
+        "version": prunereg.__version__,
+        "target": "prunereg_builtins.unstructured:L1Unstructured",
+    }
 
 
 def test_the_console_script_honours_the_switches() -> None:
@@ -245,32 +287,34 @@ def test_the_console_script_honours_the_switches() -> None:
     assert strict.returncode == 1 and "PRUNEREG_PLUGINS names 'nosuch'" in strict.stderr
 
 
-def fake_install(site: Path, module: str, source: str, version: str = "1.0") -> None:
-    """Install a one-module plugin by hand: a real dist-info with an entry point, no pip needed."""
-    distribution = module.replace("_", "-")
-    (site / f"{module}.py").write_text(source)
-    info = site / f"{module}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
-    (info / "entry_points.txt").write_text(f"[prunereg]\n{module.removeprefix('prunereg_')} = {module}\n")
-
-
 def test_installed_broken_and_clashing_plugins_never_break_the_cli(tmp_path: Path) -> None:
     fake_install(tmp_path, "prunereg_broken", "raise ImportError('needs scipy')\n")
-    fake_install(tmp_path, "prunereg_clash", (
-        "import prunereg\n\n"
-        "@prunereg.hookimpl\n"
-        "def prunereg_register_methods(register):\n"
-        "    register('l1_unstructured', 'prunereg_builtins.unstructured:Identity', kind='unstructured', summary='Clash')\n"
-    ), version="2.5")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    fake_install(
+        tmp_path,
+        "prunereg_clash",
+        (
+            "import prunereg\n\n"
+            "@prunereg.hookimpl\n"
+            "def prunereg_register_methods(register):\n"
+            "    register('l1_unstructured', 'prunereg_builtins.unstructured:Identity', kind='unstructured',\n"
+            "             summary='Clash')\n"
+        ),
+        version="2.5",
+    )
+    env = site_env(tmp_path)
 
     lenient = script("list", "--json", **env, PRUNEREG_STRICT_PLUGINS="0")
     assert lenient.returncode == 0
     rows = {row["name"]: row for row in json.loads(lenient.stdout)}
     assert rows["l1_unstructured"]["package"] == "prunereg"
-    assert "plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: needs scipy" in lenient.stderr
-    assert "plugin 'clash' (prunereg-clash 2.5): method 'l1_unstructured' conflicts with plugin 'builtins' (prunereg" in lenient.stderr
+    assert (
+        "plugin 'broken' (prunereg-broken 1.0): failed to load and was skipped: ImportError: needs scipy"
+        in lenient.stderr
+    )
+    assert (
+        "plugin 'clash' (prunereg-clash 2.5): method 'l1_unstructured' conflicts with plugin 'builtins' (prunereg"
+        in lenient.stderr
+    )
 
     statuses = {row["name"]: row["status"] for row in json.loads(script("plugins", "--json", **env).stdout)}
     assert (statuses["builtins"], statuses["broken"], statuses["clash"]) == ("loaded", "error", "conflict")
@@ -279,7 +323,120 @@ def test_installed_broken_and_clashing_plugins_never_break_the_cli(tmp_path: Pat
     assert strict.returncode == 1 and "l1_unstructured" in strict.stdout
 
     code = "import prunereg; print(prunereg.get('l1_unstructured').__name__)"
-    used = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env, "PRUNEREG_STRICT_PLUGINS": "0"})
+    used = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "PRUNEREG_STRICT_PLUGINS": "0"},
+    )
     assert used.stdout == "L1Unstructured\n"
     assert "PluginWarning" in used.stderr and "needs scipy" in used.stderr
+
+
+# -- hostile text, unreadable signatures, strict info (issue 13, items 6, 7, 8 and 9) ----------------------------
+
+
+class _NoSignature(type(prunereg.BasePruningMethod)):
+    @property
+    def __signature__(cls) -> None:
+        raise RuntimeError("no signature here")
+
+
+class Unreadable(KeepAll, metaclass=_NoSignature):
+    """Its constructor's signature cannot be read."""
+
+
+class BadDefault(KeepAll):
+    class _Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    def __init__(self, amount: float = 0.5, weird: object = _Unprintable()) -> None:
+        self.amount = amount
+
+
+class Unresolvable(KeepAll):
+    def __init__(self, amount: torch.NoSuchType = 0.5) -> None:  # type: ignore[name-defined]  (the point of the test)
+        self.amount = amount
+
+
+@pytest.mark.parametrize("cls", [Unreadable, BadDefault])
+def test_info_answers_when_a_signature_cannot_be_read(use_plugins, cls: type) -> None:
+    use_plugins(builtins(), plugin("odd", method("odd", cls)))
+    result = run("info", "odd")
+    assert result.exit_code == 0
+    assert "parameters: unknown (the constructor's signature cannot be read)" in result.stdout.splitlines()
+    assert json.loads(run("info", "odd", "--json").stdout)["parameters"] is None
+
+
+def test_info_shows_annotations_that_cannot_be_resolved_as_written(use_plugins) -> None:
+    use_plugins(builtins(), plugin("odd", method("odd", Unresolvable)))
+    assert "parameters: amount: torch.NoSuchType = 0.5" in run("info", "odd").stdout.splitlines()
+
+
+def test_prune_reads_the_raw_signature_when_annotations_cannot_be_resolved(use_plugins, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    use_plugins(builtins(), plugin("odd", method("odd", Unresolvable)))
+    save_file({"w": torch.arange(1.0, 17.0).reshape(4, 4)}, str(tmp_path / "in.safetensors"))
+    prune = ["prune", str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors"), "--method", "odd"]
+    assert run(*prune, "--amount", "0.5").exit_code == 0
+    assert (tmp_path / "out.safetensors").is_file()
+    unknown = CliRunner().invoke(main, [*prune, "--arg", "ratio=2", "--force"])
+    assert unknown.exit_code == 1 and "does not take argument 'ratio' (it takes: amount)" in unknown.stderr
+
+
+def test_strict_info_exits_non_zero_when_a_plugin_failed(use_plugins) -> None:
+    use_plugins(builtins(), plugin("broken", import_error=ImportError("nope")), strict=True)
+    result = run("info", "l1_unstructured")
+    assert result.exit_code == 1
+    assert result.stdout.startswith("l1_unstructured (unstructured)")
+    assert "ImportError: nope" in result.stderr and "PRUNEREG_STRICT_PLUGINS" in result.stderr
+
+
+HOSTILE = "\x1b[31mred\x1b[0m \x1b]0;title\x07 \x1b[2J bell\x07 nbsp\xa0 tab\t end"
+
+
+def test_nothing_a_plugin_wrote_reaches_the_terminal_raw(use_plugins) -> None:
+    class Loud(KeepAll):
+        __doc__ = f"Doc {HOSTILE}\nsecond line\r overwritten"
+
+    use_plugins(
+        builtins(),
+        plugin("loud\x1b[1m", method("loud", Loud, summary=f"Summary {HOSTILE}"), package="prunereg-loud\x1b[5m"),
+        plugin("broken", import_error=ImportError(f"cannot import {HOSTILE}\r\nsecond line")),
+    )
+    outputs = [run("list"), run("plugins"), run("info", "loud")]
+    for result in outputs:
+        assert result.exit_code == 0
+        printed = result.stdout + result.stderr
+        assert not {"\x1b", "\x07", "\r", "\xa0", "\t"} & set(printed), printed
+    assert "Summary red   bell\\x07 nbsp\\xa0 tab\\t end" in outputs[0].stdout
+    assert "cannot import red   bell\\x07 nbsp\\xa0 tab\\t end second line" in outputs[0].stderr
+    assert (
+        "Doc red   bell\\x07 nbsp" in outputs[2].stdout
+        and "plugin 'loud\\x1b[1m' (prunereg-loud 1.0)" in outputs[2].stdout
+    )
+    listed = {row["name"]: row for row in json.loads(run("list", "--json").stdout)}
+    assert listed["loud"]["summary"] == f"Summary {HOSTILE}"  # JSON escapes it; the data stays as registered
+
+
+def test_new_plugin_prints_a_pip_command_for_the_local_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    default = CliRunner().invoke(main, ["new-plugin", "baz"])
+    assert "  pip install ./prunereg-baz && prunereg list && python -m pytest ./prunereg-baz" in default.stdout
+    spaced = CliRunner().invoke(main, ["new-plugin", "qux", "my plugins/qux"])
+    assert "pip install './my plugins/qux'" in spaced.stdout
+    absolute = CliRunner().invoke(main, ["new-plugin", "quux", str(tmp_path / "abs")])
+    assert f"pip install {tmp_path / 'abs'} " in absolute.stdout
+
+
+def test_new_plugin_reports_names_and_folders_too_long_for_the_filesystem_in_one_line(tmp_path: Path) -> None:
+    long_name = CliRunner().invoke(main, ["new-plugin", "a" * 300, str(tmp_path / "x")])
+    assert long_name.exit_code == 2 and "at most 100 characters" in long_name.output
+    assert "Traceback" not in long_name.output and long_name.output.splitlines()[-1].startswith("Error: Invalid value")
+    long_folder = CliRunner().invoke(main, ["new-plugin", "foo", str(tmp_path / "sub" / ("d" * 300))])
+    assert long_folder.exit_code == 1
+    assert long_folder.output.startswith("Error: cannot write the plugin into ") and long_folder.output.count("\n") == 1
+    assert "File name too long" in long_folder.output
+    assert list(tmp_path.iterdir()) == []  # nothing half-written is left behind

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,24 +21,49 @@ def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[s
 @pytest.mark.slow
 def test_a_generated_plugin_installs_registers_and_passes_its_own_tests(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent
-    source, site = tmp_path / "source", tmp_path / "site"
-    run([str(bin_dir / "prunereg"), "new-plugin", "demo-kit", str(source)], tmp_path)
-    # A real wheel install with dist-info, into a folder of its own: the venv stays untouched.
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
-         "--target", str(site), str(source)], tmp_path)
+    site = tmp_path / "site"
+    written = run([str(bin_dir / "prunereg"), "new-plugin", "demo-kit"], tmp_path)
+    # The command it prints must install the folder it wrote (issue 12), not ask the package index.
+    install, listing, test = written.stdout.splitlines()[-1].split(" && ")
+    assert (shlex.split(install), listing, shlex.split(test)) == (
+        ["pip", "install", "./prunereg-demo-kit"],
+        "prunereg list",
+        ["python", "-m", "pytest", "./prunereg-demo-kit"],
+    )
+    # That command, with the interpreter under test, as a real wheel install with dist-info, into a folder of
+    # its own (the venv stays untouched) and offline: a package-index lookup would fail here.
+    run(
+        [
+            sys.executable,
+            "-m",
+            *shlex.split(install),
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+        ],
+        tmp_path,
+    )
     path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
 
     # Run from tmp_path, not from the source folder, so only the installed copy is importable.
-    imported = run([sys.executable, "-c", "import prunereg_demo_kit; print(prunereg_demo_kit.__file__)"], tmp_path, PYTHONPATH=path)
+    imported = run(
+        [sys.executable, "-c", "import prunereg_demo_kit; print(prunereg_demo_kit.__file__)"], tmp_path, PYTHONPATH=path
+    )
     assert Path(imported.stdout.strip()).is_relative_to(site)
 
     listed = run([str(bin_dir / "prunereg"), "list", "--json"], tmp_path, PYTHONPATH=path)
     assert {
-        "name": "demo_kit", "kind": "unstructured",
+        "name": "demo_kit",
+        "kind": "unstructured",
         "summary": "Prune the amount fraction of entries of smallest absolute value",
-        "plugin": "demo_kit", "package": "prunereg-demo-kit", "version": "0.1.0",
+        "plugin": "demo_kit",
+        "package": "prunereg-demo-kit",
+        "version": "0.1.0",
         "target": "prunereg_demo_kit.method:DemoKitPruning",
     } in json.loads(listed.stdout)
 
-    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source)], tmp_path, PYTHONPATH=path)
+    tests = run([sys.executable, *shlex.split(test)[1:], "-q", "-p", "no:cacheprovider"], tmp_path, PYTHONPATH=path)
     assert "4 passed" in tests.stdout

@@ -100,6 +100,30 @@ class MaskOnCpu(Magnitude):
         return mask if t.device.type == "cpu" else torch.ones(t.shape, dtype=default_mask.dtype)
 
 
+class BroadcastingRow(Magnitude):
+    def compute_mask(self, t, default_mask):
+        return super().compute_mask(t, default_mask)[:1]
+
+
+class MaskOnMeta(Magnitude):
+    def compute_mask(self, t, default_mask):
+        return super().compute_mask(t, default_mask).to("meta")
+
+
+class BroadcastsOnParameters(Magnitude):
+    """Right for the plain tensors compute_mask is checked on; a (1, n) mask for the Parameter apply passes."""
+
+    def compute_mask(self, t, default_mask):
+        mask = super().compute_mask(t, default_mask)
+        return mask[:1] if isinstance(t, torch.nn.Parameter) else mask
+
+
+class MetaOnParameters(Magnitude):
+    def compute_mask(self, t, default_mask):
+        mask = super().compute_mask(t, default_mask)
+        return mask.to("meta") if isinstance(t, torch.nn.Parameter) else mask
+
+
 class Scores(Magnitude):
     def compute_mask(self, t, default_mask):
         return super().compute_mask(t, default_mask) * t.abs()
@@ -197,6 +221,20 @@ class UnknownKind(Magnitude):
         (WrongShape, {}, r"returned shape \(96,\), expected \(8, 12\)"),
         (WrongDtype, {}, r"returned dtype torch.bool, expected torch.float32"),
         (MaskOnCpu, {}, r"mask on cpu, expected meta \(device meta"),
+        (BroadcastingRow, {}, r"returned shape \(1, 12\), expected \(8, 12\)"),
+        (MaskOnMeta, {}, r"returned a mask on meta, expected cpu \(device cpu"),
+        (
+            BroadcastsOnParameters,
+            {"devices": ["cpu"]},
+            r"(mask of shape \(1, 12\) for a parameter of shape \(8, 12\)"
+            r"|failed while applying it to a module on cpu: .*shape)",
+        ),
+        (
+            MetaOnParameters,
+            {"devices": ["cpu"]},
+            r"(mask on meta for a parameter on cpu"
+            r"|failed while applying it to a module on cpu: .*meta)",
+        ),
         (Scores, {}, r"values other than 0 and 1 \(device cpu, dtype torch.float32\)"),
         (IgnoresDefaultMask, {}, "entries that default_mask had already pruned"),
         (PrunesOneEntryAlways, {}, r"amount=0.0 pruned 1 of 96, expected nothing"),
@@ -229,5 +267,5 @@ def test_the_correct_method_the_broken_ones_derive_from_passes() -> None:
 def test_an_unknown_name_or_bad_arguments_are_reported_as_assertion_errors() -> None:
     with pytest.raises(AssertionError, match=r"'l1_unstrctured': failed while looking it up.*did you mean"):
         check_pruning_method("l1_unstrctured", amount=0.3)
-    with pytest.raises(AssertionError, match="failed while constructing it.*TypeError"):
+    with pytest.raises(AssertionError, match=r"failed while constructing it.*TypeError"):
         check_pruning_method("ln_structured", amount=0.3)

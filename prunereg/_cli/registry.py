@@ -3,13 +3,18 @@
 ``list`` and ``plugins`` read registrations only: they import neither torch nor
 any plugin's implementation (``plugins`` imports the targets to check them).
 Plugin problems go to stderr; the exit status is 0 unless strict mode
-(``PRUNEREG_STRICT_PLUGINS=1``) is on and there was a problem.
+(``PRUNEREG_STRICT_PLUGINS=1``) is on and there was a problem. Everything a
+plugin wrote (names, summaries, docstrings, error messages) is printed through
+:func:`prunereg._text.printable`: no control character or escape sequence of
+theirs reaches the terminal. JSON output is escaped by ``json`` itself.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import os
+import shlex
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +23,7 @@ import click
 
 from prunereg._cli.app import main
 from prunereg._registry import KINDS, constructor_parameters
+from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
     from prunereg._registry import Registry
@@ -74,18 +80,17 @@ def info_command(name: str, as_json: bool) -> None:
             warnings.simplefilter("ignore", PluginWarning)
             cls = registry.resolve(name)
     except (UnknownMethodError, PluginError) as error:
-        raise click.ClickException(str(error)) from error
+        raise click.ClickException(printable(str(error))) from error
     details = {**info.as_dict(), "doc": inspect.getdoc(cls), "parameters": _parameters(cls)}
     if as_json:
         click.echo(json.dumps(details, indent=2))
-        return
-    origin = f"{info.package} {info.version}" if info.package else "this process"
-    click.echo(f"{info.name} ({info.kind}): {info.summary}")
-    click.echo(f"from plugin {info.plugin!r} ({origin}), class {info.target}")
-    signature = ", ".join(_format_parameter(p) for p in details["parameters"])
-    click.echo(f"parameters: {signature or 'none'}")
-    if details["doc"]:
-        click.echo("\n" + details["doc"])
+    else:
+        click.echo(printable(f"{info.name} ({info.kind}): {info.summary}"))
+        click.echo(f"from {info.label}, class {printable(info.target)}")
+        click.echo(f"parameters: {_signature(details['parameters'])}")
+        if details["doc"]:
+            click.echo("\n" + "\n".join(printable(line) for line in details["doc"].splitlines()))
+    _exit_if_strict(registry, registry.problems)
 
 
 @main.command("new-plugin")
@@ -105,14 +110,29 @@ def new_plugin_command(name: str, directory: Path | None) -> None:
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="NAME") from error
     directory = directory if directory is not None else Path(names.distribution)
-    if directory.exists() and any(directory.iterdir()):
-        raise click.ClickException(f"{directory} already exists and is not empty; name another DIRECTORY")
-    for path in write_plugin(names, directory):
+    try:
+        if directory.exists() and any(directory.iterdir()):
+            raise click.ClickException(f"{directory} already exists and is not empty; name another DIRECTORY")
+        written = write_plugin(names, directory)
+    except OSError as error:  # a name or path too long for the filesystem, no permission, a full disk
+        raise click.ClickException(
+            f"cannot write the plugin into {printable(str(directory))}: {describe(error)}"
+        ) from error
+    for path in written:
         click.echo(f"wrote {path}")
+    where = _shell_path(directory)
     click.echo(
-        f"\nmethod {names.method!r} in {names.distribution}; next:\n"
-        f"  pip install {directory} && prunereg list && python -m pytest {directory}"
+        f"\nmethod {names.method!r} in {names.distribution}; install it from its folder and run its tests:\n"
+        f"  pip install {where} && prunereg list && python -m pytest {where}"
     )
+
+
+def _shell_path(directory: Path) -> str:
+    """``directory`` as pip reads it as a local folder (``./x``, not ``x``, a name on the package index), quoted."""
+    text = str(directory)
+    if not directory.is_absolute() and not text.startswith(os.pardir):
+        text = os.curdir + os.sep + text
+    return shlex.quote(text)
 
 
 def _loaded_registry() -> Registry:
@@ -126,7 +146,7 @@ def _loaded_registry() -> Registry:
 
 def _echo_problems(problems: list[str]) -> None:
     for problem in problems:
-        click.echo(f"warning: {problem}", err=True)
+        click.echo(f"warning: {printable(problem)}", err=True)
 
 
 def _exit_if_strict(registry: Registry, problems: list[str]) -> None:
@@ -136,24 +156,33 @@ def _exit_if_strict(registry: Registry, problems: list[str]) -> None:
 
 
 def _echo_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    table = [[c.upper() for c in columns]] + [[str(row[c] or "-") for c in columns] for row in rows]
+    table = [[c.upper() for c in columns]] + [[printable(str(row[c] or "-")) for c in columns] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
     for line in table:
         click.echo(("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]).rstrip())
 
 
-def _parameters(cls: type) -> list[dict[str, Any]]:
-    """The constructor's parameters: name, annotation, default (as repr) and whether required."""
-    parameters = (constructor_parameters(cls) or {}).values()
-    return [
-        {
-            "name": p.name,
-            "annotation": _annotation(p.annotation),
-            "default": None if p.default is p.empty else repr(p.default),
-            "required": p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD),
-        }
-        for p in parameters
-    ]
+def _parameters(cls: type) -> list[dict[str, Any]] | None:
+    """The constructor's parameters: name, annotation, default (as repr) and whether required.
+
+    None when they cannot be read: no signature, or one whose defaults or
+    annotations fail to print (plugin code may raise anything there).
+    """
+    parameters = constructor_parameters(cls)
+    if parameters is None:
+        return None
+    try:
+        return [
+            {
+                "name": p.name,
+                "annotation": _annotation(p.annotation),
+                "default": None if p.default is p.empty else repr(p.default),
+                "required": p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD),
+            }
+            for p in parameters.values()
+        ]
+    except Exception:  # a default whose repr raises, say: the rest of `info` is still worth showing
+        return None
 
 
 def _annotation(annotation: Any) -> str | None:
@@ -161,6 +190,12 @@ def _annotation(annotation: Any) -> str | None:
         return None
     # Under `from __future__ import annotations` an annotation is already its source text.
     return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+
+
+def _signature(parameters: list[dict[str, Any]] | None) -> str:
+    if parameters is None:
+        return "unknown (the constructor's signature cannot be read)"
+    return printable(", ".join(_format_parameter(p) for p in parameters)) or "none"
 
 
 def _format_parameter(parameter: dict[str, Any]) -> str:

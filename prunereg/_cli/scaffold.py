@@ -7,12 +7,14 @@ replaced by the plugin's names; ``package/`` becomes the plugin's module folder.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prunereg import __version__
+from prunereg._registry import MAX_NAME_LENGTH
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -35,9 +37,10 @@ class PluginNames:
     def from_name(cls, name: str) -> PluginNames:
         """Names from ``foo-bar``, ``foo_bar`` or ``prunereg-foo-bar``."""
         bare = re.sub(r"^prunereg[-_]", "", name.strip())
-        if not _NAME.fullmatch(bare):
+        if not _NAME.fullmatch(bare) or len(bare) > MAX_NAME_LENGTH:
             raise ValueError(
-                f"{name!r} is not a plugin name: use lowercase letters, digits, '-' or '_', starting with a letter"
+                f"{_shortened(name)!r} is not a plugin name: use lowercase letters, digits, '-' or '_', "
+                f"starting with a letter, at most {MAX_NAME_LENGTH} characters"
             )
         method = bare.replace("-", "_")
         return cls(
@@ -60,14 +63,48 @@ def render(names: PluginNames) -> dict[Path, str]:
 
 
 def write_plugin(names: PluginNames, directory: Path) -> list[Path]:
-    """Write the plugin's files under ``directory``; returns their paths."""
+    """Write the plugin's files under ``directory`` (absent or empty); returns their paths.
+
+    All or nothing: if a file cannot be written (``OSError``), everything
+    written so far is removed, with the folders created for it.
+    """
+    created = _first_missing(directory)
     written = []
-    for relative, text in sorted(render(names).items()):
-        path = directory / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        written.append(path)
+    try:
+        for relative, text in sorted(render(names).items()):
+            path = directory / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    except OSError:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        else:
+            _remove_contents(directory)
+        raise
     return written
+
+
+def _first_missing(directory: Path) -> Path | None:
+    """The outermost of ``directory`` and its parents that does not exist yet, if any."""
+    missing = None
+    for path in (directory, *directory.parents):
+        if path.exists():
+            break
+        missing = path
+    return missing
+
+
+def _remove_contents(directory: Path) -> None:
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _shortened(name: str, limit: int = 60) -> str:
+    return name if len(name) <= limit else f"{name[:limit]}..."
 
 
 def _templates(folder: Traversable, relative: Path) -> list[tuple[Traversable, Path]]:
