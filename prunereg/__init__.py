@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from prunereg._method import BasePruningMethod
     from prunereg._offline import apply_masks
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
-    from prunereg._reparam import is_pruned, remove
+    from prunereg._reparam import is_pruned
+    from prunereg._tied import remove
     from prunereg._serialization import safe_globals
     from prunereg._state_dict import load_state_dict
 
@@ -59,7 +60,7 @@ _LAZY = {
     "global_unstructured": "prunereg._global",
     "hookimpl": "prunereg._hookspec",
     "is_pruned": "prunereg._reparam",
-    "remove": "prunereg._reparam",
+    "remove": "prunereg._tied",
     "safe_globals": "prunereg._serialization",
     "load_state_dict": "prunereg._state_dict",
 }

@@ -61,7 +61,7 @@ class BasePruningMethod(ABC):
 
         Nothing changes on the module unless every step succeeds.
         """
-        return _reparam.prune_tensor(cls, module, name, args, kwargs, importance_scores)
+        return _tied.prune(cls, module, name, args, kwargs, importance_scores)
 
     def prune(
         self,
@@ -98,4 +98,4 @@ class BasePruningMethod(ABC):
 
 
 # At the end: the reparametrization engine needs the class defined above.
-from prunereg import _reparam  # noqa: E402
+from prunereg import _reparam, _tied  # noqa: E402

@@ -22,7 +22,8 @@ from prunereg._amount import validate_structured as _validate_structured_pruning
 from prunereg._container import PruningContainer
 from prunereg._global import global_unstructured
 from prunereg._method import BasePruningMethod
-from prunereg._reparam import is_pruned, remove
+from prunereg._reparam import is_pruned
+from prunereg._tied import remove
 from prunereg_builtins.custom import CustomFromMask
 from prunereg_builtins.structured import LnStructured, RandomStructured
 from prunereg_builtins.unstructured import Identity, L1Unstructured, RandomUnstructured
