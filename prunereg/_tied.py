@@ -17,15 +17,13 @@ refused with an error naming the others.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from prunereg import _attention, _container, _reparam
+from prunereg import _attention, _reparam
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from prunereg._method import BasePruningMethod
 
 
 class Site(NamedTuple):
@@ -70,30 +68,33 @@ def _held_parameter(module: nn.Module, name: str) -> torch.nn.Parameter | None:
     return module._parameters.get(name)
 
 
-def prune(
-    cls: type[BasePruningMethod],
-    root: nn.Module,
-    name: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    importance_scores: torch.Tensor | None,
-) -> BasePruningMethod:
-    """Prune ``root.<name>`` and every other attribute under ``root`` sharing its parameter, with one mask."""
-    group = sites(root, name)
-    first = group[0]
-    if len(group) == 1:
-        refuse_splitting(first)
-    with _reparam.all_or_nothing([(site.module, site.name) for site in group]):
-        hook = _reparam.prune_tensor(cls, first.module, first.name, args, kwargs, importance_scores)
-        newest = hook[-1] if isinstance(hook, _container.PruningContainer) else hook
-        mask = first.module._buffers[first.name + "_mask"]
-        for site in group[1:]:
-            _reparam.install_mask(site.module, site.name, copy.copy(newest), mask)
-        if len(group) > 1:
-            _remember_group(group)
-        _attention.refresh_where_read(root, first.qualified)
-    _attention.warn_if_read_elsewhere(root, first)
-    return hook
+def tensors(group: list[Site]) -> list[tuple[nn.Module, str]]:
+    """The ``(module, name)`` pairs of ``group``, as :func:`prunereg._reparam.all_or_nothing` takes them."""
+    return [(site.module, site.name) for site in group]
+
+
+def share(group: list[Site]) -> None:
+    """Give every other member of ``group`` the first member's mask and a copy of its hook, and remember the group.
+
+    Each module gets its own hook object, so each keeps its own record of the
+    tensor it computed; they hold the same Parameter and the same mask tensor.
+    """
+    first, others = group[0], group[1:]
+    if not others:
+        return
+    hook = _reparam.pruning_hooks(first.module, first.name)[0][1]
+    mask = first.module._buffers[first.name + "_mask"]
+    for site in others:
+        copied = copy.copy(hook)
+        for record in ("_refs", "_stamp", "_param_order"):
+            copied.__dict__.pop(record, None)
+        copied._tensor_name = site.name
+        _reparam.install(site.module, site.name, copied, mask)
+    names = tuple(site.qualified for site in group)
+    for site in group:
+        for _, member_hook in _reparam.pruning_hooks(site.module, site.name):
+            member_hook._shared_with = names
+            member_hook._shared_as = site.qualified
 
 
 def remove(root: nn.Module, name: str) -> nn.Module:
@@ -116,11 +117,3 @@ def refuse_splitting(site: Site) -> None:
                 f"{hook._shared_as} shares its parameter with {', '.join(others)}: prune them together "
                 f"from a module holding all of them, e.g. prune.l1_unstructured(model, {hook._shared_as!r}, ...)"
             )
-
-
-def _remember_group(group: list[Site]) -> None:
-    names = tuple(site.qualified for site in group)
-    for site in group:
-        for _, hook in _reparam.pruning_hooks(site.module, site.name):
-            hook._shared_with = names
-            hook._shared_as = site.qualified
