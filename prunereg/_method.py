@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg import _attention, _compact, _distributed, _reparam, _tied
 
@@ -114,7 +115,7 @@ class PruningContainer(BasePruningMethod):
 
     def add_pruning_method(self, method: BasePruningMethod | None) -> None:
         """Append ``method``, which must act on the same tensor as the others."""
-        if not isinstance(method, BasePruningMethod) and method is not None:
+        if not isinstance(method, torch_prune.BasePruningMethod) and method is not None:
             raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
         if method is not None and self._tensor_name != method._tensor_name:
             raise ValueError(
@@ -167,7 +168,7 @@ def _prune(
         return method
 
     old = hooks[0][1]
-    container = old if isinstance(old, PruningContainer) else PruningContainer(old)  # type: ignore[arg-type]  # prunereg installs methods only
+    container = old if isinstance(old, PruningContainer) else PruningContainer(*_history(old))
     old_mask = module._buffers[name + "_mask"]
     if mask is None:
         default_mask = old_mask.detach()
@@ -179,6 +180,13 @@ def _prune(
         container.add_pruning_method(method)
         _reparam.install(module, name, container, mask)
     return container
+
+
+def _history(hook: torch_prune.BasePruningMethod) -> tuple[BasePruningMethod, ...]:
+    """The methods a hook has applied, oldest first; a hook torch installed may be its own container."""
+    if isinstance(hook, torch_prune.PruningContainer):
+        return tuple(hook)
+    return (hook,)  # type: ignore[return-value]  # torch's methods are used through the same interface
 
 
 def _checked(mask: torch.Tensor, orig: torch.Tensor, name: str) -> torch.Tensor:

@@ -7,7 +7,12 @@ to a module here is all-or-nothing: on any error the module is left exactly as
 it was, hooks, parameters and buffers included.
 
 :class:`PruningHook` owns the tensor name: it is the forward pre-hook, and every
-pruning method (:class:`prunereg.BasePruningMethod`) is one. Which mask to
+pruning method (:class:`prunereg.BasePruningMethod`) is one. It subclasses
+torch's ``BasePruningMethod``, so torch's ``is_pruned`` and ``remove`` (and
+Lightning's ``ModelPruning``) take prunereg's methods and modules; the other
+way round, every function here also sees the hooks ``torch.nn.utils.prune``
+installed, so prunereg's ``is_pruned``, ``remove`` and re-pruning work on
+modules torch pruned. Which mask to
 install is the methods' business (:mod:`prunereg._method`); this module only
 installs it, keeps ``module.<name>`` current and takes it away again.
 """
@@ -21,6 +26,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg import _distributed
 
@@ -28,18 +34,29 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-class PruningHook:
+class PruningHook(torch_prune.BasePruningMethod):
     """The forward pre-hook that keeps ``module.<name>`` equal to ``<name>_orig * <name>_mask``.
 
     Before every forward it recomputes the product, except with autograd off
     when neither tensor changed since the last time (then ``<name>`` already
     holds that product, and a no_grad forward costs what the unpruned model's does).
+    Traced by ``torch.compile`` or ``torch.export`` it is the plain product:
+    the change detection reads version counters and data pointers, which
+    tracing cannot follow.
     """
 
     _tensor_name: str
     _param_order: tuple[str, ...] | None  # the module's parameter order before the first pruning
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
+        name = self._tensor_name
+        if name + "_orig" not in module._parameters and name + "_mask" not in module._buffers:
+            # quantize_dynamic copies the hooks of the modules it replaces onto the
+            # new ones, which were built from the pruned tensor and hold no mask.
+            return
+        if torch.compiler.is_compiling():
+            setattr(module, name, self.apply_mask(module))
+            return
         # With autograd on, the product must be recomputed: it links <name> to
         # <name>_orig in this forward's graph.
         if torch.is_grad_enabled() or not pruned_tensor_is_current(self, module):
@@ -79,11 +96,11 @@ class PruningHook:
 
 
 def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
-    """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``."""
+    """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``, torch's included."""
     return [
         (key, hook)
         for key, hook in module._forward_pre_hooks.items()
-        if isinstance(hook, PruningHook) and hook._tensor_name == name
+        if isinstance(hook, torch_prune.BasePruningMethod) and hook._tensor_name == name
     ]
 
 
@@ -188,7 +205,7 @@ def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
     """
     for hook in module._forward_pre_hooks.values():
         order = getattr(hook, "_param_order", None)
-        if isinstance(hook, PruningHook) and order is not None and name in order:
+        if isinstance(hook, torch_prune.BasePruningMethod) and order is not None and name in order:
             return order
     return tuple(module._parameters)
 
@@ -303,9 +320,9 @@ def remove(module: nn.Module, name: str) -> nn.Module:
 
 
 def is_pruned(module: nn.Module) -> bool:
-    """Whether ``module`` or any of its submodules carries a pruning hook."""
+    """Whether ``module`` or any of its submodules carries a pruning hook (prunereg's or torch's)."""
     return any(
-        isinstance(hook, PruningHook)
+        isinstance(hook, torch_prune.BasePruningMethod)
         for submodule in module.modules()
         for hook in submodule._forward_pre_hooks.values()
     )

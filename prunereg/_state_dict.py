@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from prunereg._method import BasePruningMethod
 from prunereg._reparam import set_pruned_tensor
 
 
@@ -32,7 +32,7 @@ def load_state_dict(
     for prefix, module in model.named_modules():
         dot = f"{prefix}." if prefix else ""
         for hook in module._forward_pre_hooks.values():
-            if isinstance(hook, BasePruningMethod):
+            if isinstance(hook, torch_prune.BasePruningMethod):  # torch's own hooks too
                 pruned.append((module, hook))
                 _to_pruned(translated, dot + hook._tensor_name, module._buffers[hook._tensor_name + "_mask"])
         for name in module._parameters:
