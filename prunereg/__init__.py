@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from prunereg._compact import compact_masks
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
+    from prunereg._huggingface import from_pretrained, save_pretrained
     from prunereg._method import BasePruningMethod, PruningContainer
     from prunereg._offline import apply_masks
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
@@ -34,6 +35,7 @@ __all__ = [
     "UnknownMethodError",
     "apply_masks",
     "compact_masks",
+    "from_pretrained",
     "get",
     "global_unstructured",
     "hookimpl",
@@ -44,6 +46,7 @@ __all__ = [
     "register",
     "remove",
     "safe_globals",
+    "save_pretrained",
 ]
 
 _LAZY = {
@@ -58,6 +61,8 @@ _LAZY = {
     "compact_masks": "prunereg._compact",
     "global_unstructured": "prunereg._global",
     "hookimpl": "prunereg._hookspec",
+    "from_pretrained": "prunereg._huggingface",
+    "save_pretrained": "prunereg._huggingface",
     "is_pruned": "prunereg._reparam",
     "remove": "prunereg._tied",
     "safe_globals": "prunereg._serialization",
