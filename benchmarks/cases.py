@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import memory  # noqa: E402
+import memory
 
 LIBS = {"prunereg": "prunereg.prune", "torch": "torch.nn.utils.prune"}
 BOTH = ("prunereg", "torch")
@@ -185,10 +185,10 @@ def one_billion(lib: str, quick: bool) -> dict[str, Any]:
 @case("forward/no_grad", "forward", "12 x (Linear(2048, 2048) + ReLU), batch 64, weights pruned 50 %", libs=TOGETHER)
 def forward(lib: str, quick: bool) -> dict[str, Any]:
     import torch
+    import torch.nn.utils.prune as torch_prune
     from torch import nn
 
     import prunereg.prune as prunereg_prune
-    import torch.nn.utils.prune as torch_prune
 
     width, layers, batch = (256, 4, 16) if quick else (2048, 12, 64)
     torch.manual_seed(0)
@@ -221,10 +221,10 @@ def forward(lib: str, quick: bool) -> dict[str, Any]:
 def _compile_models(quick: bool) -> tuple[dict[str, Any], Any]:
     """The MLP pruned by prunereg, by torch, and pruned then ``remove``d (the unpruned cost); and an input."""
     import torch
+    import torch.nn.utils.prune as torch_prune
     from torch import nn
 
     import prunereg.prune as prunereg_prune
-    import torch.nn.utils.prune as torch_prune
 
     width, layers, batch = (256, 4, 16) if quick else (2048, 12, 64)
     torch.manual_seed(0)

@@ -273,6 +273,9 @@ def _forward_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     return _section("Forward under torch.no_grad()", ["model", "weights", "forward", "overhead"], rows, intro)
 
 
+LABELS = (("pruned by torch", "torch"), ("pruned by prunereg", "prunereg"), ("after remove", "removed"))
+
+
 def _compile_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     rows = []
     for name, by_lib in _group(results, "compile"):
@@ -280,7 +283,7 @@ def _compile_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         if "removed" not in timed:
             rows.append(f"| {CASES[name].title} | {_times(timed)} | | | |")
             continue
-        for label, key in (("pruned by torch", "torch"), ("pruned by prunereg", "prunereg"), ("after remove", "removed")):
+        for label, key in LABELS:
             rows.append(f"| {CASES[name].title} | {label} | {_seconds(timed[key])} | "
                         f"{timed[key] / timed['removed'] - 1:+.1%} | {timed['graphs'][key]} |")
     intro = ["`torch.compile` (inductor); median of interleaved rounds after warm-up; *overhead* is against",

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from prunereg._offline import apply_masks
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned
-    from prunereg._tied import remove
     from prunereg._serialization import safe_globals
     from prunereg._state_dict import load_state_dict
+    from prunereg._tied import remove
 
 __version__ = "0.1.0"
 

@@ -111,7 +111,7 @@ def _plain_state_and_masks(model: nn.Module) -> tuple[dict[str, torch.Tensor], d
     products: dict[int, torch.Tensor] = {}
     for name, module, hook in _pruned_tensors(model):
         orig = module._parameters[hook._tensor_name + "_orig"]
-        mask = module._buffers[hook._tensor_name + "_mask"]
+        mask = module.get_buffer(hook._tensor_name + "_mask")
         product = products.get(id(orig))
         if product is None:
             product = products[id(orig)] = hook.apply_mask(module).detach()
@@ -122,7 +122,7 @@ def _plain_state_and_masks(model: nn.Module) -> tuple[dict[str, torch.Tensor], d
     return state, masks
 
 
-def _pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, _reparam.PruningHook]]:
+def _pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, torch.nn.utils.prune.BasePruningMethod]]:
     for prefix, module in model.named_modules(remove_duplicate=False):
         for hook in module._forward_pre_hooks.values():
             if isinstance(hook, torch.nn.utils.prune.BasePruningMethod):

@@ -23,7 +23,7 @@ import copy
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.utils.prune as torch_prune
@@ -47,6 +47,8 @@ class PruningHook(torch_prune.BasePruningMethod):
 
     _tensor_name: str
     _param_order: tuple[str, ...] | None  # the module's parameter order before the first pruning
+    _shared_with: tuple[str, ...]  # a tied parameter's names, when pruned together (prunereg._tied)
+    _shared_as: str  # this hook's own name among them
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
         name = self._tensor_name
@@ -98,7 +100,7 @@ class PruningHook(torch_prune.BasePruningMethod):
 def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
     """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``, torch's included."""
     return [
-        (key, hook)
+        (key, cast(PruningHook, hook))  # torch's own hooks are used through the same attributes
         for key, hook in module._forward_pre_hooks.items()
         if isinstance(hook, torch_prune.BasePruningMethod) and hook._tensor_name == name
     ]

@@ -83,7 +83,7 @@ def share(group: list[Site]) -> None:
     if not others:
         return
     hook = _reparam.pruning_hooks(first.module, first.name)[0][1]
-    mask = first.module._buffers[first.name + "_mask"]
+    mask = first.module.get_buffer(first.name + "_mask")
     for site in others:
         copied = copy.copy(hook)
         for record in ("_refs", "_stamp", "_param_order"):

@@ -1,4 +1,4 @@
-"""A pruned model under torch.compile and torch.export: one graph, no more recompiles than torch's pruning, eager results."""
+"""A pruned model under torch.compile and torch.export: one graph, no more recompiles than torch, eager results."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_pruning_one_member_alone_is_refused_and_changes_nothing():
     prune.l1_unstructured(model, "head.weight", amount=0.5)
     before = copy.deepcopy(model.state_dict())
     hooks = dict(model.head._forward_pre_hooks)
-    with pytest.raises(ValueError, match="head.weight shares its parameter with embed.weight"):
+    with pytest.raises(ValueError, match=r"head\.weight shares its parameter with embed\.weight"):
         prune.l1_unstructured(model.head, "weight", amount=0.2)
     assert dict(model.head._forward_pre_hooks) == hooks
     for key, value in model.state_dict().items():

@@ -63,9 +63,10 @@ def test_global_pruning_on_modules_torch_pruned():
     mine, theirs = net(), net()
     for model in (mine, theirs):
         torch_prune.l1_unstructured(model[0], "weight", amount=0.3)
-    parameters = lambda m: [(m[0], "weight"), (m[2], "weight")]  # noqa: E731
-    prune.global_unstructured(parameters(mine), prune.L1Unstructured, amount=0.5)
-    torch_prune.global_unstructured(parameters(theirs), torch_prune.L1Unstructured, amount=0.5)
+    prune.global_unstructured([(mine[0], "weight"), (mine[2], "weight")], prune.L1Unstructured, amount=0.5)
+    torch_prune.global_unstructured(
+        [(theirs[0], "weight"), (theirs[2], "weight")], torch_prune.L1Unstructured, amount=0.5
+    )
     for index in (0, 2):
         assert torch.equal(mine[index].weight_mask, theirs[index].weight_mask)
 
@@ -82,7 +83,7 @@ def test_prunereg_state_dict_loading_into_a_model_torch_pruned():
 
 def test_torch_global_pruning_with_a_prunereg_method():
     mine, theirs = net(), net()
-    torch_prune.global_unstructured([(mine[0], "weight"), (mine[2], "weight")], prunereg.get("l1_unstructured"), amount=10)
-    torch_prune.global_unstructured([(theirs[0], "weight"), (theirs[2], "weight")], torch_prune.L1Unstructured, amount=10)
+    for model, method in ((mine, prunereg.get("l1_unstructured")), (theirs, torch_prune.L1Unstructured)):
+        torch_prune.global_unstructured([(model[0], "weight"), (model[2], "weight")], method, amount=10)
     assert torch.equal(mine[0].weight_mask, theirs[0].weight_mask)
     assert torch.equal(mine[2].weight_mask, theirs[2].weight_mask)
