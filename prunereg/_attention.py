@@ -16,14 +16,11 @@ first, so every forward uses ``orig * mask`` as it is now.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
 from prunereg import _reparam
-
-if TYPE_CHECKING:
-    from prunereg._tied import Site
 
 READERS: tuple[type[nn.Module], ...] = (nn.MultiheadAttention, nn.TransformerEncoderLayer)
 """Module classes whose forward reads their submodules' tensors directly."""
@@ -81,13 +78,16 @@ def _readers_on_path(root: nn.Module, qualified: str) -> list[tuple[nn.Module, s
     return found
 
 
-def warn_if_read_elsewhere(root: nn.Module, site: Site) -> None:
-    """Warn when ``out_proj`` of an attention module is pruned on its own: the attention bypasses its hook."""
-    if site.module is root and isinstance(site.module, nn.modules.linear.NonDynamicallyQuantizableLinear):
+def warn_if_read_elsewhere(root: nn.Module, module: nn.Module, name: str) -> None:
+    """Warn when ``out_proj`` of an attention module is pruned on its own: the attention bypasses its hook.
+
+    ``module.<name>`` is the tensor pruned, named from ``root``.
+    """
+    if module is root and isinstance(module, nn.modules.linear.NonDynamicallyQuantizableLinear):
         warnings.warn(
-            f"pruning {site.name!r} of nn.MultiheadAttention's out_proj on its own: the attention reads it "
+            f"pruning {name!r} of nn.MultiheadAttention's out_proj on its own: the attention reads it "
             "directly, so training would reuse a stale tensor; prune it from the attention module instead, "
-            f"prune.l1_unstructured(attention, 'out_proj.{site.name}', ...)",
+            f"prune.l1_unstructured(attention, 'out_proj.{name}', ...)",
             UserWarning,
             stacklevel=4,
         )

@@ -28,7 +28,11 @@ def quiet_transformers() -> Iterator[None]:
 
 def bert() -> nn.Module:
     config = transformers.BertConfig(
-        vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
         max_position_embeddings=16,
     )
     return transformers.BertForMaskedLM(config)
@@ -43,8 +47,16 @@ def gpt2() -> nn.Module:
 
 def llama() -> nn.Module:
     config = transformers.LlamaConfig(
-        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=16, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=16,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return transformers.LlamaForCausalLM(config)
 
