@@ -158,3 +158,17 @@ def test_deepcopy_of_a_tied_pruned_model_keeps_the_tie():
     train(clone)
     assert torch.equal(clone.head.weight, clone.embed.weight)
     assert torch.equal(clone.head.weight_mask, model.head.weight_mask)
+
+
+def test_global_pruning_with_dotted_names_prunes_the_tied_parameter_everywhere():
+    model, reference = tied_lm(), tied_lm()
+    prune.global_unstructured([(model, "head.weight"), (model, "body.weight")], prune.L1Unstructured, amount=0.5)
+    torch_prune.global_unstructured(
+        [(reference.head, "weight"), (reference.body, "weight")], torch_prune.L1Unstructured, amount=0.5
+    )
+    assert torch.equal(model.head.weight_mask, reference.head.weight_mask)
+    assert torch.equal(model.body.weight_mask, reference.body.weight_mask)
+    assert torch.equal(model.embed.weight_mask, model.head.weight_mask)
+    assert model.embed.weight_orig is model.head.weight_orig
+    with pytest.raises(ValueError, match="shares its parameter"):
+        prune.global_unstructured([(model.head, "weight")], prune.L1Unstructured, amount=0.1)
