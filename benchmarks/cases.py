@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import memory  # noqa: E402
+import memory
 
 LIBS = {"prunereg": "prunereg.prune", "torch": "torch.nn.utils.prune"}
 BOTH = ("prunereg", "torch")
@@ -185,10 +185,10 @@ def one_billion(lib: str, quick: bool) -> dict[str, Any]:
 @case("forward/no_grad", "forward", "12 x (Linear(2048, 2048) + ReLU), batch 64, weights pruned 50 %", libs=TOGETHER)
 def forward(lib: str, quick: bool) -> dict[str, Any]:
     import torch
+    import torch.nn.utils.prune as torch_prune
     from torch import nn
 
     import prunereg.prune as prunereg_prune
-    import torch.nn.utils.prune as torch_prune
 
     width, layers, batch = (256, 4, 16) if quick else (2048, 12, 64)
     torch.manual_seed(0)
@@ -213,6 +213,84 @@ def forward(lib: str, quick: bool) -> dict[str, Any]:
                 model(x)
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()} | {"rounds": len(times["torch"])}
+
+
+# torch.compile ----------------------------------------------------------------------
+
+
+def _compile_models(quick: bool) -> tuple[dict[str, Any], Any]:
+    """The MLP pruned by prunereg, by torch, and pruned then ``remove``d (the unpruned cost); and an input."""
+    import torch
+    import torch.nn.utils.prune as torch_prune
+    from torch import nn
+
+    import prunereg.prune as prunereg_prune
+
+    width, layers, batch = (256, 4, 16) if quick else (2048, 12, 64)
+    torch.manual_seed(0)
+    base = nn.Sequential(*[block for _ in range(layers) for block in (nn.Linear(width, width), nn.ReLU())])
+    models = {"prunereg": copy.deepcopy(base), "torch": copy.deepcopy(base), "removed": copy.deepcopy(base)}
+    for name, model in models.items():
+        prune = torch_prune if name == "torch" else prunereg_prune
+        for module in model:
+            if isinstance(module, nn.Linear):
+                prune.l1_unstructured(module, "weight", amount=0.5)
+                if name == "removed":
+                    prune.remove(module, "weight")
+    return models, torch.randn(batch, width)
+
+
+def _interleaved(steps: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each step, run round robin so that every one sees the same machine load."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+@case("compile/forward", "compile", "compiled forward, 12 x (Linear(2048, 2048) + ReLU), batch 64, pruned 50 %",
+      libs=TOGETHER)
+def compiled_forward(lib: str, quick: bool) -> dict[str, Any]:
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    models, x = _compile_models(quick)
+    counters = {name: CompileCounterWithBackend("inductor") for name in models}
+    compiled = {name: torch.compile(model, backend=counters[name]) for name, model in models.items()}
+    with torch.no_grad():
+        for function in compiled.values():
+            for _ in range(3):
+                function(x)
+        result: dict[str, Any] = _interleaved({name: lambda f=f: f(x) for name, f in compiled.items()},
+                                              5 if quick else 25)
+    return result | {"graphs": {name: counter.frame_count for name, counter in counters.items()}}
+
+
+@case("compile/train_step", "compile", "compiled training step (forward, backward, SGD), same model", libs=TOGETHER)
+def compiled_train_step(lib: str, quick: bool) -> dict[str, Any]:
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    models, x = _compile_models(quick)
+    counters = {name: CompileCounterWithBackend("inductor") for name in models}
+    steps = {}
+    for name, model in models.items():
+        compiled = torch.compile(model, backend=counters[name])
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step(compiled: Any = compiled, optimizer: Any = optimizer) -> None:
+            compiled(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(3):
+            step()
+        steps[name] = step
+    result: dict[str, Any] = _interleaved(steps, 5 if quick else 15)
+    return result | {"graphs": {name: counter.frame_count for name, counter in counters.items()}}
 
 
 # command line ---------------------------------------------------------------------

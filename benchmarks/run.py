@@ -140,6 +140,7 @@ def report(results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], 
     lines += _compute_mask_table(results)
     lines += _global_table(results)
     lines += _forward_table(results)
+    lines += _compile_table(results)
     lines += _cli_table(results)
     return "\n".join(lines) + "\n"
 
@@ -184,6 +185,18 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         if "removed" in forward:
             overhead = forward["prunereg"] / forward["removed"] - 1
             add("pruned forward under no_grad within 5 % of the unpruned one", f"{overhead:+.1%}", overhead <= 0.05)
+    for name, by_lib in _group(results, "compile"):
+        timed = by_lib.get("together", {})
+        if name == "compile/forward" and "removed" in timed:
+            overhead = timed["prunereg"] / timed["removed"] - 1
+            add("compiled pruned forward within 5 % of the compiled unpruned one", f"{overhead:+.1%}", overhead <= 0.05)
+        if name == "compile/train_step" and "torch" in timed:
+            add("compiled training step no slower than with torch's pruning",
+                f"{timed['torch'] / timed['prunereg']:.2f}x torch's speed", timed["prunereg"] <= timed["torch"] * 1.05)
+        if "graphs" in timed:
+            graphs = timed["graphs"]
+            add(f"`{name}` compiles no more graphs than torch's pruning",
+                f"{graphs['prunereg']} (torch: {graphs['torch']})", graphs["prunereg"] <= graphs["torch"])
     for name, by_lib in _group(results, "scale"):
         mine = by_lib.get("prunereg", {})
         add(f"`{CASES[name].title}` pruned globally on this machine", _times(mine), "seconds" in mine or None)
@@ -258,6 +271,24 @@ def _forward_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             rows.append(f"| {CASES[name].title} | {label} | {_seconds(forward[key])} | {forward[key] / removed - 1:+.1%} |")
     intro = ["Median of interleaved rounds; *overhead* is against the same model after `remove`."]
     return _section("Forward under torch.no_grad()", ["model", "weights", "forward", "overhead"], rows, intro)
+
+
+LABELS = (("pruned by torch", "torch"), ("pruned by prunereg", "prunereg"), ("after remove", "removed"))
+
+
+def _compile_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "compile"):
+        timed = by_lib.get("together", {})
+        if "removed" not in timed:
+            rows.append(f"| {CASES[name].title} | {_times(timed)} | | | |")
+            continue
+        for label, key in LABELS:
+            rows.append(f"| {CASES[name].title} | {label} | {_seconds(timed[key])} | "
+                        f"{timed[key] / timed['removed'] - 1:+.1%} | {timed['graphs'][key]} |")
+    intro = ["`torch.compile` (inductor); median of interleaved rounds after warm-up; *overhead* is against",
+             "the same model after `remove`; *graphs* is how many graphs dynamo compiled for it."]
+    return _section("torch.compile", ["case", "weights", "time", "overhead", "graphs"], rows, intro)
 
 
 def _cli_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:

@@ -14,13 +14,15 @@ if TYPE_CHECKING:
     from prunereg._compact import compact_masks
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
+    from prunereg._huggingface import from_pretrained, save_pretrained
     from prunereg._method import BasePruningMethod, PruningContainer
     from prunereg._offline import apply_masks
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
-    from prunereg._reparam import is_pruned, remove
+    from prunereg._reparam import is_pruned
     from prunereg._serialization import safe_globals
     from prunereg._state_dict import load_state_dict
     from prunereg._summary import Summary, TensorSummary, summary
+    from prunereg._tied import remove
 
 __version__ = "0.1.0"
 
@@ -36,6 +38,7 @@ __all__ = [
     "UnknownMethodError",
     "apply_masks",
     "compact_masks",
+    "from_pretrained",
     "get",
     "global_unstructured",
     "hookimpl",
@@ -47,6 +50,7 @@ __all__ = [
     "remove",
     "safe_globals",
     "summary",
+    "save_pretrained",
 ]
 
 _LAZY = {
@@ -61,8 +65,10 @@ _LAZY = {
     "compact_masks": "prunereg._compact",
     "global_unstructured": "prunereg._global",
     "hookimpl": "prunereg._hookspec",
+    "from_pretrained": "prunereg._huggingface",
+    "save_pretrained": "prunereg._huggingface",
     "is_pruned": "prunereg._reparam",
-    "remove": "prunereg._reparam",
+    "remove": "prunereg._tied",
     "safe_globals": "prunereg._serialization",
     "load_state_dict": "prunereg._state_dict",
     "Summary": "prunereg._summary",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from prunereg import _compact, _distributed, _radix, _reparam, _select
+from prunereg import _compact, _distributed, _radix, _reparam, _select, _tied
 from prunereg._amount import nparams_to_prune, validate_amount
 from prunereg._custom import CustomFromMask
 from prunereg._distributed import Entry, SpreadVector
@@ -46,7 +46,9 @@ def global_unstructured(
     Unlike torch, the tensors may live on different devices (meta included),
     ``parameters`` may be a generator, memory stays bounded (see the module
     docstring) and no concatenated mask stays alive. All tensors are pruned or,
-    on any error, none.
+    on any error, none. As with ``apply``, a name may be dotted, relative to
+    any ancestor (``(model, "lm_head.weight")``): a parameter tied to others
+    under that ancestor is then pruned with the same mask everywhere.
     """
     if not isinstance(parameters, Iterable):
         raise TypeError("global_unstructured(): parameters is not an Iterable")
@@ -71,18 +73,24 @@ def global_unstructured(
         # nothing would hide an exhausted generator.
         raise ValueError("global_unstructured(): parameters is empty")
 
-    tensors = [getattr(module, name) for module, name in parameters]
+    groups = [_tied.sites(module, name) for module, name in parameters]
+    for group in groups:
+        if len(group) == 1:
+            _tied.refuse_splitting(group[0])
+    targets = [(group[0].module, group[0].name) for group in groups]
+    tensors = [getattr(module, name) for module, name in targets]
     scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]
-    masks = [getattr(module, name + "_mask", None) for module, name in parameters]
+    masks = [getattr(module, name + "_mask", None) for module, name in targets]
     new_masks = global_masks(method, tensors, scores, masks)
     installed = set()
-    with _reparam.all_or_nothing(parameters):
-        for (module, name), share in zip(parameters, new_masks):
+    with _reparam.all_or_nothing([tensor for group in groups for tensor in _tied.tensors(group)]):
+        for (module, name), group, share in zip(targets, groups, new_masks):
             if (id(module), name) in installed:
                 # Listed twice: like torch, keep the zeros of both shares.
                 share = getattr(module, name + "_mask") * share
             installed.add((id(module), name))
             install_mask(module, name, CustomFromMask(share), share)
+            _tied.share(group)
 
 
 def global_masks(

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
-from prunereg import _compact, _distributed, _reparam
+from prunereg import _attention, _compact, _distributed, _reparam, _tied
 
 if TYPE_CHECKING:
     from torch import nn
@@ -59,14 +60,28 @@ class BasePruningMethod(_reparam.PruningHook, ABC):
     ) -> BasePruningMethod:
         """Prune ``module.<name>`` with a new ``cls(*args, **kwargs)``, on top of any earlier pruning.
 
-        Nothing changes on the module unless every step succeeds.
+        ``name`` may be dotted, relative to any ancestor (``model, "lm_head.weight"``):
+        every other attribute under ``module`` holding the same Parameter (a tied
+        embedding) is then pruned with the same mask, and attention modules on
+        the way refresh the tensor before their forward. Nothing changes on the
+        module unless every step succeeds.
         """
-        if len(_reparam.pruning_hooks(module, name)) > 1:
+        group = _tied.sites(module, name)
+        first = group[0]
+        if len(_reparam.pruning_hooks(first.module, first.name)) > 1:
             raise AssertionError(
-                f"Avoid adding multiple pruning hooks to the same tensor {name} of "
-                f"module {module}. Use a PruningContainer."
+                f"Avoid adding multiple pruning hooks to the same tensor {first.name} of "
+                f"module {first.module}. Use a PruningContainer."
             )
-        return _prune(module, name, cls(*args, **kwargs), importance_scores)
+        if len(group) == 1:
+            _tied.refuse_splitting(first)
+        method = cls(*args, **kwargs)
+        with _reparam.all_or_nothing(_tied.tensors(group)):
+            hook = _prune(first.module, first.name, method, importance_scores)
+            _tied.share(group)
+            _attention.refresh_where_read(module, first.qualified)
+        _attention.warn_if_read_elsewhere(module, first.module, first.name)
+        return hook
 
     def prune(
         self,
@@ -99,7 +114,7 @@ class PruningContainer(BasePruningMethod):
 
     def add_pruning_method(self, method: BasePruningMethod | None) -> None:
         """Append ``method``, which must act on the same tensor as the others."""
-        if not isinstance(method, BasePruningMethod) and method is not None:
+        if not isinstance(method, torch_prune.BasePruningMethod) and method is not None:
             raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
         if method is not None and self._tensor_name != method._tensor_name:
             raise ValueError(
@@ -152,7 +167,7 @@ def _prune(
         return method
 
     old = hooks[0][1]
-    container = old if isinstance(old, PruningContainer) else PruningContainer(old)  # type: ignore[arg-type]  # hooks are methods
+    container = old if isinstance(old, PruningContainer) else PruningContainer(*_history(old))
     _, old_mask = _reparam.orig_and_mask(module, name)
     if mask is None:
         default_mask = old_mask.detach()
@@ -164,6 +179,13 @@ def _prune(
         container.add_pruning_method(method)
         _reparam.install(module, name, container, mask)
     return container
+
+
+def _history(hook: torch_prune.BasePruningMethod) -> tuple[BasePruningMethod, ...]:
+    """The methods a hook has applied, oldest first; a hook torch installed may be its own container."""
+    if isinstance(hook, torch_prune.PruningContainer):
+        return tuple(hook)
+    return (hook,)  # type: ignore[return-value]  # torch's methods are used through the same interface
 
 
 def _checked(mask: torch.Tensor, orig: torch.Tensor, name: str) -> torch.Tensor:

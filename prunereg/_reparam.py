@@ -7,7 +7,12 @@ to a module here is all-or-nothing: on any error the module is left exactly as
 it was, hooks, parameters and buffers included.
 
 :class:`PruningHook` owns the tensor name: it is the forward pre-hook, and every
-pruning method (:class:`prunereg.BasePruningMethod`) is one. Which mask to
+pruning method (:class:`prunereg.BasePruningMethod`) is one. It subclasses
+torch's ``BasePruningMethod``, so torch's ``is_pruned`` and ``remove`` (and
+Lightning's ``ModelPruning``) take prunereg's methods and modules; the other
+way round, every function here also sees the hooks ``torch.nn.utils.prune``
+installed, so prunereg's ``is_pruned``, ``remove`` and re-pruning work on
+modules torch pruned. Which mask to
 install is the methods' business (:mod:`prunereg._method`); this module only
 installs it, keeps ``module.<name>`` current and takes it away again.
 """
@@ -18,9 +23,10 @@ import copy
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg import _distributed
 
@@ -28,12 +34,15 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-class PruningHook:
+class PruningHook(torch_prune.BasePruningMethod):
     """The forward pre-hook that keeps ``module.<name>`` equal to ``<name>_orig * <name>_mask``.
 
     Before every forward it recomputes the product, except with autograd off
     when neither tensor changed since the last time (then ``<name>`` already
     holds that product, and a no_grad forward costs what the unpruned model's does).
+    Traced by ``torch.compile`` or ``torch.export`` it is the plain product:
+    the change detection reads version counters and data pointers, which
+    tracing cannot follow.
     """
 
     _tensor_name: str
@@ -41,8 +50,18 @@ class PruningHook:
     # What module.<name> was made of, and when (see set_pruned_tensor); never pickled.
     _refs: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]
     _stamp: tuple[object, ...] | None
+    _shared_with: tuple[str, ...]  # a tied parameter's names, when pruned together (prunereg._tied)
+    _shared_as: str  # this hook's own name among them
 
     def __call__(self, module: nn.Module, inputs: Any) -> None:
+        name = self._tensor_name
+        if name + "_orig" not in module._parameters and name + "_mask" not in module._buffers:
+            # quantize_dynamic copies the hooks of the modules it replaces onto the
+            # new ones, which were built from the pruned tensor and hold no mask.
+            return
+        if torch.compiler.is_compiling():
+            setattr(module, name, self.apply_mask(module))
+            return
         # With autograd on, the product must be recomputed: it links <name> to
         # <name>_orig in this forward's graph.
         if torch.is_grad_enabled() or not pruned_tensor_is_current(self, module):
@@ -82,11 +101,11 @@ class PruningHook:
 
 
 def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
-    """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``."""
+    """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``, torch's included."""
     return [
-        (key, hook)
+        (key, cast(PruningHook, hook))  # torch's own hooks are used through the same attributes
         for key, hook in module._forward_pre_hooks.items()
-        if isinstance(hook, PruningHook) and hook._tensor_name == name
+        if isinstance(hook, torch_prune.BasePruningMethod) and hook._tensor_name == name
     ]
 
 
@@ -191,7 +210,7 @@ def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
     """
     for hook in module._forward_pre_hooks.values():
         order = getattr(hook, "_param_order", None)
-        if isinstance(hook, PruningHook) and order is not None and name in order:
+        if isinstance(hook, torch_prune.BasePruningMethod) and order is not None and name in order:
             return order
     return tuple(module._parameters)
 
@@ -315,9 +334,9 @@ def remove(module: nn.Module, name: str) -> nn.Module:
 
 
 def is_pruned(module: nn.Module) -> bool:
-    """Whether ``module`` or any of its submodules carries a pruning hook."""
+    """Whether ``module`` or any of its submodules carries a pruning hook (prunereg's or torch's)."""
     return any(
-        isinstance(hook, PruningHook)
+        isinstance(hook, torch_prune.BasePruningMethod)
         for submodule in module.modules()
         for hook in submodule._forward_pre_hooks.values()
     )

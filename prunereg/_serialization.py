@@ -14,7 +14,7 @@ def safe_globals(*classes: type) -> Iterator[None]:
 
     A pruned module pickles its pruning hooks; the weights-only unpickler refuses
     any class it has not been told is safe. Within this block it accepts every
-    registered pruning method, ``PruningContainer``, and the module classes you
+    registered pruning method, ``PruningContainer``, the attention refresh hook, and the module classes you
     name (your model's own ``nn.Module`` classes)::
 
         with prunereg.safe_globals(nn.Sequential, nn.Linear):
@@ -28,10 +28,11 @@ def safe_globals(*classes: type) -> Iterator[None]:
 
 
 def _method_classes() -> list[type]:
+    from prunereg._attention import RefreshPruned
     from prunereg._method import PruningContainer
     from prunereg._plugins import registry
 
-    found: list[type] = [PruningContainer]
+    found: list[type] = [PruningContainer, RefreshPruned]
     reg = registry()
     for name in reg.names():
         with contextlib.suppress(Exception):  # an unimportable plugin is reported by the registry

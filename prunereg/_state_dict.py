@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
-from prunereg._method import BasePruningMethod
-from prunereg._reparam import set_pruned_tensor
+from prunereg._reparam import PruningHook, set_pruned_tensor
 
 
 def load_state_dict(
@@ -32,8 +32,8 @@ def load_state_dict(
     for prefix, module in model.named_modules():
         dot = f"{prefix}." if prefix else ""
         for hook in module._forward_pre_hooks.values():
-            if isinstance(hook, BasePruningMethod):
-                pruned.append((module, hook))
+            if isinstance(hook, torch_prune.BasePruningMethod):  # torch's own hooks too
+                pruned.append((module, cast(PruningHook, hook)))
                 _to_pruned(translated, dot + hook._tensor_name, module._buffers[hook._tensor_name + "_mask"])
         for name in module._parameters:
             _to_unpruned(translated, dot + name)

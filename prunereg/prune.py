@@ -22,7 +22,8 @@ from prunereg._custom import CustomFromMask
 from prunereg._distributed import channel_norms as _compute_norm
 from prunereg._global import global_unstructured
 from prunereg._method import BasePruningMethod, PruningContainer
-from prunereg._reparam import is_pruned, remove
+from prunereg._reparam import is_pruned
+from prunereg._tied import remove
 from prunereg_builtins.structured import LnStructured, RandomStructured
 from prunereg_builtins.unstructured import Identity, L1Unstructured, RandomUnstructured
 
