@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from prunereg import _checkpoint
-from prunereg._checkpoint import AtomicWrites, CheckpointError
+from prunereg._checkpoint import CheckpointError
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -182,34 +182,6 @@ def test_a_file_that_is_no_dict(tmp_path: Path) -> None:
     torch.save([torch.ones(2)], path)
     with pytest.raises(CheckpointError, match="holds a list, not a state dict"):
         _checkpoint.read(path)
-
-
-def test_atomic_writes_rename_into_place_with_umask_mode(tmp_path: Path) -> None:
-    target = tmp_path / "out.bin"
-    target.write_bytes(b"old")
-    with AtomicWrites() as writes:
-        writes.stage(target, lambda path: Path(path).write_bytes(b"new"))
-        assert target.read_bytes() == b"old"  # nothing visible before the block ends
-    assert target.read_bytes() == b"new"
-    umask = os.umask(0)
-    os.umask(umask)
-    assert (target.stat().st_mode & 0o777) == 0o666 & ~umask
-    assert sorted(os.listdir(tmp_path)) == ["out.bin"]
-
-
-def test_atomic_writes_leave_nothing_on_error(tmp_path: Path) -> None:
-    first, second = tmp_path / "a.pt", tmp_path / "b.pt"
-    first.write_bytes(b"old")
-
-    def fail(path: str) -> None:
-        Path(path).write_bytes(b"partial")
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"), AtomicWrites() as writes:
-        writes.stage(first, lambda path: Path(path).write_bytes(b"new"))
-        writes.stage(second, fail)
-    assert first.read_bytes() == b"old"
-    assert sorted(os.listdir(tmp_path)) == ["a.pt"]
 
 
 def test_describe_is_one_short_line() -> None:

@@ -8,6 +8,7 @@ lets the error through with its traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from prunereg._cli import main
+from prunereg._cli.interrupt import cleanup_on_signals
+from prunereg._cli.output import AtomicOutputs
 
 if TYPE_CHECKING:
     import torch
@@ -146,12 +149,12 @@ def prune_command(
                 pruned[name] = tensor
                 if masks_path is not None:
                     masks[name] = mask
-        with _checkpoint.AtomicWrites() as writes:
-            writes.stage(output_path, lambda path: _checkpoint.save(checkpoint, pruned, path))
+        with cleanup_on_signals(), AtomicOutputs(replace=force) as outputs:
+            outputs.stage("OUTPUT", output_path, lambda path: _checkpoint.save(checkpoint, pruned, path))
             if masks_path is not None:
                 provenance = {"format": "pt", "prunereg.method": method_name,
                               "prunereg.arguments": json.dumps(arguments), "prunereg.global": str(together).lower()}
-                writes.stage(masks_path, lambda path: _checkpoint.save_safetensors(masks, path, provenance))
+                outputs.stage("MASKS_FILE", masks_path, lambda path: _checkpoint.save_safetensors(masks, path, provenance))
     zeros = sum(_count_zeros(tensor) for tensor in pruned.values())
     numel = sum(tensor.numel() for tensor in pruned.values())
     click.echo(
@@ -163,7 +166,7 @@ def prune_command(
 
 def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, force: bool) -> None:
     """Refuse, before any work, to write over INPUT, over an existing file without --force, or the wrong format."""
-    from prunereg._checkpoint import SAFETENSORS, file_format
+    from prunereg._checkpoint import SAFETENSORS, file_format, quoted
 
     input_format = file_format(input_path)
     targets = [("OUTPUT", output_path, input_format)]
@@ -171,27 +174,39 @@ def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, f
         targets.append(("MASKS_FILE", masks_path, SAFETENSORS))
     for label, path, wanted in targets:
         if _same_file(path, input_path):
-            raise click.ClickException(f"{label} '{path}' is INPUT '{input_path}'; write the result to another file")
+            raise click.ClickException(
+                f"{label} {quoted(path)} is INPUT {quoted(input_path)}; write the result to another file"
+            )
         if file_format(path) != wanted:
             raise click.ClickException(
-                f"{label} '{path}' must be a {wanted} file" + (" like INPUT" if label == "OUTPUT" else "")
+                f"{label} {quoted(path)} must be a {wanted} file" + (" like INPUT" if label == "OUTPUT" else "")
             )
         if path.is_dir():
-            raise click.ClickException(f"{label} '{path}' is a directory")
+            raise click.ClickException(f"{label} {quoted(path)} is a directory")
         if (path.exists() or path.is_symlink()) and not force:
-            raise click.ClickException(f"{label} '{path}' exists; pass --force to replace it")
+            raise click.ClickException(f"{label} {quoted(path)} exists; pass --force to replace it")
         if not path.parent.is_dir():
-            raise click.ClickException(f"the directory of {label} '{path}' does not exist")
+            raise click.ClickException(f"the directory of {label} {quoted(path)} {_why_not_a_directory(path.parent)}")
     if masks_path is not None and _same_file(masks_path, output_path):
-        raise click.ClickException(f"MASKS_FILE '{masks_path}' is OUTPUT; give them different names")
+        raise click.ClickException(f"MASKS_FILE {quoted(masks_path)} is OUTPUT; give them different names")
+
+
+def _why_not_a_directory(path: Path) -> str:
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a symlink loop"
+        return "does not exist"
+    return "is not a directory"
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
-        return True
     try:
+        if a.resolve() == b.resolve():
+            return True
         return os.path.samefile(a, b)  # hard links
-    except OSError:
+    except (OSError, RuntimeError):  # missing, or a symlink loop (RuntimeError before Python 3.13)
         return False
 
 
