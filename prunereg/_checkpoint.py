@@ -168,7 +168,21 @@ def save(checkpoint: Checkpoint, replaced: Mapping[str, torch.Tensor], path: str
         save_safetensors(content, path, checkpoint.metadata)
     else:
         with open(path, "wb") as handle:  # through Python's file: torch's own writer hides the OSError
-            torch.save(content, handle)
+            try:
+                torch.save(content, handle)
+            except RuntimeError as error:  # torch's clean-up failed too and reports "enforce fail" instead
+                system_error = _system_error_behind(error)
+                if system_error is None:
+                    raise
+                raise system_error from error
+
+
+def _system_error_behind(error: BaseException) -> OSError | None:
+    """The ``OSError`` that ``error`` was raised while handling, if any."""
+    seen = error.__context__
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__context__
+    return seen
 
 
 def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:

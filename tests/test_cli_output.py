@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -201,3 +205,30 @@ def test_prune_writes_an_output_name_of_255_bytes(tmp_path: Path) -> None:
     result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5", "--masks", masks)
     assert result.exit_code == 0, result.stderr
     assert sorted(os.listdir(tmp_path)) == sorted(["model.pt", output.name, masks.name])
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB file system (tmpfs), where the privileges allow mounting one."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+                             capture_output=True) if shutil.which("mount") else None
+    if mounted is None or mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_prune_on_a_full_disk_says_so(tmp_path: Path, small_disk: Path, suffix: str) -> None:
+    path, output = tmp_path / f"model{suffix}", small_disk / f"out{suffix}"
+    tensors = {"w": torch.rand(512, 512)}  # 1 MiB
+    torch.save(tensors, path) if suffix == ".pt" else save_file(tensors, path)
+    done = subprocess.run([str(Path(sys.executable).with_name("prunereg")), "prune", str(path), str(output),
+                           "--method", "l1_unstructured", "--amount", "0.5"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"Error: cannot write OUTPUT '{output}': the disk is full (No space left on device)\n"
+    assert os.listdir(small_disk) == []
