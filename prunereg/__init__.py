@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from prunereg._compact import compact_masks
-    from prunereg._container import PruningContainer
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
-    from prunereg._method import BasePruningMethod
+    from prunereg._method import BasePruningMethod, PruningContainer
     from prunereg._offline import apply_masks
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned, remove
@@ -52,7 +51,7 @@ _LAZY = {
     "PluginError": "prunereg._registry",
     "PluginInfo": "prunereg._registry",
     "PluginWarning": "prunereg._registry",
-    "PruningContainer": "prunereg._container",
+    "PruningContainer": "prunereg._method",
     "UnknownMethodError": "prunereg._registry",
     "apply_masks": "prunereg._offline",
     "compact_masks": "prunereg._compact",
@@ -133,7 +132,8 @@ def register(
         register_local(
             cls,
             name,
-            kind=kind if kind is not None else getattr(cls, "PRUNING_TYPE", None),
+            # A class without PRUNING_TYPE gives None: the registry rejects it, naming the value.
+            kind=kind if kind is not None else getattr(cls, "PRUNING_TYPE", None),  # type: ignore[arg-type]
             summary=summary if summary is not None else "".join(first_doc_line),
             replace=replace,
         )

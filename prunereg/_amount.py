@@ -8,7 +8,7 @@ that torch accepts or rejects is accepted or rejected here in the same way.
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import torch
@@ -18,7 +18,7 @@ def validate_amount_init(amount: object) -> None:
     """Reject an ``amount`` that is no real number, a negative int, or a float outside [0, 1]."""
     if not isinstance(amount, numbers.Real):
         raise TypeError(f"Invalid type for amount: {amount}. Must be int or float.")
-    if (isinstance(amount, numbers.Integral) and amount < 0) or (
+    if (isinstance(amount, numbers.Integral) and cast(int, amount) < 0) or (
         not isinstance(amount, numbers.Integral) and not 0.0 <= float(amount) <= 1.0
     ):
         raise ValueError(
@@ -27,7 +27,7 @@ def validate_amount_init(amount: object) -> None:
         )
 
 
-def validate_amount(amount: numbers.Real, tensor_size: int) -> None:
+def validate_amount(amount: float, tensor_size: int) -> None:
     """Reject an absolute (integer) amount larger than the number of units to prune."""
     if isinstance(amount, numbers.Integral) and amount > tensor_size:
         raise ValueError(
@@ -40,7 +40,7 @@ def nparams_to_prune(amount: numbers.Real, tensor_size: int) -> int:
     """Units to prune: an int is absolute, a float a fraction rounded half to even."""
     if isinstance(amount, numbers.Integral):
         return int(amount)
-    return round(amount * tensor_size)
+    return round(cast(float, amount) * tensor_size)  # cast: mypy does not know the numeric tower
 
 
 def validate_structured(t: torch.Tensor) -> None:
@@ -60,13 +60,12 @@ def validate_dim(t: torch.Tensor, dim: int) -> None:
 
 
 def compute_norm(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tensor:
-    """The ``n``-norm of every slice of ``t`` along ``dim`` (norm over all other dims)."""
+    """The ``n``-norm of every slice of plain ``t`` along ``dim`` (norm over all other dims).
+
+    :func:`prunereg._distributed.channel_norms` takes DTensors too.
+    """
     import torch
 
-    from prunereg._distributed import channel_norms, is_dtensor
-
-    if is_dtensor(t):
-        return channel_norms(t, n, dim)
     dims = list(range(t.dim()))
     if dim < 0:
         dim = dims[dim]

@@ -1,29 +1,35 @@
-"""Pruning sharded tensors (DTensor, FSDP2) shard by shard, with the masks of the full tensors.
+"""The sharded layer: the one place that tells a DTensor (DTensor, FSDP2) from a plain tensor.
 
-Every function here works on each rank's local shard. What crosses the network
-is small: element counts, one norm per channel, shard sizes; weights never do,
-so memory per rank stays proportional to its shard. Random draws are made by
-every rank from the same generator stream over the full tensor, keeping only
-its own part, so masks agree across ranks and do not depend on their number.
+Every public function here takes plain tensors or DTensors. Plain ones go to the
+single-process code (:mod:`prunereg._select`, :mod:`prunereg._channels`,
+:mod:`prunereg._remaining`, :mod:`prunereg._amount`); DTensors are pruned shard
+by shard, with the masks of the full tensors. What crosses the network is
+small: element counts, one norm per channel, shard sizes; weights never do, so
+memory per rank stays proportional to its shard. Random draws are made by every
+rank from the same generator stream over the full tensor, keeping only its own
+part, so masks agree across ranks and do not depend on their number.
 
-The single-process code reaches this module only when a tensor is a DTensor,
-and ``torch.distributed`` is imported only then.
+Pruning methods never ask which kind of tensor they hold: they call these
+functions (through :mod:`prunereg.toolkit`). ``torch.distributed`` is imported
+only when a tensor is a DTensor.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard, TypeVar, cast
 
 import torch
 
-if TYPE_CHECKING:
-    from torch.distributed.tensor import DTensor
+from prunereg import _amount, _channels, _remaining, _select
 
-    from prunereg._global import _Entry
-    from prunereg._method import BasePruningMethod
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor, Shard
+
+    from prunereg._remaining import MaskMethod
 
 # Random draws are generated in blocks of at most this many entries (64 MiB of
 # fp32): enough that a 4096 x 4096 layer is one block, so on CUDA its draws are
@@ -32,7 +38,7 @@ if TYPE_CHECKING:
 DRAW_BLOCK = 1 << 24
 
 
-def is_dtensor(t: object) -> bool:
+def is_dtensor(t: object) -> TypeGuard[DTensor]:
     """Whether ``t`` is a DTensor; never imports torch.distributed (a DTensor means it is loaded)."""
     tensor_module = sys.modules.get("torch.distributed.tensor")
     return tensor_module is not None and isinstance(t, tensor_module.DTensor)
@@ -51,6 +57,11 @@ def to_layout_of(tensor: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
                 f"for a plain one of shape {tuple(reference.shape)}"
             )
         return tensor.to(device=reference.device)
+    return _to_shards_of(tensor, reference)
+
+
+def _to_shards_of(tensor: torch.Tensor, reference: DTensor) -> DTensor:
+    """:func:`to_layout_of` a DTensor ``reference``."""
     from torch.distributed.tensor import distribute_tensor
 
     if is_dtensor(tensor):
@@ -69,14 +80,19 @@ def to_layout_of(tensor: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     )
 
 
-def write_in_place(param: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy ``value`` into the sharded ``param``'s own storage.
+def assign_values(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Make ``value`` the values of ``param``, keeping the Parameter object and its memory format.
 
-    FSDP2 keeps its own view of every sharded parameter's storage, so the
-    values must land there (``param.data = ...`` would be lost at the next all-gather).
+    A sharded ``param`` receives them in its own storage: FSDP2 keeps its own
+    view of that storage, so ``param.data = ...`` would be lost at the next all-gather.
     """
-    with torch.no_grad():
-        param.to_local().copy_(value.to_local())
+    if is_dtensor(param):
+        with torch.no_grad():
+            param.to_local().copy_(value.to_local())  # type: ignore[attr-defined]  # value is a DTensor too
+        return
+    if value.stride() != param.stride():
+        value = torch.empty_like(param).copy_(value)
+    param.data = value
 
 
 def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
@@ -96,16 +112,32 @@ def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
 # --- selecting the k smallest entries (unstructured and global pruning) --------
 
 
-def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnitude: bool = False) -> list[DTensor]:
-    """:func:`prunereg._select.select_k` over DTensors: the same threshold search on every rank.
+def select_k(
+    chunks: Sequence[torch.Tensor], k: int, *, largest: bool = False, magnitude: bool = False
+) -> list[torch.Tensor]:
+    """Mark the ``k`` smallest (or largest) entries of all ``chunks`` taken together.
 
-    Each rank searches its own shards; the histograms are summed over the ranks
-    holding distinct shards, so all find the same threshold. Entries tied at the
-    threshold are taken in rank order, then in each rank's stream order.
+    Returns one bool tensor per chunk, of its shape and on its device, True where
+    the entry is selected. Exactly ``k`` entries are selected; NaN counts as the
+    smallest value; entries tied at the threshold are taken in chunk order, then
+    by flat index. The chunks may live on different devices and have different
+    dtypes (compared in their promoted dtype, as ``torch.cat`` would).
+    ``magnitude=True`` ranks ``torch.abs`` of the entries without making that copy.
+
+    DTensor chunks (all sharded alike) are selected shard by shard: each rank
+    searches its own shards, the histograms are summed over the ranks holding
+    distinct shards, so all find the same threshold, and ties are taken in rank
+    order, then in each rank's order.
     """
-    from prunereg import _select
+    if not is_dtensor(chunks[0]):
+        return _select.select_k(chunks, k, largest=largest, magnitude=magnitude)
+    return _sharded_select_k(chunks, k, largest=largest, magnitude=magnitude)
 
-    _check_same_sharding(chunks)
+
+def _sharded_select_k(
+    plain_or_sharded: Sequence[torch.Tensor], k: int, *, largest: bool, magnitude: bool
+) -> list[torch.Tensor]:
+    chunks = _same_sharding(plain_or_sharded)
     like = chunks[0]
     collectives = _select.Collectives(
         total=sum(chunk.numel() for chunk in chunks),
@@ -118,26 +150,55 @@ def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnit
     return [_wrap(flags, chunk) for flags, chunk in zip(local, chunks)]
 
 
-def prune_lowest(scores: DTensor, k: int, default_mask: DTensor, *, largest: bool = False, magnitude: bool = False) -> DTensor:
-    """:func:`prunereg._select.prune_lowest` over DTensors: ``default_mask`` with 0 at the ``k`` selected entries."""
-    from prunereg import _select
+def prune_lowest(
+    scores: torch.Tensor,
+    k: int,
+    default_mask: torch.Tensor,
+    *,
+    largest: bool = False,
+    magnitude: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A new mask: ``default_mask`` with zeros also at the ``k`` lowest ``scores``.
 
-    (selected,) = select_k([scores], k, largest=largest, magnitude=magnitude)
-    mask = to_layout_of(default_mask, scores)
-    return _wrap(_select.clear_selected(mask.to_local(), selected.to_local()), scores)
+    ``largest=True`` prunes the highest scores instead, ``magnitude=True`` ranks
+    ``|scores|``. This is what prunereg's own ``l1_unstructured`` returns: exactly
+    ``k`` entries (those :func:`select_k` selects), NaN pruned first, ties broken
+    by position, no sort on large tensors, works on every device including
+    ``meta``, and on DTensors shard by shard. ``out``, a contiguous tensor of
+    ``default_mask``'s shape and dtype, may receive the mask instead of new
+    memory; it may be ``scores`` itself, which is then overwritten. Use the
+    returned tensor.
+    """
+    if k == 0 or not is_dtensor(scores):
+        return _select.prune_lowest(scores, k, default_mask, largest=largest, magnitude=magnitude, out=out)
+    (selected,) = _sharded_select_k([scores], k, largest=largest, magnitude=magnitude)
+    mask = _to_shards_of(default_mask, scores)
+    return _wrap(_select.clear_selected(mask.to_local(), local_shard(selected)), scores)
 
 
-def _check_same_sharding(chunks: Sequence[DTensor]) -> None:
-    """Counts of several tensors add up only if all are split over the same mesh dims."""
-    mesh, dims = chunks[0].device_mesh, _sharded_mesh_dims(chunks[0])
+def _same_sharding(chunks: Sequence[torch.Tensor]) -> list[DTensor]:
+    """``chunks``, DTensors all split over the same mesh dims (else counts of several tensors would not add up)."""
+    first = chunks[0]
+    if not is_dtensor(first):
+        raise TypeError("cannot combine a DTensor with a plain tensor")
+    mesh, dims = first.device_mesh, _sharded_mesh_dims(first)
+    checked = [first]
     for chunk in chunks[1:]:
         if not is_dtensor(chunk) or chunk.device_mesh != mesh:
             raise ValueError("pruning several tensors together needs them all sharded on one device mesh")
         if _sharded_mesh_dims(chunk) != dims:
             raise NotImplementedError(
                 "pruning several DTensors together needs them sharded over the same mesh dims: "
-                f"got {chunks[0].placements} and {chunk.placements}"
+                f"got {first.placements} and {chunk.placements}"
             )
+        checked.append(chunk)
+    return checked
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``t``, a DTensor that a method or a selection returned as a plain ``Tensor``."""
+    return cast("DTensor", t).to_local()
 
 
 def _sharded_mesh_dims(t: DTensor) -> list[int]:
@@ -173,15 +234,21 @@ def _exclusive_prefix(counts: torch.Tensor, like: DTensor) -> torch.Tensor:
 # --- random draws -----------------------------------------------------------
 
 
-def rand_like(t: DTensor) -> DTensor:
-    """``torch.rand_like(t)`` for a DTensor: each rank keeps its part of the full tensor's draws.
+def rand_like(t: torch.Tensor) -> torch.Tensor:
+    """``torch.rand_like(t)``, contiguous; for a DTensor each rank keeps its part of the full tensor's draws.
 
     Every rank draws the whole tensor's stream from its default generator (the
     same seed gives the same stream), in blocks whose boundaries depend on the
     shape only; so the draws do not depend on the number of ranks, and on CPU
     they are exactly ``torch.rand_like`` of the full tensor.
     """
-    sources = getattr(t, "_prunereg_draw_sources", None)
+    if not is_dtensor(t):
+        return torch.rand_like(t, memory_format=torch.contiguous_format)
+    return _sharded_rand_like(t)
+
+
+def _sharded_rand_like(t: DTensor) -> DTensor:
+    sources = _DRAW_SOURCES.get(id(t))
     if sources is None:
         local = _box_draws(t, t.dtype)
     else:
@@ -232,11 +299,11 @@ def _draw_block(
             block = torch.rand((stop - start, *shape[1:]), dtype=dtype, device=device)
             lo, hi = max(start, first_lo), min(stop, first_hi)
             if out is not None and lo < hi:
-                out[lo - first_lo : hi - first_lo].copy_(block[(slice(lo - start, hi - start), *inner_slices)])
+                out[lo - first_lo : hi - first_lo].copy_(block[tuple([slice(lo - start, hi - start), *inner_slices])])
         return
     for row in range(shape[0]):
-        inside = out is not None and first_lo <= row < first_hi
-        _draw_block(out[row - first_lo] if inside else None, shape[1:], inner_box, dtype, device)
+        part = out[row - first_lo] if out is not None and first_lo <= row < first_hi else None
+        _draw_block(part, shape[1:], inner_box, dtype, device)
 
 
 def _reject_strided(t: DTensor) -> None:
@@ -251,17 +318,21 @@ def _reject_strided(t: DTensor) -> None:
 # --- channels (structured pruning) --------------------------------------------
 
 
-def channel_norms(t: DTensor, n: int | float | str, dim: int) -> torch.Tensor:
-    """The ``n``-norm of every slice of ``t`` along ``dim``, the same full vector on every rank.
+def channel_norms(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tensor:
+    """The ``n``-norm of every slice of ``t`` along ``dim``; for a DTensor, the same full vector on every rank.
 
     Each rank reduces its shard to partial statistics per channel (sum of
     ``|x|^p``, count of non-zeros, max or min of ``|x|``); these are combined
     across the ranks that split a channel, and gathered along ``dim``.
     """
-    from prunereg._amount import compute_norm
+    if not is_dtensor(t):
+        return _amount.compute_norm(t, n, dim)
+    return _sharded_channel_norms(t, n, dim)
 
+
+def _sharded_channel_norms(t: DTensor, n: int | float | str, dim: int) -> torch.Tensor:
     # torch's own checks of n and dim, on a tensor without data.
-    compute_norm(torch.empty(t.shape, dtype=t.dtype, device="meta"), n, dim)
+    _amount.compute_norm(torch.empty(t.shape, dtype=t.dtype, device="meta"), n, dim)
     dim = dim % t.dim()
     if n == "fro":
         n = 2
@@ -301,7 +372,7 @@ def gather_channels(t: DTensor, dim: int, stats: torch.Tensor, op: str) -> torch
     mesh = t.device_mesh
     stats = stats.contiguous()
     for mesh_dim, placement in enumerate(t.placements):
-        if placement.is_shard() and placement.dim != dim:
+        if placement.is_shard() and cast("Shard", placement).dim != dim:
             dist.all_reduce(stats, op=reduce_op, group=mesh.get_group(mesh_dim))
     span = ChannelSpan.of(t, dim)
     if span.mesh_dim is None:
@@ -331,7 +402,7 @@ class ChannelSpan:
         import torch.distributed as dist
 
         dim = dim % t.dim()
-        mesh_dims = [i for i, p in enumerate(t.placements) if p.is_shard() and p.dim == dim]
+        mesh_dims = [i for i, p in enumerate(t.placements) if p.is_shard() and cast("Shard", p).dim == dim]
         if any(type(t.placements[i]).__name__ != "Shard" for i in mesh_dims):
             raise NotImplementedError(
                 f"prunereg cannot prune channels along dim {dim} with placements {t.placements} "
@@ -353,8 +424,17 @@ class ChannelSpan:
         return cls(mesh_dim, [int(s) for s in sizes], t.device_mesh.get_local_rank(mesh_dim))
 
 
-def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor) -> DTensor:
-    """The mask of ``t`` keeping the channels ``keep`` (indices or flags, the same on every rank)."""
+def channel_mask(t: torch.Tensor, keep: torch.Tensor, dim: int, default_mask: torch.Tensor) -> torch.Tensor:
+    """``default_mask`` times the mask of ``t`` keeping the channels ``keep`` along ``dim``, in ``t``'s dtype.
+
+    ``keep`` holds indices or flags, the same on every rank.
+    """
+    if not is_dtensor(t):
+        return _channels.channel_mask(t, keep, dim, default_mask)
+    return _sharded_channel_mask(t, keep, dim, default_mask)
+
+
+def _sharded_channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: torch.Tensor) -> DTensor:
     flags = torch.zeros(t.shape[dim], dtype=torch.bool, device=keep.device)
     flags[keep] = True
     span = ChannelSpan.of(t, dim)
@@ -363,22 +443,28 @@ def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor
     shape[dim] = span.count
     local = torch.zeros_like(t.to_local())
     local += local_keep.reshape(shape).to(device=local.device, dtype=local.dtype)
-    local *= default_mask.to_local().to(dtype=local.dtype)
+    local *= local_shard(default_mask).to(dtype=local.dtype)
     return _wrap(local, t)
 
 
 # --- what earlier pruning left (PruningContainer) --------------------------------
 
 
-def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTensor:
-    """:func:`prunereg._container.combine_masks` for DTensors, shard by shard.
+def combine_masks(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """:func:`prunereg._remaining.combine_masks` of a plain tensor or a DTensor.
 
-    The entries (or channels) still kept are compacted on each rank into a
-    DTensor of their own; ``method`` computes its mask on it, and the result is
-    written back in place of those entries.
+    For a DTensor, the entries (or channels) still kept are compacted on each
+    rank into a DTensor of their own; ``method`` computes its mask on it, and
+    the result is written back in place of those entries.
     """
+    if not is_dtensor(t):
+        return _remaining.combine_masks(method, t, mask)
+    return _sharded_combine_masks(method, t, mask)
+
+
+def _sharded_combine_masks(method: MaskMethod, t: DTensor, plain_or_sharded_mask: torch.Tensor) -> torch.Tensor:
     kind = method.PRUNING_TYPE
-    mask = to_layout_of(mask, t)
+    mask = _to_shards_of(plain_or_sharded_mask, t)
     if kind == "global":
         return method.compute_mask(t, default_mask=mask).to(dtype=t.dtype)
     local_t, local_mask = t.to_local(), mask.to_local()
@@ -389,9 +475,9 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
         partial = method.compute_mask(
             spread(local_t[remaining], [remaining.reshape(-1)]), default_mask=spread(local_mask[remaining])
         )
-        new_local[remaining] = partial.to_local().to(dtype=t.dtype)
+        new_local[remaining] = local_shard(partial).to(dtype=t.dtype)
     elif kind == "structured":
-        dim = _structured_dim(method, t)
+        dim = _remaining.structured_dim(method, t.dim())
         used = gather_channels(t, dim, (local_mask != 0).sum(dim=[d for d in range(t.dim()) if d != dim]), "sum")
         span = ChannelSpan.of(t, dim)
         index = used[span.offset : span.offset + span.count].nonzero().reshape(-1).to(local_t.device)
@@ -401,33 +487,59 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
             _wrap(local_t.index_select(dim, index), t, shape),
             default_mask=_wrap(local_mask.index_select(dim, index), t, shape),
         )
-        new_local.index_copy_(dim, index, partial.to_local().to(dtype=t.dtype))
+        new_local.index_copy_(dim, index, local_shard(partial).to(dtype=t.dtype))
     else:
         raise ValueError(f"Unrecognized PRUNING_TYPE {kind}")
     return _wrap(new_local, t)
 
 
-def global_shares(method: BasePruningMethod, entries: Sequence[_Entry]) -> list[DTensor]:
-    """Global pruning of DTensors: each tensor's share of ``method``'s mask over all of them.
+class Entry(NamedTuple):
+    """One tensor of a global pruning: the tensor, the scores ranking its entries, its current mask (None: unpruned)."""
 
-    As in one process (:func:`prunereg._global._concatenated`), ``method`` sees
-    the entries that earlier pruning left in all tensors as one vector; each
-    rank holds the part of that vector from its own shards. ``entries`` are
-    global pruning's (tensor, scores, old mask); plain scores and masks are cut
-    into the tensors' shards.
+    tensor: torch.Tensor
+    scores: torch.Tensor
+    old_mask: torch.Tensor | None
+
+
+_Method = TypeVar("_Method", bound="MaskMethod")
+
+
+def global_shares(
+    method: _Method,
+    entries: list[Entry],
+    *,
+    plain: Callable[[_Method, list[Entry]], list[torch.Tensor]],
+    concatenated: Callable[[_Method, list[Entry], SpreadVector], list[torch.Tensor]],
+) -> list[torch.Tensor]:
+    """Each tensor's share of ``method``'s mask over all ``entries`` pruned together, as one vector.
+
+    Plain tensors are left to ``plain(method, entries)``. For DTensors, as in one
+    process, ``method`` sees the entries that earlier pruning left in all tensors
+    as one vector: ``concatenated(method, local_entries, spread)`` builds it from
+    this rank's shards, as a vector spread over the ranks (a
+    :class:`SpreadVector`); plain scores and masks are cut into the tensors' shards first.
     """
-    from prunereg import _global
-
-    tensors = [entry.tensor for entry in entries]
-    _check_same_sharding(tensors)
-    scores = [to_layout_of(entry.scores, t) for entry, t in zip(entries, tensors)]
+    if not is_dtensor(entries[0].tensor):
+        return plain(method, entries)
+    tensors = _same_sharding([entry.tensor for entry in entries])
+    scores = [_to_shards_of(entry.scores, t) for entry, t in zip(entries, tensors)]
     local_entries = [
-        _global._Entry(t.to_local(), s.to_local(), None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local())
+        Entry(
+            t.to_local(),
+            s.to_local(),
+            None if entry.old_mask is None else _to_shards_of(entry.old_mask, t).to_local(),
+        )
         for entry, t, s in zip(entries, tensors, scores)
     ]
-    spread = SpreadVector(tensors[0], scores)
-    shares = _global._concatenated(method, local_entries, spread=spread)
+    shares = concatenated(method, local_entries, SpreadVector(tensors[0], scores))
     return [_wrap(share, t) for share, t in zip(shares, tensors)]
+
+
+# The vectors of kept entries that SpreadVector built, by id, with their
+# sources and kept entries: a method computes its mask on such a vector, and
+# rand_like of it must give the draws of the sources' full streams at those
+# entries, as in one process. An entry lives as long as its vector.
+_DRAW_SOURCES: dict[int, list[tuple[DTensor, torch.Tensor | None]]] = {}
 
 
 class SpreadVector:
@@ -453,32 +565,20 @@ class SpreadVector:
             self.length = int(sum_over_shards(count, self.like))
         placements = [Shard(0) if p.is_shard() else Replicate() for p in self.like.placements]
         vector = DTensor.from_local(
-            local, self.like.device_mesh, placements, run_check=False, shape=(self.length,), stride=(1,)
+            local, self.like.device_mesh, placements, run_check=False, shape=torch.Size([self.length]), stride=(1,)
         )
         if keeps is not None:
-            vector._prunereg_draw_sources = list(zip(self.sources, keeps))
+            _DRAW_SOURCES[id(vector)] = list(zip(self.sources, keeps))
+            weakref.finalize(vector, _DRAW_SOURCES.pop, id(vector), None)
         return vector
-
-
-def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:
-    if not hasattr(method, "dim"):
-        raise AttributeError(
-            'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
-        )
-    dim = method.dim if method.dim >= 0 else t.dim() + method.dim
-    if not 0 <= dim < t.dim():
-        raise IndexError(f"Index is out of bounds for tensor with dimensions {t.dim()}")
-    return dim
 
 
 def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) -> DTensor:
     """This rank's ``local`` shard of a DTensor laid out like ``like`` (of another ``shape`` if given)."""
     from torch.distributed.tensor import DTensor
 
-    if shape is None:
-        shape, stride = like.shape, like.stride()
-    else:
-        stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=tuple(shape), stride=stride)
+    size = like.shape if shape is None else torch.Size(shape)
+    stride = like.stride() if shape is None else torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=size, stride=stride)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -291,9 +292,11 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
 
 
 def _check_method_class(cls: object, info: MethodInfo) -> None:
-    from prunereg._method import BasePruningMethod
-
-    if not (isinstance(cls, type) and issubclass(cls, BasePruningMethod)):
+    # Without importing the pruning contract (the registry sits below it): a
+    # class can subclass BasePruningMethod only once its module is loaded.
+    contract = sys.modules.get("prunereg._method")
+    base = getattr(contract, "BasePruningMethod", None)
+    if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
         raise TypeError(f"{info.target!r} is not a BasePruningMethod subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(

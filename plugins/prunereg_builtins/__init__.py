@@ -8,10 +8,25 @@ import prunereg
 
 _METHODS = [
     ("identity", "unstructured:Identity", "unstructured", "Prune nothing; sets up the reparametrization only"),
-    ("random_unstructured", "unstructured:RandomUnstructured", "unstructured", "Prune a fraction of entries chosen uniformly at random"),
+    (
+        "random_unstructured",
+        "unstructured:RandomUnstructured",
+        "unstructured",
+        "Prune a fraction of entries chosen uniformly at random",
+    ),
     ("l1_unstructured", "unstructured:L1Unstructured", "unstructured", "Prune the entries of smallest absolute value"),
-    ("random_structured", "structured:RandomStructured", "structured", "Prune whole channels along a dim, chosen at random"),
-    ("ln_structured", "structured:LnStructured", "structured", "Prune whole channels along a dim with the lowest Ln-norm"),
+    (
+        "random_structured",
+        "structured:RandomStructured",
+        "structured",
+        "Prune whole channels along a dim, chosen at random",
+    ),
+    (
+        "ln_structured",
+        "structured:LnStructured",
+        "structured",
+        "Prune whole channels along a dim with the lowest Ln-norm",
+    ),
     ("custom_from_mask", "custom:CustomFromMask", "global", "Prune where a given mask is zero"),
 ]
 

@@ -7,8 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._distributed import is_dtensor, rand_like
-from prunereg.toolkit import check_amount, count_to_prune, prune_lowest
+from prunereg.toolkit import check_amount, count_to_prune, prune_lowest, rand_like
 
 
 class Identity(BasePruningMethod):
@@ -20,7 +19,7 @@ class Identity(BasePruningMethod):
         return default_mask
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str) -> Identity:  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str) -> BasePruningMethod:  # type: ignore[override]
         """Add the reparametrization to ``module.<name>`` without pruning anything."""
         return super().apply(module, name)
 
@@ -48,21 +47,22 @@ class _AmountUnstructured(BasePruningMethod):
 class RandomUnstructured(_AmountUnstructured):
     """Prune ``amount`` entries chosen uniformly at random (torch's draws, so the same seed gives torch's mask)."""
 
+    RANKED_BY = "random"
+
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
-        if is_dtensor(t):
-            prob = rand_like(t)
-        else:
-            prob = torch.rand_like(t, memory_format=torch.contiguous_format)
+        prob = rand_like(t)
         return prune_lowest(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
 
     @classmethod
-    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real) -> RandomUnstructured:  # type: ignore[override]
+    def apply(cls, module: torch.nn.Module, name: str, amount: numbers.Real) -> BasePruningMethod:  # type: ignore[override]
         """Prune ``amount`` random entries of ``module.<name>``."""
         return super().apply(module, name, amount=amount)
 
 
 class L1Unstructured(_AmountUnstructured):
     """Prune the ``amount`` entries of smallest absolute value (NaN first)."""
+
+    RANKED_BY = "magnitude"
 
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
         return prune_lowest(t, k, default_mask, magnitude=True)
@@ -74,6 +74,6 @@ class L1Unstructured(_AmountUnstructured):
         name: str,
         amount: numbers.Real,
         importance_scores: torch.Tensor | None = None,
-    ) -> L1Unstructured:
+    ) -> BasePruningMethod:
         """Prune the ``amount`` entries of ``module.<name>`` (or of ``importance_scores``) of smallest magnitude."""
         return super().apply(module, name, amount=amount, importance_scores=importance_scores)

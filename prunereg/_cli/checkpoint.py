@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from prunereg._cli import main
+from prunereg._cli.app import main
 from prunereg._cli.interrupt import cleanup_on_signals
 from prunereg._cli.output import AtomicOutputs
 
