@@ -52,7 +52,8 @@ def check_torch_archive(handle: BinaryIO, path: str | os.PathLike[str]) -> None:
             )
         if entry.file_size != entry.compress_size or entry.header_offset + entry.compress_size > size:
             raise CheckpointError(
-                f"{quoted(path)} is not a torch file: its entry {entry.filename!r} declares more bytes than the file holds"
+                f"{quoted(path)} is not a torch file: "
+                f"its entry {entry.filename!r} declares more bytes than the file holds"
             )
     declared = sum(entry.file_size for entry in entries)
     if declared > size:  # entries overlapping each other, the trick of non-recursive zip bombs
@@ -80,4 +81,4 @@ def _compression_name(method: int) -> str:
 
 
 def _gib(size: int) -> str:
-    return f"{size / 2**30:.1f} GiB"
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"

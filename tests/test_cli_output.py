@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def _umask() -> int:
     return current
 
 
-def _write(data: bytes):  # noqa: ANN202  (a writer for AtomicOutputs.stage)
+def _write(data: bytes) -> Callable[[str], int]:
+    """A writer for :meth:`AtomicOutputs.stage` that writes ``data``."""
     return lambda path: Path(path).write_bytes(data)
 
 
@@ -65,17 +67,17 @@ def test_an_error_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_a_file_that_appears_meanwhile_is_kept(tmp_path: Path) -> None:
     target = tmp_path / "out.pt"
-    with pytest.raises(CheckpointError, match=f"^OUTPUT '{target}' exists; pass --force to replace it$"):
-        with AtomicOutputs(replace=False) as outputs:
-            outputs.stage("OUTPUT", target, _write(b"mine"))
-            target.write_bytes(b"someone else's")
+    message = re.escape(f"OUTPUT '{target}' exists; pass --force to replace it")
+    with pytest.raises(CheckpointError, match=f"^{message}$"), AtomicOutputs(replace=False) as outputs:
+        outputs.stage("OUTPUT", target, _write(b"mine"))
+        target.write_bytes(b"someone else's")
     assert target.read_bytes() == b"someone else's"
     assert os.listdir(tmp_path) == ["out.pt"]
 
 
 def test_a_clash_on_the_second_file_takes_the_first_back(tmp_path: Path) -> None:
     output, masks = tmp_path / "out.pt", tmp_path / "masks.safetensors"
-    with pytest.raises(CheckpointError, match="MASKS_FILE .* exists"), AtomicOutputs(replace=False) as outputs:
+    with pytest.raises(CheckpointError, match=r"MASKS_FILE .* exists"), AtomicOutputs(replace=False) as outputs:
         outputs.stage("OUTPUT", output, _write(b"pruned"))
         outputs.stage("MASKS_FILE", masks, _write(b"masks"))
         masks.write_bytes(b"someone else's")
@@ -126,9 +128,9 @@ def test_a_full_disk_is_named(tmp_path: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     target = tmp_path / "out.pt"
-    with pytest.raises(CheckpointError, match=f"^cannot write OUTPUT '{target}': the disk is full"):
-        with AtomicOutputs(replace=False) as outputs:
-            outputs.stage("OUTPUT", target, full)
+    message = re.escape(f"cannot write OUTPUT '{target}': the disk is full")
+    with pytest.raises(CheckpointError, match=f"^{message}"), AtomicOutputs(replace=False) as outputs:
+        outputs.stage("OUTPUT", target, full)
     assert os.listdir(tmp_path) == []
 
 
@@ -193,7 +195,8 @@ def test_prune_force_keeps_outputs_permissions(tmp_path: Path) -> None:
     output.chmod(0o600)
     masks.write_bytes(b"old")
     masks.chmod(0o640)
-    result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5", "--masks", masks, "--force")
+    result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5",
+                     "--masks", masks, "--force")
     assert result.exit_code == 0, result.stderr
     assert _mode(output) == 0o600 and _mode(masks) == 0o640
     assert int((_checkpoint.read(output).tensors["w"] == 0).sum()) == 8
@@ -228,7 +231,8 @@ def test_prune_on_a_full_disk_says_so(tmp_path: Path, small_disk: Path, suffix: 
     tensors = {"w": torch.rand(512, 512)}  # 1 MiB
     torch.save(tensors, path) if suffix == ".pt" else save_file(tensors, path)
     done = subprocess.run([str(Path(sys.executable).with_name("prunereg")), "prune", str(path), str(output),
-                           "--method", "l1_unstructured", "--amount", "0.5"], capture_output=True, text=True, timeout=120)
+                           "--method", "l1_unstructured", "--amount", "0.5"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"Error: cannot write OUTPUT '{output}': the disk is full (No space left on device)\n"
     assert os.listdir(small_disk) == []

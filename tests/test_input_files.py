@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import warnings
 import socket
 import struct
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -36,7 +36,8 @@ def test_a_fifo_is_refused_without_blocking(tmp_path: Path, command: str) -> Non
     fifo = tmp_path / "model.pt"
     os.mkfifo(fifo)
     args = ["prune", fifo, tmp_path / "out.pt", "--method", "identity"] if command == "prune" else ["report", fifo]
-    _assert_one_line_error(_invoke(*args), f"'{fifo}' is a FIFO (named pipe), not a regular file; give the model file itself")
+    _assert_one_line_error(_invoke(*args),
+                           f"'{fifo}' is a FIFO (named pipe), not a regular file; give the model file itself")
     assert os.listdir(tmp_path) == ["model.pt"]
 
 
@@ -64,7 +65,8 @@ def test_a_symlink_loop_is_named(tmp_path: Path) -> None:
 def test_a_dangling_symlink_names_its_target(tmp_path: Path) -> None:
     link = tmp_path / "m.safetensors"
     link.symlink_to("gone.safetensors")
-    _assert_one_line_error(_invoke("report", link), f"'{link}' is a symlink to 'gone.safetensors', which does not exist")
+    _assert_one_line_error(_invoke("report", link),
+                           f"'{link}' is a symlink to 'gone.safetensors', which does not exist")
 
 
 def test_an_output_directory_in_a_symlink_loop_is_named(tmp_path: Path) -> None:
@@ -144,11 +146,13 @@ def test_an_archive_declaring_more_than_it_holds_is_refused(tmp_path: Path) -> N
         _checkpoint.read(path)
 
 
-def test_an_archive_declaring_more_than_the_memory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_archive_declaring_more_than_the_memory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "big.pt"
     torch.save({"w": torch.ones(256, 1024)}, path)  # 1 MiB
     monkeypatch.setattr(_archive_check, "physical_memory", lambda: 2**19)
-    with pytest.raises(CheckpointError, match=r"declares 0\.0 GiB of data, more than this machine's 0\.0 GiB of memory"):
+    with pytest.raises(CheckpointError, match=r"declares 1\.0 MiB of data, more than this machine's 0\.5 MiB of memory"):
         _checkpoint.read(path)
     monkeypatch.setattr(_archive_check, "physical_memory", lambda: 2**21)
     assert torch.equal(_checkpoint.read(path).tensors["w"], torch.ones(256, 1024))
@@ -172,7 +176,7 @@ def test_torchs_warnings_come_after_a_successful_load(tmp_path: Path, monkeypatc
     real_load = torch.load
 
     def load_with_a_warning(*args: object, **kwargs: object) -> object:
-        warnings.warn("a torch remark", UserWarning)
+        warnings.warn("a torch remark", UserWarning, stacklevel=2)
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", load_with_a_warning)
@@ -185,7 +189,7 @@ def test_torchs_warnings_are_dropped_when_the_load_fails(tmp_path: Path, monkeyp
     torch.save({"w": torch.ones(2, 2)}, path)
 
     def warn_then_fail(*_: object, **__: object) -> None:
-        warnings.warn("noise before the failure", UserWarning)
+        warnings.warn("noise before the failure", UserWarning, stacklevel=2)
         raise RuntimeError("cannot load")
 
     monkeypatch.setattr(torch, "load", warn_then_fail)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import sys
@@ -154,7 +155,8 @@ def prune_command(
             if masks_path is not None:
                 provenance = {"format": "pt", "prunereg.method": method_name,
                               "prunereg.arguments": json.dumps(arguments), "prunereg.global": str(together).lower()}
-                outputs.stage("MASKS_FILE", masks_path, lambda path: _checkpoint.save_safetensors(masks, path, provenance))
+                save_masks = functools.partial(_checkpoint.save_safetensors, masks, metadata=provenance)
+                outputs.stage("MASKS_FILE", masks_path, save_masks)
     zeros = sum(_count_zeros(tensor) for tensor in pruned.values())
     numel = sum(tensor.numel() for tensor in pruned.values())
     click.echo(

@@ -16,6 +16,7 @@ temporary file is removed, and every target this run created is taken back.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -154,10 +155,8 @@ def _identity(path: Path | str) -> tuple[int, int] | None:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _reason(error: OSError) -> str:
