@@ -19,6 +19,7 @@ from torch import nn
 
 from prunereg import _checkpoint, _reparam
 from prunereg._custom import CustomFromMask
+from prunereg._dtypes import is_prunable
 from prunereg._global import global_masks
 from prunereg._method import BasePruningMethod
 from prunereg._plugins import registry
@@ -35,13 +36,14 @@ def select(tensors: Mapping[str, torch.Tensor], include: Sequence[str] = (), exc
     """The names of the tensors to prune, in order.
 
     Every floating-point tensor of at least two dimensions (weights, not biases
-    or norm scales), narrowed to the names matching one of the ``include``
+    or norm scales; not float8 either: see :mod:`prunereg._dtypes`), narrowed
+    to the names matching one of the ``include``
     globs when there are any, minus the names matching an ``exclude`` glob.
     """
     return [
         name
         for name, tensor in tensors.items()
-        if tensor.is_floating_point()
+        if is_prunable(tensor)
         and tensor.dim() >= 2
         and (not include or any(fnmatch.fnmatchcase(name, glob) for glob in include))
         and not any(fnmatch.fnmatchcase(name, glob) for glob in exclude)

@@ -164,6 +164,7 @@ def prune_command(
         f"{zeros:,} of {numel:,} entries are zero ({_percent(zeros, numel)}); wrote {output_path}"
         + (f" and {masks_path}" if masks_path is not None else "")
     )
+    _note_unprunable(checkpoint.tensors)
 
 
 def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, force: bool) -> None:
@@ -213,11 +214,24 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _nothing_selected(tensors: dict[str, torch.Tensor], include: tuple[str, ...], exclude: tuple[str, ...]) -> str:
+    from prunereg._dtypes import describe_unprunable, unprunable_floats
+
     refinements = [f"--include {glob}" for glob in include] + [f"--exclude {glob}" for glob in exclude]
+    unprunable = unprunable_floats(tensors)
     return (
         f"no tensor selected: none of the {len(tensors)} tensors is floating point with 2 or more dimensions"
         + (f" and matches {' '.join(refinements)}" if refinements else "")
+        + (f" (left alone: {describe_unprunable(unprunable)})" if unprunable else "")
     )
+
+
+def _note_unprunable(tensors: dict[str, torch.Tensor]) -> None:
+    """Say on stderr which floating-point tensors were left as they were because pruning cannot compute with them."""
+    from prunereg._dtypes import describe_unprunable, unprunable_floats
+
+    unprunable = unprunable_floats(tensors)
+    if unprunable:
+        click.echo(f"note: left as they were: {describe_unprunable(unprunable)}", err=True)
 
 
 @contextlib.contextmanager
