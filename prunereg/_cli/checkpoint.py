@@ -123,8 +123,11 @@ def prune_command(
     Every floating-point tensor of at least two dimensions is pruned, narrowed
     by --include and --exclude globs on tensor names; each is pruned as
     torch.nn.utils.prune would prune the parameter holding it. Everything else
-    in the file is kept. INPUT is never modified; OUTPUT is written to a
-    temporary file and renamed into place. Formats: .safetensors, and torch
+    in the file is kept. Names that a torch file stores as one tensor (tied
+    weights) are pruned once and stay one tensor; tensors that merely overlap
+    come out as separate tensors. INPUT is never modified; OUTPUT is written
+    to a temporary file and put in place at the end, never over a file that
+    appeared meanwhile unless --force. Formats: .safetensors, and torch
     state dicts or checkpoint dicts (.pt, .pth, .bin), read with
     torch.load(weights_only=True).
     """
@@ -133,7 +136,7 @@ def prune_command(
             raise click.UsageError("give the amount once: --amount or --arg amount=..., not both")
         arguments = {"amount": parse_value(amount), **arguments}
     with _errors_in_one_line(debug):
-        from prunereg import _checkpoint, _offline
+        from prunereg import _checkpoint, _offline, _ties
 
         _check_paths(input_path, output_path, masks_path, force)
         make_method = _offline.method_factory(method_name, arguments, together=together)
@@ -142,14 +145,17 @@ def prune_command(
         names = _offline.select(checkpoint.tensors, include, exclude)
         if not names:
             raise click.ClickException(_nothing_selected(checkpoint.tensors, include, exclude))
-        selected = {name: checkpoint.tensors[name] for name in names}
+        tied = _ties.tied_names(checkpoint.tensors)
+        selected = {name: checkpoint.tensors[name] for name in _ties.first_names(names, tied)}
         results = _offline.prune(selected, make_method, together=together, device=compute_device, seed=seed)
         pruned, masks = {}, {}
-        with _progress(results, len(names), f"pruning with {method_name}") as bar:
+        with _progress(results, len(selected), f"pruning with {method_name}") as bar:
             for name, tensor, mask in bar:
                 pruned[name] = tensor
                 if masks_path is not None:
                     masks[name] = mask
+        _ties.tie(pruned, tied)
+        _ties.tie(masks, tied, copies=True)  # safetensors refuses shared tensors
         with cleanup_on_signals(), AtomicOutputs(replace=force) as outputs:
             outputs.stage("OUTPUT", output_path, lambda path: _checkpoint.save(checkpoint, pruned, path))
             if masks_path is not None:
