@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections import OrderedDict
 from pathlib import Path
@@ -96,7 +95,8 @@ def test_non_tensor_entries_of_a_state_dict_are_kept_but_not_tensors(tmp_path: P
     assert checkpoint.with_tensors({"w": torch.zeros(2, 2)})["version"] == 2
 
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool,
+          torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -105,7 +105,9 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
     dtype=st.sampled_from(DTYPES),
     suffix=st.sampled_from([".safetensors", ".pt"]),
 )
-def test_round_trip_keeps_names_shapes_dtypes_values(tmp_path: Path, shapes: list[list[int]], dtype: torch.dtype, suffix: str) -> None:
+def test_round_trip_keeps_names_shapes_dtypes_values(
+    tmp_path: Path, shapes: list[list[int]], dtype: torch.dtype, suffix: str
+) -> None:
     tensors = {f"t{i}": (torch.rand(shape) * 10).to(dtype) for i, shape in enumerate(shapes)}
     path, out = tmp_path / f"m{suffix}", tmp_path / f"o{suffix}"
     if suffix == ".pt":
@@ -116,7 +118,9 @@ def test_round_trip_keeps_names_shapes_dtypes_values(tmp_path: Path, shapes: lis
     _checkpoint.save(checkpoint, {}, str(out))
     # safetensors orders a file itself (by dtype alignment, then name; empty tensors tie)
     _assert_same(_checkpoint.read(out).tensors, checkpoint.tensors, ordered=suffix == ".pt")
-    assert {k: (v.shape, v.dtype) for k, v in checkpoint.tensors.items()} == {k: (v.shape, v.dtype) for k, v in tensors.items()}
+    assert {k: (v.shape, v.dtype) for k, v in checkpoint.tensors.items()} == {
+        k: (v.shape, v.dtype) for k, v in tensors.items()
+    }
 
 
 @pytest.mark.parametrize("name", ["m.npz", "m", "m.ckpt.txt"])

@@ -152,7 +152,8 @@ def test_an_archive_declaring_more_than_the_memory_is_refused(
     path = tmp_path / "big.pt"
     torch.save({"w": torch.ones(256, 1024)}, path)  # 1 MiB
     monkeypatch.setattr(_archive_check, "physical_memory", lambda: 2**19)
-    with pytest.raises(CheckpointError, match=r"declares 1\.0 MiB of data, more than this machine's 0\.5 MiB of memory"):
+    message = r"declares 1\.0 MiB of data, more than this machine's 0\.5 MiB of memory"
+    with pytest.raises(CheckpointError, match=message):
         _checkpoint.read(path)
     monkeypatch.setattr(_archive_check, "physical_memory", lambda: 2**21)
     assert torch.equal(_checkpoint.read(path).tensors["w"], torch.ones(256, 1024))
