@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -236,3 +237,15 @@ def test_prune_on_a_full_disk_says_so(tmp_path: Path, small_disk: Path, suffix: 
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"Error: cannot write OUTPUT '{output}': the disk is full (No space left on device)\n"
     assert os.listdir(small_disk) == []
+
+
+def test_a_directory_refusing_the_temporary_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_only(*_: object, **__: object) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    target = tmp_path / "out.pt"
+    message = re.escape(f"cannot write OUTPUT '{target}': Permission denied")
+    with pytest.raises(CheckpointError, match=message), AtomicOutputs(replace=False) as outputs:
+        outputs.stage("OUTPUT", target, _write(b"data"))
+    assert os.listdir(tmp_path) == []

@@ -59,7 +59,10 @@ class AtomicOutputs:
 
     def stage(self, label: str, target: Path, write: Callable[[str], None]) -> None:
         """Run ``write(temporary_path)`` for the file that will become ``target`` (called ``label`` in errors)."""
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+        try:
+            fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+        except OSError as error:  # a read-only or full directory
+            raise CheckpointError(f"cannot write {label} {quoted(target)}: {_reason(error)}") from error
         self._staged.append(_Staged(label, target, temporary))
         os.close(fd)
         try:
