@@ -171,16 +171,16 @@ def save(checkpoint: Checkpoint, replaced: Mapping[str, torch.Tensor], path: str
             try:
                 torch.save(content, handle)
             except RuntimeError as error:  # torch's clean-up failed too and reports "enforce fail" instead
-                system_error = _system_error_behind(error)
-                if system_error is None:
+                original = _original_failure(error)
+                if original is None:
                     raise
-                raise system_error from error
+                raise original from error
 
 
-def _system_error_behind(error: BaseException) -> OSError | None:
-    """The ``OSError`` that ``error`` was raised while handling, if any."""
+def _original_failure(error: BaseException) -> BaseException | None:
+    """What ``error`` was raised while handling: a system error, or an interruption (Ctrl-C, a signal)."""
     seen = error.__context__
-    while seen is not None and not isinstance(seen, OSError):
+    while seen is not None and not isinstance(seen, OSError) and isinstance(seen, Exception):
         seen = seen.__context__
     return seen
 

@@ -249,3 +249,37 @@ def test_a_directory_refusing_the_temporary_file_is_named(tmp_path: Path, monkey
     with pytest.raises(CheckpointError, match=message), AtomicOutputs(replace=False) as outputs:
         outputs.stage("OUTPUT", target, _write(b"data"))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, SystemExit])
+def test_an_interruption_inside_torch_save_comes_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interruption: type[BaseException]
+) -> None:
+    """torch's writer turns a Ctrl-C (or a signal's exception) in a write into 'enforce fail'; save re-raises it."""
+    path = tmp_path / "m.pt"
+    torch.save({"w": torch.ones(64, 64)}, path)
+    checkpoint = _checkpoint.read(path)
+    real_open = open
+
+    class Interrupting:
+        def __init__(self, handle: object) -> None:
+            self.handle, self.writes = handle, 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.handle, name)
+
+        def write(self, data: bytes) -> int:
+            self.writes += 1
+            if self.writes == 3:
+                raise interruption()
+            return self.handle.write(data)  # type: ignore[attr-defined, no-any-return]
+
+        def __enter__(self) -> Interrupting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.handle.close()  # type: ignore[attr-defined]
+
+    monkeypatch.setattr("builtins.open", lambda *args, **kwargs: Interrupting(real_open(*args, **kwargs)))
+    with pytest.raises(interruption):
+        _checkpoint.save(checkpoint, {}, str(tmp_path / "out.pt"))
