@@ -24,8 +24,14 @@ def tied_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     for name, tensor in tensors.items():
         if tensor.numel() == 0 or tensor.device.type == "meta":  # no storage that could be shared
             continue
-        view = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-                tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        view = (
+            tensor.device,
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
         first = first_names.setdefault(view, name)
         if first != name:
             tied[name] = first

@@ -32,8 +32,10 @@ def _write(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 def test_prune_leaves_float8_tensors_as_they_were_and_says_so(tmp_path: Path, dtype: torch.dtype, suffix: str) -> None:
     generator = torch.Generator().manual_seed(0)
     quantized = (torch.rand(4, 8, generator=generator) + 0.5).to(dtype)
-    path = _write(tmp_path / f"model{suffix}", {"dense.weight": torch.rand(4, 8, generator=generator),
-                                                "quantized.weight": quantized})
+    path = _write(
+        tmp_path / f"model{suffix}",
+        {"dense.weight": torch.rand(4, 8, generator=generator), "quantized.weight": quantized},
+    )
     output = tmp_path / f"out{suffix}"
     result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5")
     assert result.exit_code == 0, result.stderr
@@ -50,8 +52,9 @@ def test_prune_leaves_float8_tensors_as_they_were_and_says_so(tmp_path: Path, dt
 
 
 def test_a_file_of_float8_weights_only_says_why_nothing_was_selected(tmp_path: Path) -> None:
-    path = _write(tmp_path / "model.safetensors", {f"layer{i}.weight": torch.ones(2, 2).to(torch.float8_e4m3fn)
-                                                   for i in range(5)})
+    path = _write(
+        tmp_path / "model.safetensors", {f"layer{i}.weight": torch.ones(2, 2).to(torch.float8_e4m3fn) for i in range(5)}
+    )
     result = _invoke("prune", path, tmp_path / "out.safetensors", "--method", "l1_unstructured", "--amount", "0.5")
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr == (
@@ -64,8 +67,17 @@ def test_a_file_of_float8_weights_only_says_why_nothing_was_selected(tmp_path: P
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_report_shows_every_dtype_a_file_can_hold(tmp_path: Path, suffix: str) -> None:
-    dtypes = [*FLOAT8, torch.float16, torch.bfloat16, torch.float64, torch.uint16, torch.uint32, torch.uint64,
-              torch.int8, torch.bool]
+    dtypes = [
+        *FLOAT8,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.int8,
+        torch.bool,
+    ]
     tensors = {str(dtype).removeprefix("torch."): torch.tensor([[0, 1], [1, 1]]).to(dtype) for dtype in dtypes}
     path = _write(tmp_path / f"m{suffix}", tensors)
     result = _invoke("report", path, "--json")

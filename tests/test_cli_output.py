@@ -164,6 +164,7 @@ def test_a_full_disk_reaches_the_safetensors_writer_as_enospc(tmp_path: Path, mo
 
 # Through the command line
 
+
 def _invoke(*args: object) -> Result:
     return CliRunner().invoke(main, [str(a) for a in args], prog_name="prunereg")
 
@@ -196,8 +197,9 @@ def test_prune_force_keeps_outputs_permissions(tmp_path: Path) -> None:
     output.chmod(0o600)
     masks.write_bytes(b"old")
     masks.chmod(0o640)
-    result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5",
-                     "--masks", masks, "--force")
+    result = _invoke(
+        "prune", path, output, "--method", "l1_unstructured", "--amount", "0.5", "--masks", masks, "--force"
+    )
     assert result.exit_code == 0, result.stderr
     assert _mode(output) == 0o600 and _mode(masks) == 0o640
     assert int((_checkpoint.read(output).tensors["w"] == 0).sum()) == 8
@@ -216,8 +218,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB file system (tmpfs), where the privileges allow mounting one."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
-                             capture_output=True) if shutil.which("mount") else None
+    mounted = (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True)
+        if shutil.which("mount")
+        else None
+    )
     if mounted is None or mounted.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here")
     try:
@@ -231,9 +236,21 @@ def test_prune_on_a_full_disk_says_so(tmp_path: Path, small_disk: Path, suffix: 
     path, output = tmp_path / f"model{suffix}", small_disk / f"out{suffix}"
     tensors = {"w": torch.rand(512, 512)}  # 1 MiB
     torch.save(tensors, path) if suffix == ".pt" else save_file(tensors, path)
-    done = subprocess.run([str(Path(sys.executable).with_name("prunereg")), "prune", str(path), str(output),
-                           "--method", "l1_unstructured", "--amount", "0.5"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("prunereg")),
+            "prune",
+            str(path),
+            str(output),
+            "--method",
+            "l1_unstructured",
+            "--amount",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"Error: cannot write OUTPUT '{output}': the disk is full (No space left on device)\n"
     assert os.listdir(small_disk) == []

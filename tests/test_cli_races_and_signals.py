@@ -52,10 +52,18 @@ def _prune_args(path: Path, output: Path, amount: str) -> list[str]:
 
 
 def _start_gated(args: list[str], control: Path) -> subprocess.Popen[str]:
-    environment = {**os.environ, "PRUNEREG_TEST_WRITTEN": str(control / "written"),
-                   "PRUNEREG_TEST_GATE": str(control / "gate")}
-    return subprocess.Popen([sys.executable, "-c", GATED_PRUNEREG, *args], env=environment, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    environment = {
+        **os.environ,
+        "PRUNEREG_TEST_WRITTEN": str(control / "written"),
+        "PRUNEREG_TEST_GATE": str(control / "gate"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", GATED_PRUNEREG, *args],
+        env=environment,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_until_written(process: subprocess.Popen[str], control: Path) -> None:
@@ -81,8 +89,9 @@ def test_the_run_that_finishes_second_fails_and_keeps_the_first_output(tmp_path:
     slow = _start_gated(_prune_args(path, output, "0.25"), control)
     try:
         _wait_until_written(slow, control)
-        fast = subprocess.run([str(SCRIPT), *_prune_args(path, output, "0.75")],
-                              capture_output=True, text=True, timeout=TIMEOUT)
+        fast = subprocess.run(
+            [str(SCRIPT), *_prune_args(path, output, "0.75")], capture_output=True, text=True, timeout=TIMEOUT
+        )
         assert fast.returncode == 0, fast.stderr
         (control / "gate").touch()
         stdout, stderr = slow.communicate(timeout=TIMEOUT)
@@ -96,9 +105,12 @@ def test_the_run_that_finishes_second_fails_and_keeps_the_first_output(tmp_path:
 
 def test_concurrent_runs_without_force_leave_one_winner(tmp_path: Path) -> None:
     path, output = _model(tmp_path), tmp_path / "out.pt"
-    runs = [subprocess.Popen([str(SCRIPT), *_prune_args(path, output, amount)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for amount in ("0.25", "0.5", "0.75", "1.0")]
+    runs = [
+        subprocess.Popen(
+            [str(SCRIPT), *_prune_args(path, output, amount)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for amount in ("0.25", "0.5", "0.75", "1.0")
+    ]
     results = [(run.wait(timeout=TIMEOUT), *run.communicate()) for run in runs]
     winners = [index for index, (code, _, _) in enumerate(results) if code == 0]
     assert len(winners) == 1, results
@@ -148,10 +160,18 @@ def test_sighup_stays_ignored_under_nohup(tmp_path: Path, control: Path) -> None
     path, output = _model(tmp_path), tmp_path / "out.pt"
     environment_setup = "import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
     gated = GATED_PRUNEREG.replace("import os, sys, time\n", "import os, sys, time\n" + environment_setup)
-    environment = {**os.environ, "PRUNEREG_TEST_WRITTEN": str(control / "written"),
-                   "PRUNEREG_TEST_GATE": str(control / "gate")}
-    run = subprocess.Popen([sys.executable, "-c", gated, *_prune_args(path, output, "0.5")], env=environment,
-                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    environment = {
+        **os.environ,
+        "PRUNEREG_TEST_WRITTEN": str(control / "written"),
+        "PRUNEREG_TEST_GATE": str(control / "gate"),
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-c", gated, *_prune_args(path, output, "0.5")],
+        env=environment,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         _wait_until_written(run, control)
         run.send_signal(signal.SIGHUP)

@@ -32,8 +32,9 @@ def test_a_tied_tensor_is_pruned_once_and_stays_tied(tmp_path: Path) -> None:
     embedding, hidden, state = _tied_model()
     path, output, masks = tmp_path / "m.pt", tmp_path / "out.pt", tmp_path / "masks.safetensors"
     torch.save(state, path)
-    result = _invoke("prune", path, output, "--method", "random_unstructured", "--amount", "0.5", "--seed", "3",
-                     "--masks", masks)
+    result = _invoke(
+        "prune", path, output, "--method", "random_unstructured", "--amount", "0.5", "--seed", "3", "--masks", masks
+    )
     assert result.exit_code == 0, result.stderr
     written = _loaded(output)
     assert written["embed.weight"].data_ptr() == written["head.weight"].data_ptr()
@@ -58,8 +59,9 @@ def test_global_pruning_counts_a_tied_tensor_once(tmp_path: Path) -> None:
     with torch.no_grad():
         modules[0].weight.copy_(embedding)
         modules[1].weight.copy_(hidden)
-    torch_prune.global_unstructured([(modules[0], "weight"), (modules[1], "weight")],
-                                    torch_prune.L1Unstructured, amount=0.5)
+    torch_prune.global_unstructured(
+        [(modules[0], "weight"), (modules[1], "weight")], torch_prune.L1Unstructured, amount=0.5
+    )
     written = _loaded(output)
     assert torch.equal(written["embed.weight"], modules[0].weight)
     assert torch.equal(written["head.weight"], modules[0].weight)
@@ -91,8 +93,16 @@ def test_overlapping_views_are_pruned_separately(tmp_path: Path) -> None:
 
 def test_tied_names_are_identical_views_only() -> None:
     base = torch.arange(12.0).reshape(3, 4)
-    tensors = {"a": base, "b": base, "t": base.t(), "row": base[0], "c": base.view(3, 4), "empty": torch.ones(0),
-               "empty2": torch.ones(0), "copy": base.clone()}
+    tensors = {
+        "a": base,
+        "b": base,
+        "t": base.t(),
+        "row": base[0],
+        "c": base.view(3, 4),
+        "empty": torch.ones(0),
+        "empty2": torch.ones(0),
+        "copy": base.clone(),
+    }
     tied = tied_names(tensors)
     assert tied == {"b": "a", "c": "a"}
     assert first_names(["c", "row", "b", "a"], tied) == ["a", "row"]

@@ -31,13 +31,15 @@ def _assert_one_line_error(result: Result, message: str) -> None:
 
 # Non-regular files
 
+
 @pytest.mark.parametrize("command", ["report", "prune"])
 def test_a_fifo_is_refused_without_blocking(tmp_path: Path, command: str) -> None:
     fifo = tmp_path / "model.pt"
     os.mkfifo(fifo)
     args = ["prune", fifo, tmp_path / "out.pt", "--method", "identity"] if command == "prune" else ["report", fifo]
-    _assert_one_line_error(_invoke(*args),
-                           f"'{fifo}' is a FIFO (named pipe), not a regular file; give the model file itself")
+    _assert_one_line_error(
+        _invoke(*args), f"'{fifo}' is a FIFO (named pipe), not a regular file; give the model file itself"
+    )
     assert os.listdir(tmp_path) == ["model.pt"]
 
 
@@ -58,15 +60,18 @@ def test_a_symlink_loop_is_named(tmp_path: Path) -> None:
     (tmp_path / "b.pt").symlink_to(tmp_path / "a.pt")
     loop = tmp_path / "a.pt"
     _assert_one_line_error(_invoke("report", loop), f"'{loop}' is a symlink loop: following it never reaches a file")
-    _assert_one_line_error(_invoke("prune", loop, tmp_path / "out.pt", "--method", "identity"),
-                           f"'{loop}' is a symlink loop: following it never reaches a file")
+    _assert_one_line_error(
+        _invoke("prune", loop, tmp_path / "out.pt", "--method", "identity"),
+        f"'{loop}' is a symlink loop: following it never reaches a file",
+    )
 
 
 def test_a_dangling_symlink_names_its_target(tmp_path: Path) -> None:
     link = tmp_path / "m.safetensors"
     link.symlink_to("gone.safetensors")
-    _assert_one_line_error(_invoke("report", link),
-                           f"'{link}' is a symlink to 'gone.safetensors', which does not exist")
+    _assert_one_line_error(
+        _invoke("report", link), f"'{link}' is a symlink to 'gone.safetensors', which does not exist"
+    )
 
 
 def test_an_output_directory_in_a_symlink_loop_is_named(tmp_path: Path) -> None:
@@ -75,8 +80,9 @@ def test_an_output_directory_in_a_symlink_loop_is_named(tmp_path: Path) -> None:
     (tmp_path / "d1").symlink_to(tmp_path / "d2")
     (tmp_path / "d2").symlink_to(tmp_path / "d1")
     output = tmp_path / "d1" / "out.pt"
-    _assert_one_line_error(_invoke("prune", path, output, "--method", "identity"),
-                           f"the directory of OUTPUT '{output}' is a symlink loop")
+    _assert_one_line_error(
+        _invoke("prune", path, output, "--method", "identity"), f"the directory of OUTPUT '{output}' is a symlink loop"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
@@ -97,6 +103,7 @@ def test_a_path_with_control_characters_stays_on_one_line(tmp_path: Path, name: 
 
 
 # Torch archives that torch.save cannot have written
+
 
 def _rezipped(path: Path, compression: int) -> None:
     """Rewrite the torch file at ``path`` with every entry compressed (torch.save stores them)."""
@@ -130,7 +137,7 @@ def _patch_central_directory(path: Path, entry_name: str, uncompressed: int) -> 
     at = data.index(b"PK\x01\x02")  # the first entry of the central directory
     while True:
         name_length = struct.unpack_from("<H", data, at + 28)[0]
-        if data[at + 46: at + 46 + name_length].decode() == entry_name:
+        if data[at + 46 : at + 46 + name_length].decode() == entry_name:
             struct.pack_into("<I", data, at + 24, uncompressed)
             path.write_bytes(bytes(data))
             return
@@ -146,9 +153,7 @@ def test_an_archive_declaring_more_than_it_holds_is_refused(tmp_path: Path) -> N
         _checkpoint.read(path)
 
 
-def test_an_archive_declaring_more_than_the_memory_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_archive_declaring_more_than_the_memory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "big.pt"
     torch.save({"w": torch.ones(256, 1024)}, path)  # 1 MiB
     monkeypatch.setattr(_archive_check, "physical_memory", lambda: 2**19)
@@ -167,8 +172,11 @@ def test_a_torchscript_archive_is_refused_without_torchs_warning(tmp_path: Path)
         warnings.simplefilter("always")
         result = _invoke("report", path)
     assert caught == []
-    _assert_one_line_error(result, f"'{path}' is a TorchScript archive, not a state dict: "
-                                   "save its state_dict() with torch.save, or export it to safetensors")
+    _assert_one_line_error(
+        result,
+        f"'{path}' is a TorchScript archive, not a state dict: "
+        "save its state_dict() with torch.save, or export it to safetensors",
+    )
 
 
 def test_torchs_warnings_come_after_a_successful_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,11 +206,13 @@ def test_torchs_warnings_are_dropped_when_the_load_fails(tmp_path: Path, monkeyp
         warnings.simplefilter("always")
         result = _invoke("report", path)
     assert caught == []
-    _assert_one_line_error(result, f"cannot read '{path}' as a torch file (truncated or not a torch file?): "
-                                   "RuntimeError: cannot load")
+    _assert_one_line_error(
+        result, f"cannot read '{path}' as a torch file (truncated or not a torch file?): RuntimeError: cannot load"
+    )
 
 
 # State dicts with keys that are no names
+
 
 @pytest.mark.parametrize("key", [0, (1, 2), None, 1.5])
 def test_report_refuses_tensors_keyed_by_non_strings(tmp_path: Path, key: object) -> None:
