@@ -201,6 +201,7 @@ def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, f
 
 
 def _why_not_a_directory(path: Path) -> str:
+    """What is wrong with OUTPUT's directory ``path``, as the end of a sentence."""
     try:
         os.stat(path)
     except OSError as error:
