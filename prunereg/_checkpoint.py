@@ -10,12 +10,11 @@ never runs its pickle, and only after their zip directory shows no zip bomb.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +99,8 @@ def _read_torch(path: Path) -> Checkpoint:
     with open_regular(path) as handle:
         check_torch_archive(handle, path)
         try:
-            with _warnings_shown_only_if_loaded():
+            with warnings.catch_warnings():  # a plain pickle is refused below; torch's warning would only repeat it
+                warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
                 content = torch.load(handle, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as error:
             if not str(error).startswith("Weights only load failed"):
@@ -125,17 +125,6 @@ def _read_torch(path: Path) -> Checkpoint:
             )
     tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
     return Checkpoint(path, TORCH, tensors, content=content, key=key)
-
-
-@contextlib.contextmanager
-def _warnings_shown_only_if_loaded() -> Iterator[None]:
-    """Hold back the warnings of a load: shown if it succeeds, dropped if its error says it all."""
-    with warnings.catch_warnings(record=True) as caught:
-        # a plain pickle is refused anyway; torch's warning about its protocol would only repeat that
-        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-        yield
-    for warning in caught:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _refusal_reason(message: str) -> str:

@@ -14,6 +14,7 @@ import torch
 from click.testing import CliRunner, Result
 from safetensors.torch import save_file
 
+import prunereg
 from prunereg import _archive_check, _checkpoint
 from prunereg._checkpoint import CheckpointError
 from prunereg._cli import main
@@ -179,7 +180,7 @@ def test_a_torchscript_archive_is_refused_without_torchs_warning(tmp_path: Path)
     )
 
 
-def test_torchs_warnings_come_after_a_successful_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warnings_are_shown_after_a_command_that_succeeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "m.pt"
     torch.save({"w": torch.ones(2, 2)}, path)
     real_load = torch.load
@@ -189,8 +190,28 @@ def test_torchs_warnings_come_after_a_successful_load(tmp_path: Path, monkeypatc
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", load_with_a_warning)
-    with pytest.warns(UserWarning, match="a torch remark"):
-        assert list(_checkpoint.read(path).tensors) == ["w"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _invoke("report", path)
+    assert result.exit_code == 0, result.stderr
+    assert [str(warning.message) for warning in caught] == ["a torch remark"]
+
+
+def test_plugin_warnings_are_shown_even_when_the_command_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.pt"
+    torch.save({"w": torch.ones(2, 2)}, path)
+
+    def fail_after_a_plugin_warning(*_: object, **__: object) -> None:
+        warnings.warn("plugin 'x' failed to load", prunereg.PluginWarning, stacklevel=2)
+        warnings.warn("torch noise", UserWarning, stacklevel=2)
+        raise RuntimeError("cannot load")
+
+    monkeypatch.setattr(torch, "load", fail_after_a_plugin_warning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _invoke("report", path)
+    assert result.exit_code == 1
+    assert [str(warning.message) for warning in caught] == ["plugin 'x' failed to load"]
 
 
 def test_torchs_warnings_are_dropped_when_the_load_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

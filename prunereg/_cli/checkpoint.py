@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -56,15 +57,21 @@ def _parse_arguments(ctx: click.Context, param: click.Parameter, items: tuple[st
 
 @contextlib.contextmanager
 def _errors_in_one_line(debug: bool) -> Iterator[None]:
-    """Turn an error into a one-line message and exit code 1, unless ``debug``."""
-    from prunereg._registry import UnknownMethodError
+    """Turn an error into a one-line message and exit code 1, unless ``debug``.
+
+    Warnings raised meanwhile (torch's, mostly) are held back: shown once the
+    block succeeds, dropped when it fails, where they would only come before
+    the one line that says what went wrong. prunereg's warnings about plugins
+    are shown either way: they may say why a method is missing.
+    """
+    from prunereg._registry import PluginWarning, UnknownMethodError
 
     try:
-        yield
-    except click.ClickException:
-        raise
+        with warnings.catch_warnings(record=True) as held:
+            yield
     except Exception as error:
-        if debug:
+        _show(warning for warning in held if debug or issubclass(warning.category, PluginWarning))
+        if debug or isinstance(error, click.ClickException):
             raise
         from prunereg._checkpoint import CheckpointError, describe
         from prunereg._offline import OfflinePruningError
@@ -74,6 +81,12 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
         else:
             message = f"{describe(error)} (run with --debug for the traceback)"
         raise click.ClickException(message) from None
+    _show(held)
+
+
+def _show(held: Iterable[warnings.WarningMessage]) -> None:
+    for warning in held:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @main.command("prune", epilog=EXIT_CODES)
