@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 import torch.nn.utils.prune as torch_prune
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from prunereg._cli import main
@@ -122,3 +124,28 @@ def test_safetensors_files_hold_no_tied_tensors(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     save_file({"a": torch.ones(2, 2), "b": torch.ones(2, 2)}, path)
     assert tied_names(_checkpoint.read(path).tensors) == {}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.int8]),
+    layout=st.lists(st.sampled_from(["same", "copy", "view", "transposed"]), min_size=1, max_size=5),
+)
+def test_only_the_same_view_is_tied(shape: list[int], dtype: torch.dtype, layout: list[str]) -> None:
+    base = torch.ones(shape).to(dtype)
+    make = {
+        "same": lambda: base,
+        "copy": base.clone,
+        "view": lambda: base.view(shape),
+        "transposed": lambda: base.transpose(0, -1),
+    }
+    tensors = {"base": base, **{f"t{i}": make[kind]() for i, kind in enumerate(layout)}}
+    transposed = base.transpose(0, -1)  # the same view only where no dimension moves (sizes of 1)
+    same_layout = transposed.shape == base.shape and transposed.stride() == base.stride()
+    is_same_view = {"same": True, "copy": False, "view": True, "transposed": same_layout}
+    expected = {f"t{i}": "base" for i, kind in enumerate(layout) if is_same_view[kind]}
+    copies = [f"t{i}" for i, kind in enumerate(layout) if kind == "copy"]
+    tied = tied_names(tensors)
+    assert {name: first for name, first in tied.items() if name not in copies} == expected
+    assert not set(copies) & set(tied)
