@@ -57,7 +57,7 @@ class AtomicOutputs:
         self._replace = replace
         self._staged: list[_Staged] = []
 
-    def stage(self, label: str, target: Path, write: Callable[[str], None]) -> None:
+    def stage(self, label: str, target: Path, write: Callable[[str], object]) -> None:
         """Run ``write(temporary_path)`` for the file that will become ``target`` (called ``label`` in errors)."""
         try:
             fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
