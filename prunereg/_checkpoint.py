@@ -3,32 +3,32 @@
 Two formats: ``.safetensors`` (through the safetensors package, header metadata
 kept) and torch files (``.pt``, ``.pth``, ``.bin``) holding a state dict, or a
 checkpoint dict with the state dict under ``state_dict`` or ``model`` (every
-other entry is carried over as it was). Torch files are read with
-``torch.load(weights_only=True)`` only, so loading a file never runs its pickle.
-Files are written to a temporary file beside the target and renamed into place.
+other entry is carried over as it was). Only regular files are read; torch
+files are read with ``torch.load(weights_only=True)`` only, so loading a file
+never runs its pickle, and only after their zip directory shows no zip bomb.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import tempfile
+import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from prunereg._archive_check import check_torch_archive
+from prunereg._file_errors import CheckpointError, quoted
+from prunereg._input_file import check_regular, open_regular
+
 SAFETENSORS = "safetensors"
 TORCH = "torch"
 FORMATS = {".safetensors": SAFETENSORS, ".pt": TORCH, ".pth": TORCH, ".bin": TORCH}
 STATE_DICT_KEYS = ("state_dict", "model")
-
-
-class CheckpointError(Exception):
-    """A model file cannot be read or written: missing, truncated, of unknown format, unsafe."""
 
 
 @dataclass
@@ -66,7 +66,7 @@ def file_format(path: Path) -> str:
     found = FORMATS.get(path.suffix.lower())
     if found is None:
         raise CheckpointError(
-            f"unknown format of '{path}': expected a file ending in {', '.join(FORMATS)}"
+            f"unknown format of {quoted(path)}: expected a file ending in {', '.join(FORMATS)}"
         )
     return found
 
@@ -74,10 +74,6 @@ def file_format(path: Path) -> str:
 def read(path: Path) -> Checkpoint:
     """Load ``path``'s tensors on the CPU, raising :class:`CheckpointError` for anything unreadable."""
     fmt = file_format(path)
-    if not path.exists():
-        raise CheckpointError(f"'{path}' does not exist")
-    if path.is_dir():
-        raise CheckpointError(f"'{path}' is a directory, not a model file")
     if fmt == SAFETENSORS:
         return _read_safetensors(path)
     return _read_torch(path)
@@ -86,38 +82,47 @@ def read(path: Path) -> Checkpoint:
 def _read_safetensors(path: Path) -> Checkpoint:
     from safetensors import SafetensorError, safe_open
 
+    check_regular(path)
     try:
         with safe_open(path, framework="pt", device="cpu") as handle:
             metadata = handle.metadata()
             names = handle.offset_keys() if hasattr(handle, "offset_keys") else handle.keys()  # file order, 0.5.3+
             tensors = {name: handle.get_tensor(name) for name in names}
     except (SafetensorError, OSError) as error:
-        raise CheckpointError(f"cannot read '{path}' as safetensors: {describe(error)}") from error
+        raise CheckpointError(f"cannot read {quoted(path)} as safetensors: {describe(error)}") from error
     return Checkpoint(path, SAFETENSORS, tensors, metadata=metadata)
 
 
 def _read_torch(path: Path) -> Checkpoint:
     import pickle
 
-    try:
-        with warnings.catch_warnings():  # a plain pickle is refused below; torch's warning would only repeat it
-            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            content = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        if not str(error).startswith("Weights only load failed"):
-            raise CheckpointError(f"cannot read '{path}' as a torch file: {describe(error)}") from error
-        raise CheckpointError(
-            f"'{path}' holds objects that torch.load(weights_only=True) refuses to load, "
-            f"so its pickle was not run: {_refusal_reason(str(error))}"
-        ) from error
-    except Exception as error:  # torch reports truncated or foreign files with many types
-        raise CheckpointError(
-            f"cannot read '{path}' as a torch file (truncated or not a torch file?): {describe(error)}"
-        ) from error
+    with open_regular(path) as handle:
+        check_torch_archive(handle, path)
+        try:
+            with warnings.catch_warnings():  # a plain pickle is refused below; torch's warning would only repeat it
+                warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+                content = torch.load(handle, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            if not str(error).startswith("Weights only load failed"):
+                raise CheckpointError(f"cannot read {quoted(path)} as a torch file: {describe(error)}") from error
+            raise CheckpointError(
+                f"{quoted(path)} holds objects that torch.load(weights_only=True) refuses to load, "
+                f"so its pickle was not run: {_refusal_reason(str(error))}"
+            ) from error
+        except Exception as error:  # torch reports truncated or foreign files with many types
+            raise CheckpointError(
+                f"cannot read {quoted(path)} as a torch file (truncated or not a torch file?): {describe(error)}"
+            ) from error
     if not isinstance(content, Mapping):
-        raise CheckpointError(f"'{path}' holds a {type(content).__name__}, not a state dict")
+        raise CheckpointError(f"{quoted(path)} holds a {type(content).__name__}, not a state dict")
     key = next((k for k in STATE_DICT_KEYS if isinstance(content.get(k), Mapping)), None)
     state = content if key is None else content[key]
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and not isinstance(name, str):
+            raise CheckpointError(
+                f"{quoted(path)} is not a state dict: a tensor's key is {name!r} ({type(name).__name__}), "
+                "where a state dict has parameter names (str)"
+            )
     tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
     return Checkpoint(path, TORCH, tensors, content=content, key=key)
 
@@ -143,58 +148,42 @@ def describe(error: BaseException) -> str:
 
 
 def save(checkpoint: Checkpoint, replaced: Mapping[str, torch.Tensor], path: str) -> None:
-    """Write ``checkpoint`` with ``replaced`` tensors to ``path``, in the checkpoint's own format."""
+    """Write ``checkpoint`` with ``replaced`` tensors to ``path``, in the checkpoint's own format.
+
+    A failed write raises ``OSError`` with the system's reason (a full disk says so).
+    """
     content = checkpoint.with_tensors(replaced)
     if checkpoint.format == SAFETENSORS:
         save_safetensors(content, path, checkpoint.metadata)
     else:
-        torch.save(content, path)
+        with open(path, "wb") as handle:  # through Python's file: torch's own writer hides the OSError
+            try:
+                torch.save(content, handle)
+            except RuntimeError as error:  # torch's clean-up failed too and reports "enforce fail" instead
+                original = _original_failure(error)
+                if original is None:
+                    raise
+                raise original from error
+
+
+def _original_failure(error: BaseException) -> BaseException | None:
+    """What ``error`` was raised while handling: a system error, or an interruption (Ctrl-C, a signal)."""
+    seen = error.__context__
+    while seen is not None and not isinstance(seen, OSError) and isinstance(seen, Exception):
+        seen = seen.__context__
+    return seen
 
 
 def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
-    """Write ``tensors`` to ``path`` as safetensors, with header ``metadata``."""
+    """Write ``tensors`` to ``path`` as safetensors, with header ``metadata``; ``OSError`` if the system refuses."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    save_file(dict(tensors), path, metadata=metadata)
-
-
-class AtomicWrites:
-    """Files written beside their targets under temporary names, renamed into place together.
-
-    Used as a context manager: :meth:`stage` writes each file; leaving the block
-    normally renames them all into place, leaving it by an exception deletes
-    them, so a target is either the old file or the complete new one.
-    """
-
-    def __init__(self) -> None:
-        self._staged: list[tuple[str, Path]] = []
-
-    def stage(self, target: Path, write: Callable[[str], None]) -> None:
-        """Run ``write(temporary_path)`` for the file that will become ``target``."""
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.close(fd)
-        self._staged.append((temporary, target))
-        write(temporary)
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-
-    def __enter__(self) -> AtomicWrites:
-        return self
-
-    def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
-        try:
-            if error_type is None:
-                mode = 0o666 & ~_umask()
-                for temporary, target in self._staged:
-                    os.chmod(temporary, mode)
-                    os.replace(temporary, target)
-        finally:
-            for temporary, _target in self._staged:
-                if os.path.exists(temporary):
-                    os.unlink(temporary)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+    try:
+        save_file(dict(tensors), path, metadata=metadata)
+    except SafetensorError as error:
+        system_error = re.search(r"\(os error (\d+)\)", str(error))
+        if system_error is None:
+            raise
+        code = int(system_error.group(1))
+        raise OSError(code, os.strerror(code)) from error

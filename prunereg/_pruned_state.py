@@ -55,7 +55,7 @@ class PrunedState:
                 tensors[key] = tensor
         return cls(tensors, pairs, masks)
 
-    def stored_form(self, name: str, pruned: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    def stored_form(self, name: str, pruned: torch.Tensor, mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """What the file holds for ``name`` once pruned to ``pruned`` with ``mask``.
 
         A plain tensor is replaced by ``pruned``; a pair keeps its original
@@ -63,7 +63,7 @@ class PrunedState:
         module's state dict has them.
         """
         pair = self.pairs.get(name)
-        if pair is None:
+        if pair is None or mask is None:
             return {name: pruned}
         old = self.masks[name]
         return {pair.mask_key: mask.to(dtype=old.dtype).contiguous()}

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from prunereg._dtypes import is_prunable
+
 NOT_FLOATING = "not floating point"
+UNPRUNABLE_DTYPE = "a dtype pruning cannot compute with"
 FEW_DIMENSIONS = "fewer than 2 dimensions"
 EMBEDDING = "embedding"
 NORM = "norm"
@@ -48,8 +51,9 @@ def role(name: str) -> str | None:
 
 def default_skip_reason(name: str, tensor: torch.Tensor) -> str | None:
     """Why the defaults leave ``name`` alone, or None when they prune it."""
-    if not tensor.is_floating_point():
-        return NOT_FLOATING
+    dtype_reason = _dtype_reason(tensor)
+    if dtype_reason is not None:
+        return dtype_reason
     found = role(name)
     if found is not None:
         return found
@@ -121,8 +125,15 @@ def _reason(name: str, tensor: torch.Tensor, include: Sequence[str], exclude: Se
     if _matches(name, exclude):
         return EXCLUDED
     if include:
-        return None if tensor.is_floating_point() else NOT_FLOATING
+        return _dtype_reason(tensor)
     return default_skip_reason(name, tensor)
+
+
+def _dtype_reason(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor``'s dtype rules it out (integers; float8 and other narrow floats), or None."""
+    if not tensor.is_floating_point():
+        return NOT_FLOATING
+    return None if is_prunable(tensor) else UNPRUNABLE_DTYPE
 
 
 def _matches(name: str, globs: Sequence[str]) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections import OrderedDict
 from pathlib import Path
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from prunereg import _checkpoint
-from prunereg._checkpoint import AtomicWrites, CheckpointError
+from prunereg._checkpoint import CheckpointError
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -96,7 +95,8 @@ def test_non_tensor_entries_of_a_state_dict_are_kept_but_not_tensors(tmp_path: P
     assert checkpoint.with_tensors({"w": torch.zeros(2, 2)})["version"] == 2
 
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool,
+          torch.float8_e4m3fn, torch.float8_e5m2]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -105,7 +105,9 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
     dtype=st.sampled_from(DTYPES),
     suffix=st.sampled_from([".safetensors", ".pt"]),
 )
-def test_round_trip_keeps_names_shapes_dtypes_values(tmp_path: Path, shapes: list[list[int]], dtype: torch.dtype, suffix: str) -> None:
+def test_round_trip_keeps_names_shapes_dtypes_values(
+    tmp_path: Path, shapes: list[list[int]], dtype: torch.dtype, suffix: str
+) -> None:
     tensors = {f"t{i}": (torch.rand(shape) * 10).to(dtype) for i, shape in enumerate(shapes)}
     path, out = tmp_path / f"m{suffix}", tmp_path / f"o{suffix}"
     if suffix == ".pt":
@@ -116,7 +118,9 @@ def test_round_trip_keeps_names_shapes_dtypes_values(tmp_path: Path, shapes: lis
     _checkpoint.save(checkpoint, {}, str(out))
     # safetensors orders a file itself (by dtype alignment, then name; empty tensors tie)
     _assert_same(_checkpoint.read(out).tensors, checkpoint.tensors, ordered=suffix == ".pt")
-    assert {k: (v.shape, v.dtype) for k, v in checkpoint.tensors.items()} == {k: (v.shape, v.dtype) for k, v in tensors.items()}
+    assert {k: (v.shape, v.dtype) for k, v in checkpoint.tensors.items()} == {
+        k: (v.shape, v.dtype) for k, v in tensors.items()
+    }
 
 
 @pytest.mark.parametrize("name", ["m.npz", "m", "m.ckpt.txt"])
@@ -182,34 +186,6 @@ def test_a_file_that_is_no_dict(tmp_path: Path) -> None:
     torch.save([torch.ones(2)], path)
     with pytest.raises(CheckpointError, match="holds a list, not a state dict"):
         _checkpoint.read(path)
-
-
-def test_atomic_writes_rename_into_place_with_umask_mode(tmp_path: Path) -> None:
-    target = tmp_path / "out.bin"
-    target.write_bytes(b"old")
-    with AtomicWrites() as writes:
-        writes.stage(target, lambda path: Path(path).write_bytes(b"new"))
-        assert target.read_bytes() == b"old"  # nothing visible before the block ends
-    assert target.read_bytes() == b"new"
-    umask = os.umask(0)
-    os.umask(umask)
-    assert (target.stat().st_mode & 0o777) == 0o666 & ~umask
-    assert sorted(os.listdir(tmp_path)) == ["out.bin"]
-
-
-def test_atomic_writes_leave_nothing_on_error(tmp_path: Path) -> None:
-    first, second = tmp_path / "a.pt", tmp_path / "b.pt"
-    first.write_bytes(b"old")
-
-    def fail(path: str) -> None:
-        Path(path).write_bytes(b"partial")
-        raise OSError("disk full")
-
-    with pytest.raises(OSError, match="disk full"), AtomicWrites() as writes:
-        writes.stage(first, lambda path: Path(path).write_bytes(b"new"))
-        writes.stage(second, fail)
-    assert first.read_bytes() == b"old"
-    assert sorted(os.listdir(tmp_path)) == ["a.pt"]
 
 
 def test_describe_is_one_short_line() -> None:

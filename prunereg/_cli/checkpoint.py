@@ -8,8 +8,11 @@ lets the error through with its traceback.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
+from prunereg._cli.interrupt import cleanup_on_signals
+from prunereg._cli.output import AtomicOutputs
 
 if TYPE_CHECKING:
     import torch
@@ -49,15 +54,21 @@ def _parse_arguments(ctx: click.Context, param: click.Parameter, items: tuple[st
 
 @contextlib.contextmanager
 def _errors_in_one_line(debug: bool) -> Iterator[None]:
-    """Turn an error into a one-line message and exit code 1, unless ``debug``."""
-    from prunereg._registry import UnknownMethodError
+    """Turn an error into a one-line message and exit code 1, unless ``debug``.
+
+    Warnings raised meanwhile (torch's, mostly) are held back: shown once the
+    block succeeds, dropped when it fails, where they would only come before
+    the one line that says what went wrong. prunereg's warnings about plugins
+    are shown either way: they may say why a method is missing.
+    """
+    from prunereg._registry import PluginWarning, UnknownMethodError
 
     try:
-        yield
-    except click.ClickException:
-        raise
+        with warnings.catch_warnings(record=True) as held:
+            yield
     except Exception as error:
-        if debug:
+        _show(warning for warning in held if debug or issubclass(warning.category, PluginWarning))
+        if debug or isinstance(error, click.ClickException):
             raise
         from prunereg._checkpoint import CheckpointError, describe
         from prunereg._offline import OfflinePruningError
@@ -67,6 +78,12 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
         else:
             message = f"{describe(error)} (run with --debug for the traceback)"
         raise click.ClickException(message) from None
+    _show(held)
+
+
+def _show(held: Iterable[warnings.WarningMessage]) -> None:
+    for warning in held:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @main.command("prune", epilog=EXIT_CODES)
@@ -129,7 +146,10 @@ def prune_command(
     state dict's <name>_orig and <name>_mask are one tensor, <name>: pruned
     again as torch re-prunes it, and written back as a pair with the new mask.
     Everything else in the file is kept. INPUT is never modified; OUTPUT is
-    written to a temporary file and renamed into place. Formats: .safetensors,
+    written to a temporary file and put in place at the end, never over a
+    file that appeared meanwhile unless --force. Names that a torch file stores
+    as one tensor (tied weights) are pruned once and stay one tensor; tensors
+    that merely overlap come out as separate tensors. Formats: .safetensors,
     and torch state dicts or checkpoint dicts (.pt, .pth, .bin), read with
     torch.load(weights_only=True).
     """
@@ -138,7 +158,7 @@ def prune_command(
             raise click.UsageError("give the amount once: --amount or --arg amount=..., not both")
         arguments = {"amount": parse_value(amount), **arguments}
     with _errors_in_one_line(debug):
-        from prunereg import _checkpoint, _offline
+        from prunereg import _checkpoint, _offline, _ties
         from prunereg._progress import progress
         from prunereg._pruned_state import PrunedState
         from prunereg._selection import select
@@ -159,22 +179,28 @@ def prune_command(
             )
             click.echo("\n".join(selection.describe()))
             return
-        selected = {name: state.tensors[name] for name in selection.selected}
+        tied = _ties.tied_names(state.tensors)
+        selected = {name: state.tensors[name] for name in _ties.first_names(selection.selected, tied)}
         results = _offline.prune(
             selected, make_method, together=together, device=compute_device, seed=seed, prior_masks=state.masks
         )
-        pruned, replaced, masks = {}, {}, {}
+        pruned, masks = {}, {}
         for name, tensor, mask in progress(results, label=f"pruning with {method_name}", total=len(selected)):
             pruned[name] = tensor
-            replaced.update(state.stored_form(name, tensor, mask))
-            if masks_path is not None:
+            if masks_path is not None or name in state.pairs:
                 masks[name] = mask
-        with _checkpoint.AtomicWrites() as writes:
-            writes.stage(output_path, lambda path: _checkpoint.save(checkpoint, replaced, path))
+        _ties.tie(pruned, tied)
+        _ties.tie(masks, tied, copies=True)  # safetensors refuses shared tensors
+        replaced = {}
+        for name, tensor in pruned.items():
+            replaced.update(state.stored_form(name, tensor, masks.get(name)))
+        with cleanup_on_signals(), AtomicOutputs(replace=force) as outputs:
+            outputs.stage("OUTPUT", output_path, lambda path: _checkpoint.save(checkpoint, replaced, path))
             if masks_path is not None:
                 provenance = {"format": "pt", "prunereg.method": method_name,
                               "prunereg.arguments": json.dumps(arguments), "prunereg.global": str(together).lower()}
-                writes.stage(masks_path, lambda path: _checkpoint.save_safetensors(masks, path, provenance))
+                save_masks = functools.partial(_checkpoint.save_safetensors, masks, metadata=provenance)
+                outputs.stage("MASKS_FILE", masks_path, save_masks)
     zeros = sum(_count_zeros(tensor) for tensor in pruned.values())
     numel = sum(tensor.numel() for tensor in pruned.values())
     click.echo(
@@ -183,11 +209,12 @@ def prune_command(
         + (f" and {masks_path}" if masks_path is not None else "")
     )
     click.echo("\n".join(selection.describe()))
+    _note_unprunable(checkpoint.tensors)
 
 
 def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, force: bool) -> None:
     """Refuse, before any work, to write over INPUT, over an existing file without --force, or the wrong format."""
-    from prunereg._checkpoint import SAFETENSORS, file_format
+    from prunereg._checkpoint import SAFETENSORS, file_format, quoted
 
     input_format = file_format(input_path)
     targets = [("OUTPUT", output_path, input_format)]
@@ -195,28 +222,50 @@ def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, f
         targets.append(("MASKS_FILE", masks_path, SAFETENSORS))
     for label, path, wanted in targets:
         if _same_file(path, input_path):
-            raise click.ClickException(f"{label} '{path}' is INPUT '{input_path}'; write the result to another file")
+            raise click.ClickException(
+                f"{label} {quoted(path)} is INPUT {quoted(input_path)}; write the result to another file"
+            )
         if file_format(path) != wanted:
             raise click.ClickException(
-                f"{label} '{path}' must be a {wanted} file" + (" like INPUT" if label == "OUTPUT" else "")
+                f"{label} {quoted(path)} must be a {wanted} file" + (" like INPUT" if label == "OUTPUT" else "")
             )
         if path.is_dir():
-            raise click.ClickException(f"{label} '{path}' is a directory")
+            raise click.ClickException(f"{label} {quoted(path)} is a directory")
         if (path.exists() or path.is_symlink()) and not force:
-            raise click.ClickException(f"{label} '{path}' exists; pass --force to replace it")
+            raise click.ClickException(f"{label} {quoted(path)} exists; pass --force to replace it")
         if not path.parent.is_dir():
-            raise click.ClickException(f"the directory of {label} '{path}' does not exist")
+            raise click.ClickException(f"the directory of {label} {quoted(path)} {_why_not_a_directory(path.parent)}")
     if masks_path is not None and _same_file(masks_path, output_path):
-        raise click.ClickException(f"MASKS_FILE '{masks_path}' is OUTPUT; give them different names")
+        raise click.ClickException(f"MASKS_FILE {quoted(masks_path)} is OUTPUT; give them different names")
+
+
+def _why_not_a_directory(path: Path) -> str:
+    """What is wrong with OUTPUT's directory ``path``, as the end of a sentence."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a symlink loop"
+        return "does not exist"
+    return "is not a directory"
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
-        return True
     try:
+        if a.resolve() == b.resolve():
+            return True
         return os.path.samefile(a, b)  # hard links
-    except OSError:
+    except (OSError, RuntimeError):  # missing, or a symlink loop (RuntimeError before Python 3.13)
         return False
+
+
+def _note_unprunable(tensors: dict[str, torch.Tensor]) -> None:
+    """Say on stderr which floating-point tensors were left as they were because pruning cannot compute with them."""
+    from prunereg._dtypes import describe_unprunable, unprunable_floats
+
+    unprunable = unprunable_floats(tensors)
+    if unprunable:
+        click.echo(f"note: left as they were: {describe_unprunable(unprunable)}", err=True)
 
 
 @main.command("report", epilog=EXIT_CODES)
