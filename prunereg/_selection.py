@@ -19,7 +19,7 @@ import torch
 from prunereg._dtypes import is_prunable
 
 NOT_FLOATING = "not floating point"
-UNPRUNABLE_DTYPE = "a dtype pruning cannot compute with"
+UNPRUNABLE_DTYPE = "of a dtype pruning cannot compute with"
 FEW_DIMENSIONS = "fewer than 2 dimensions"
 EMBEDDING = "embedding"
 NORM = "norm"

@@ -58,7 +58,7 @@ def test_a_file_of_float8_weights_only_says_why_nothing_was_selected(tmp_path: P
     result = _invoke("prune", path, tmp_path / "out.safetensors", "--method", "l1_unstructured", "--amount", "0.5")
     assert result.exit_code == 1 and result.stdout == ""
     assert result.stderr == (
-        "Error: no tensor selected: none of the 5 tensors is floating point with 2 or more dimensions "
+        "Error: no tensor selected: of the 5 tensors, 5 of a dtype pruning cannot compute with "
         "(left alone: 5 floating-point tensors of a dtype that cannot be pruned: 'layer0.weight' (float8_e4m3fn), "
         "'layer1.weight' (float8_e4m3fn), 'layer2.weight' (float8_e4m3fn) and 2 more)\n"
     )

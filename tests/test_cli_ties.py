@@ -20,10 +20,10 @@ def _invoke(*args: object) -> Result:
 
 
 def _tied_model() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """An embedding tied to the output head (one tensor under two names), and a layer between them."""
+    """An encoder tied to its decoder, as in a tied autoencoder (one tensor under two names), and a layer between them."""
     generator = torch.Generator().manual_seed(0)
     embedding, hidden = torch.randn(6, 4, generator=generator), torch.randn(4, 4, generator=generator)
-    return embedding, hidden, {"embed.weight": embedding, "hidden.weight": hidden, "head.weight": embedding}
+    return embedding, hidden, {"encoder.weight": embedding, "hidden.weight": hidden, "decoder.weight": embedding}
 
 
 def _loaded(path: Path) -> dict[str, torch.Tensor]:
@@ -39,16 +39,16 @@ def test_a_tied_tensor_is_pruned_once_and_stays_tied(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.stderr
     written = _loaded(output)
-    assert written["embed.weight"].data_ptr() == written["head.weight"].data_ptr()
+    assert written["encoder.weight"].data_ptr() == written["decoder.weight"].data_ptr()
     torch.manual_seed(3)  # torch draws for each distinct tensor once, in file order
     reference = torch_prune.RandomUnstructured(0.5)
     expected_embedding = reference.compute_mask(embedding, torch.ones_like(embedding)) * embedding
     expected_hidden = torch_prune.RandomUnstructured(0.5).compute_mask(hidden, torch.ones_like(hidden)) * hidden
-    assert torch.equal(written["embed.weight"], expected_embedding)
+    assert torch.equal(written["encoder.weight"], expected_embedding)
     assert torch.equal(written["hidden.weight"], expected_hidden)
     saved_masks = load_file(masks)
-    assert sorted(saved_masks) == ["embed.weight", "head.weight", "hidden.weight"]
-    assert torch.equal(saved_masks["embed.weight"], saved_masks["head.weight"])
+    assert sorted(saved_masks) == ["decoder.weight", "encoder.weight", "hidden.weight"]
+    assert torch.equal(saved_masks["encoder.weight"], saved_masks["decoder.weight"])
 
 
 def test_global_pruning_counts_a_tied_tensor_once(tmp_path: Path) -> None:
@@ -65,8 +65,8 @@ def test_global_pruning_counts_a_tied_tensor_once(tmp_path: Path) -> None:
         [(modules[0], "weight"), (modules[1], "weight")], torch_prune.L1Unstructured, amount=0.5
     )
     written = _loaded(output)
-    assert torch.equal(written["embed.weight"], modules[0].weight)
-    assert torch.equal(written["head.weight"], modules[0].weight)
+    assert torch.equal(written["encoder.weight"], modules[0].weight)
+    assert torch.equal(written["decoder.weight"], modules[0].weight)
     assert torch.equal(written["hidden.weight"], modules[1].weight)
 
 
@@ -74,11 +74,11 @@ def test_selecting_one_name_of_a_tied_tensor_prunes_the_tensor(tmp_path: Path) -
     _, hidden, state = _tied_model()
     path, output = tmp_path / "m.pt", tmp_path / "out.pt"
     torch.save(state, path)
-    result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5", "--include", "head.*")
+    result = _invoke("prune", path, output, "--method", "l1_unstructured", "--amount", "0.5", "--include", "decoder.*")
     assert result.exit_code == 0, result.stderr
     written = _loaded(output)
-    assert written["embed.weight"].data_ptr() == written["head.weight"].data_ptr()
-    assert int((written["head.weight"] == 0).sum()) == 12
+    assert written["encoder.weight"].data_ptr() == written["decoder.weight"].data_ptr()
+    assert int((written["decoder.weight"] == 0).sum()) == 12
     assert torch.equal(written["hidden.weight"], hidden)
 
 

@@ -171,7 +171,8 @@ def prune_command(
         state = PrunedState.of(checkpoint.tensors)
         selection = select(state.tensors, include, exclude)
         if not selection.selected:
-            raise click.ClickException(selection.why_nothing())
+            unprunable = _unprunable(checkpoint.tensors)
+            raise click.ClickException(selection.why_nothing() + (f" (left alone: {unprunable})" if unprunable else ""))
         if dry_run:
             click.echo(
                 f"would prune {len(selection.selected)} of {selection.total} tensors with {method_name} "
@@ -261,11 +262,16 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _note_unprunable(tensors: dict[str, torch.Tensor]) -> None:
     """Say on stderr which floating-point tensors were left as they were because pruning cannot compute with them."""
+    if unprunable := _unprunable(tensors):
+        click.echo(f"note: left as they were: {unprunable}", err=True)
+
+
+def _unprunable(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The float8-like tensors, which pruning cannot compute with, described in a few words; None if there are none."""
     from prunereg._dtypes import describe_unprunable, unprunable_floats
 
-    unprunable = unprunable_floats(tensors)
-    if unprunable:
-        click.echo(f"note: left as they were: {describe_unprunable(unprunable)}", err=True)
+    found = unprunable_floats(tensors)
+    return describe_unprunable(found) if found else None
 
 
 @main.command("report", epilog=EXIT_CODES)
