@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import resource
@@ -24,10 +25,8 @@ def trim() -> None:
     """Return freed heap memory to the kernel (glibc), so that :func:`rss` counts live memory only."""
     name = ctypes.util.find_library("c")
     if name:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
 
 
 def rss() -> int:
@@ -66,7 +65,7 @@ def available() -> int:
 
 def cap_address_space(limit: int) -> None:
     """Fail allocations (MemoryError) past ``limit`` bytes instead of letting the OOM killer pick a victim."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))

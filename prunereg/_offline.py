@@ -41,7 +41,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     constructor's signature, the values (the method's own validation), and
     that a method pruning tensors ``together`` is ``"unstructured"`` (torch's rule).
     """
-    cls = registry().resolve(name)
+    cls: type[BasePruningMethod] = registry().resolve(name)
     if together and cls.PRUNING_TYPE != "unstructured":
         raise OfflinePruningError(
             f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}"
@@ -194,7 +194,7 @@ def apply_masks(
         except AttributeError:
             module = None
         tensor = getattr(module, tensor_name, None) if module is not None else None
-        if not isinstance(tensor, torch.Tensor):
+        if module is None or not isinstance(tensor, torch.Tensor):
             raise KeyError(f"the model has no tensor {name!r} to apply its mask to")
         if mask.shape != tensor.shape:
             raise ValueError(

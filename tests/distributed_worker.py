@@ -11,6 +11,7 @@ comparisons come after the collectives).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import multiprocessing
@@ -26,9 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.utils.prune as torch_prune
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor, init_device_mesh
 
 import prunereg
 import prunereg.prune as prune
@@ -131,7 +132,9 @@ def globally(ours: nn.Module, reference: nn.Module, method: str, seed: int = 0, 
 def l1_unstructured() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for amount in (0.3, 11):
-            on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=amount))
+            on_both(
+                ours, reference, lambda api, layer, amount=amount: api.l1_unstructured(layer, "weight", amount=amount)
+            )
             check_masks(ours, reference)
 
     each_layout(run)
@@ -141,7 +144,11 @@ def l1_unstructured() -> None:
 def l1_unstructured_importance_scores() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for mine, theirs in zip(linears(ours), linears(reference)):
-            scores = torch.arange(theirs.weight.numel(), dtype=torch.float32, device=DEVICE).reshape(theirs.weight.shape).flip(0)
+            scores = (
+                torch.arange(theirs.weight.numel(), dtype=torch.float32, device=DEVICE)
+                .reshape(theirs.weight.shape)
+                .flip(0)
+            )
             prune.l1_unstructured(mine, "weight", amount=0.4, importance_scores=scores)
             torch_prune.l1_unstructured(theirs, "weight", amount=0.4, importance_scores=scores)
         check_masks(ours, reference)
@@ -153,14 +160,21 @@ def l1_unstructured_importance_scores() -> None:
 def ln_structured() -> None:
     """Every kind of norm (sums of powers, max, min) on each dim, sharded or not."""
     inf = float("inf")
-    for n, dim in ((1, 0), (2, 1), ("fro", -1), (inf, 0), (-inf, 1), (3.5, 0), (-1.5, -1)):
 
+    def by_norm(n: float | str, dim: int) -> Callable[[nn.Module, nn.Module], None]:
         def run(ours: nn.Module, reference: nn.Module) -> None:
             for amount in (0.4, 1):
-                on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=amount, n=n, dim=dim))
+                on_both(
+                    ours,
+                    reference,
+                    lambda api, layer, amount=amount: api.ln_structured(layer, "weight", amount=amount, n=n, dim=dim),
+                )
             check_masks(ours, reference)
 
-        each_layout(run)
+        return run
+
+    for n, dim in ((1, 0), (2, 1), ("fro", -1), (inf, 0), (-inf, 1), (3.5, 0), (-1.5, -1)):
+        each_layout(by_norm(n, dim))
 
 
 @case
@@ -216,19 +230,27 @@ def seeded_shapes() -> None:
         full = distinct_magnitudes(shape, dtype, generator)
         placement = Shard(int(torch.randint(0, ndim, (), generator=generator)))
         numel = math.prod(shape)
-        amount = float(torch.rand((), generator=generator)) if example % 4 else int(torch.randint(0, numel + 1, (), generator=generator))
+        amount = (
+            float(torch.rand((), generator=generator))
+            if example % 4
+            else int(torch.randint(0, numel + 1, (), generator=generator))
+        )
         dim = int(torch.randint(-ndim, ndim, (), generator=generator))
         norm = (1, 2, "fro", float("inf"), float("-inf"), 0.5)[example % 6]
-        steps = [lambda p, m: p.l1_unstructured(m, "weight", amount=amount)]
+        steps = [lambda p, m, amount=amount: p.l1_unstructured(m, "weight", amount=amount)]
         if dtype == torch.float64:
             channel_amount = amount if isinstance(amount, float) else min(amount, shape[dim])
-            steps.append(lambda p, m: p.ln_structured(m, "weight", amount=channel_amount, n=norm, dim=dim))
+            steps.append(
+                lambda p, m, amount=channel_amount, n=norm, dim=dim: p.ln_structured(
+                    m, "weight", amount=amount, n=n, dim=dim
+                )
+            )
         ours = Holder(distribute_tensor(full, mesh(), [placement]))
         reference = Holder(full.clone())
         context = f"example {example}: {shape} {dtype} {placement} on {world} ranks, amount={amount} dim={dim} n={norm}"
         for step in steps:
-            expected = raised_by(lambda: step(torch_prune, reference))
-            assert raised_by(lambda: step(prune, ours)) == expected, context
+            expected = raised_by(functools.partial(step, torch_prune, reference))
+            assert raised_by(functools.partial(step, prune, ours)) == expected, context
         assert ours.weight_mask.placements == (placement,), context
         assert torch.equal(ours.weight_mask.full_tensor(), reference.weight_mask), context
 
@@ -255,7 +277,12 @@ def random_unstructured() -> None:
 def random_structured() -> None:
     def run(ours: nn.Module, reference: nn.Module) -> None:
         for dim in (0, 1):
-            on_both(ours, reference, lambda api, layer: api.random_structured(layer, "weight", amount=0.5, dim=dim), seed=6)
+            on_both(
+                ours,
+                reference,
+                lambda api, layer, dim=dim: api.random_structured(layer, "weight", amount=0.5, dim=dim),
+                seed=6,
+            )
             check_masks(ours, reference)
 
     each_layout(run)
@@ -338,23 +365,23 @@ def two_dimensional_mesh() -> None:
     if dist.get_world_size() != 4:
         return
     device_mesh = init_device_mesh(DEVICE, (2, 2))
+
+    def run(ours: nn.Module, reference: nn.Module, placements: tuple[Placement, Placement]) -> None:
+        # Random first: on what earlier pruning left, its draws are not torch's (docs/distributed.md).
+        on_both(ours, reference, lambda api, layer: api.random_unstructured(layer, "weight", amount=0.2), seed=3)
+        on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=0.3))
+        on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=2, dim=1))
+        globally(ours, reference, "L1Unstructured", amount=0.3)
+        if placements != (Shard(0), Shard(0)):  # channels split over two mesh dims are refused
+            on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=1, dim=0))
+        check_masks(ours, reference)
+
     for placements in ((Shard(0), Shard(1)), (Replicate(), Shard(1)), (Shard(1), Replicate()), (Shard(0), Shard(0))):
-
-        def run(ours: nn.Module, reference: nn.Module) -> None:
-            # Random first: on what earlier pruning left, its draws are not torch's (docs/distributed.md).
-            on_both(ours, reference, lambda api, layer: api.random_unstructured(layer, "weight", amount=0.2), seed=3)
-            on_both(ours, reference, lambda api, layer: api.l1_unstructured(layer, "weight", amount=0.3))
-            on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=2, dim=1))
-            globally(ours, reference, "L1Unstructured", amount=0.3)
-            if placements != (Shard(0), Shard(0)):  # channels split over two mesh dims are refused
-                on_both(ours, reference, lambda api, layer: api.ln_structured(layer, "weight", amount=1, n=1, dim=0))
-            check_masks(ours, reference)
-
         reference = full_model()
         ours = _copy(reference)
         for layer in linears(ours):
             layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), device_mesh, placements))
-        run(ours, reference)
+        run(ours, reference, placements)
 
 
 @case
@@ -399,9 +426,9 @@ def bad_input_leaves_module_unchanged() -> None:
     mixed = [(mine, "weight"), (other, "weight")]
     assert raised_by(lambda: prune.global_unstructured(mixed, prune.L1Unstructured, amount=0.5)) is NotImplementedError
     for attempt in attempts:
-        expected = raised_by(lambda: attempt(prune, theirs))
+        expected = raised_by(functools.partial(attempt, prune, theirs))
         assert expected is not None
-        assert raised_by(lambda: attempt(prune, mine)) is expected
+        assert raised_by(functools.partial(attempt, prune, mine)) is expected
         assert (dict(mine.named_parameters()), dict(mine.named_buffers()), dict(mine._forward_pre_hooks)) == before
     check_masks(ours, reference)
 
@@ -501,9 +528,7 @@ def no_weights_cross_the_network() -> None:
                 prune.ln_structured(layer, "weight", amount=0.3, n=2, dim=1)
                 prune.random_unstructured(layer, "weight", amount=0.3)
                 prune.random_structured(layer, "weight", amount=0.3, dim=0)
-            prune.global_unstructured(
-                [(layer, "weight") for layer in linears(ours)], prune.L1Unstructured, amount=0.5
-            )
+            prune.global_unstructured([(layer, "weight") for layer in linears(ours)], prune.L1Unstructured, amount=0.5)
             for layer in linears(ours):
                 prune.remove(layer, "weight")
         finally:

@@ -15,9 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_quick_run_writes_a_report(tmp_path: Path) -> None:
     output = tmp_path / "benchmarks.md"
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--only", "compute_mask/l1_unstructured/float32",
-         "--output", str(output)],
-        check=True, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--quick",
+            "--only",
+            "compute_mask/l1_unstructured/float32",
+            "--output",
+            str(output),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     report = output.read_text()
     row = next(line for line in report.splitlines() if line.startswith("| l1_unstructured float32 |"))

@@ -139,7 +139,9 @@ def test_importance_scores_on_another_device_and_dtype(device):
 
 def test_global_pruning_on_meta():
     with pytest.raises(NotImplementedError):
-        torch_prune.global_unstructured([(nn.Linear(3, 2, device="meta"), "weight")], torch_prune.L1Unstructured, amount=2)
+        torch_prune.global_unstructured(
+            [(nn.Linear(3, 2, device="meta"), "weight")], torch_prune.L1Unstructured, amount=2
+        )
 
     first, second = nn.Linear(3, 2, device="meta"), nn.Linear(2, 2, device="meta", dtype=torch.float16)
     prune.global_unstructured([(first, "weight"), (second, "weight")], prune.L1Unstructured, amount=4)
@@ -161,7 +163,9 @@ def storage_sizes(module: nn.Module) -> set[int]:
     """Bytes of the storage behind every tensor the pruning of ``module.weight`` keeps."""
     hook = next(iter(module._forward_pre_hooks.values()))
     methods = getattr(hook, "_pruning_methods", (hook,))
-    tensors = [module.weight_mask] + [m.mask for m in methods if isinstance(m, torch_prune.CustomFromMask | prune.CustomFromMask)]
+    tensors = [module.weight_mask] + [
+        m.mask for m in methods if isinstance(m, torch_prune.CustomFromMask | prune.CustomFromMask)
+    ]
     return {t.untyped_storage().nbytes() for t in tensors}
 
 

@@ -32,7 +32,7 @@ def test_get_returns_the_drop_in_class(name):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(BUILTINS))
 def test_every_builtin_prunes_on_every_device(name, dtype, device):
-    cls, kwargs = BUILTINS[name]
+    _, kwargs = BUILTINS[name]
     module = nn.Linear(3, 2, device=device, dtype=dtype)
     prunereg.get(name).apply(module, "weight", **kwargs)
     mask = module.weight_mask

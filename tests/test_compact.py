@@ -84,7 +84,7 @@ def test_state_dicts_load_into_torch_prunereg_and_unpruned_models(target):
 
 
 def test_dense_state_dicts_load_into_compact_models():
-    compact, theirs = compact_and_torch()
+    _, theirs = compact_and_torch()
     fresh = net(seed=9)
     with prunereg.compact_masks():
         prune_all(prune, fresh)

@@ -58,7 +58,15 @@ def test_grad_forward_recomputes_every_time():
         lambda m: m.weight.mul_(3.0),
         lambda m: setattr(m, "weight", torch.zeros_like(m.weight)),
     ],
-    ids=["orig in place", "mask in place", "mask entry", "orig .data", "new mask buffer", "pruned in place", "replaced"],
+    ids=[
+        "orig in place",
+        "mask in place",
+        "mask entry",
+        "orig .data",
+        "new mask buffer",
+        "pruned in place",
+        "replaced",
+    ],
 )
 def test_changes_under_no_grad_are_picked_up(change):
     mine, _ = pruned_pair()
@@ -69,7 +77,9 @@ def test_changes_under_no_grad_are_picked_up(change):
         change(layer)
         out = mine(x)
         assert torch.equal(layer.weight, layer.weight_orig * layer.weight_mask)
-        assert torch.equal(out, mine[2](mine[1](nn.functional.linear(x, layer.weight_orig * layer.weight_mask, layer.bias))))
+        assert torch.equal(
+            out, mine[2](mine[1](nn.functional.linear(x, layer.weight_orig * layer.weight_mask, layer.bias)))
+        )
 
 
 def test_dtype_and_device_changes_are_picked_up(device):
@@ -90,7 +100,7 @@ def test_training_gradients_are_torchs(optimizer):
     mine, theirs = pruned_pair(seed=3)
     opts = [optimizer(m.parameters(), lr=0.1) for m in (mine, theirs)]
     torch.manual_seed(5)
-    for step in range(4):
+    for _ in range(4):
         x, y = torch.randn(8, 6), torch.randn(8, 3)
         for model, opt in zip((mine, theirs), opts):
             opt.zero_grad()

@@ -11,16 +11,17 @@ from hypothesis import strategies as st
 from prunereg._select import keep_highest_per_row
 
 
-def reference(scores: list[list[float]], alive: list[list[bool]], counts: list[int]) -> list[list[bool]]:
-    rows = []
-    for row, row_alive, count in zip(scores, alive, counts):
-        def rank(i: int) -> tuple[bool, float, int]:
-            value = -math.inf if math.isnan(row[i]) else row[i]
-            return (not row_alive[i], -value, i)
+def reference_row(row: list[float], row_alive: list[bool], count: int) -> list[bool]:
+    def rank(i: int) -> tuple[bool, float, int]:
+        value = -math.inf if math.isnan(row[i]) else row[i]
+        return (not row_alive[i], -value, i)
 
-        kept = set(sorted(range(len(row)), key=rank)[:count])
-        rows.append([i in kept for i in range(len(row))])
-    return rows
+    kept = set(sorted(range(len(row)), key=rank)[:count])
+    return [i in kept for i in range(len(row))]
+
+
+def reference(scores: list[list[float]], alive: list[list[bool]], counts: list[int]) -> list[list[bool]]:
+    return [reference_row(row, row_alive, count) for row, row_alive, count in zip(scores, alive, counts)]
 
 
 @settings(max_examples=80, deadline=None)

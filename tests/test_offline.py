@@ -37,8 +37,15 @@ def distinct(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Ten
     return (magnitudes * signs).reshape(shape).to(dtype)
 
 
-def torch_reference(tensors: dict[str, torch.Tensor], method: str, arguments: dict, *, seed: int,
-                    device: str = "cpu", together: bool = False) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def torch_reference(
+    tensors: dict[str, torch.Tensor],
+    method: str,
+    arguments: dict,
+    *,
+    seed: int,
+    device: str = "cpu",
+    together: bool = False,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """What torch gives each tensor as the parameter ``weight`` of its own module."""
     modules = {}
     for name, tensor in tensors.items():
@@ -54,15 +61,23 @@ def torch_reference(tensors: dict[str, torch.Tensor], method: str, arguments: di
     return {name: (m.weight.detach().cpu(), m.weight_mask.cpu()) for name, m in modules.items()}
 
 
-def offline(tensors: dict[str, torch.Tensor], method: str, arguments: dict, *, seed: int,
-            device: str = "cpu", together: bool = False) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def offline(
+    tensors: dict[str, torch.Tensor],
+    method: str,
+    arguments: dict,
+    *,
+    seed: int,
+    device: str = "cpu",
+    together: bool = False,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     factory = _offline.method_factory(method, arguments, together=together)
     found = _offline.prune(tensors, factory, together=together, device=device, seed=seed)
     return {name: (pruned, mask) for name, pruned, mask in found}
 
 
-def assert_matches_torch(tensors: dict, method: str, arguments: dict, *, seed: int, device: str = "cpu",
-                         together: bool = False) -> None:
+def assert_matches_torch(
+    tensors: dict, method: str, arguments: dict, *, seed: int, device: str = "cpu", together: bool = False
+) -> None:
     """Equal masks and pruned tensors, or an OfflinePruningError where torch raises."""
     try:
         expected = torch_reference(tensors, method, arguments, seed=seed, device=device, together=together)
@@ -86,8 +101,13 @@ amounts = st.one_of(st.floats(0, 1), st.integers(0, 8))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), tensor_shapes=st.lists(shapes, min_size=1, max_size=3), dtype=float_dtypes,
-       seed=st.integers(0, 2**31), method=st.sampled_from(sorted(TORCH_CLASSES)))
+@given(
+    data=st.data(),
+    tensor_shapes=st.lists(shapes, min_size=1, max_size=3),
+    dtype=float_dtypes,
+    seed=st.integers(0, 2**31),
+    method=st.sampled_from(sorted(TORCH_CLASSES)),
+)
 def test_each_tensor_pruned_as_torch_prunes_its_parameter(
     value_device: str, data: st.DataObject, tensor_shapes: list, dtype: torch.dtype, seed: int, method: str
 ) -> None:
@@ -104,8 +124,13 @@ def test_each_tensor_pruned_as_torch_prunes_its_parameter(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tensor_shapes=st.lists(shapes, min_size=1, max_size=4), dtype=float_dtypes, seed=st.integers(0, 2**31),
-       method=st.sampled_from(["l1_unstructured", "random_unstructured"]), amount=st.one_of(st.floats(0, 1), st.integers(0, 40)))
+@given(
+    tensor_shapes=st.lists(shapes, min_size=1, max_size=4),
+    dtype=float_dtypes,
+    seed=st.integers(0, 2**31),
+    method=st.sampled_from(["l1_unstructured", "random_unstructured"]),
+    amount=st.one_of(st.floats(0, 1), st.integers(0, 40)),
+)
 def test_global_pruning_equals_torch_global_unstructured(
     value_device: str, tensor_shapes: list, dtype: torch.dtype, seed: int, method: str, amount: float
 ) -> None:
@@ -117,7 +142,7 @@ def test_global_pruning_equals_torch_global_unstructured(
 
 def test_a_known_example() -> None:
     weight = torch.tensor([[0.1, -3.0, 2.0], [-0.5, 4.0, 0.2]])
-    (name, pruned, mask), = _offline.prune({"w": weight}, _offline.method_factory("l1_unstructured", {"amount": 3}))
+    ((name, pruned, mask),) = _offline.prune({"w": weight}, _offline.method_factory("l1_unstructured", {"amount": 3}))
     assert name == "w"
     assert pruned.tolist() == [[0.0, -3.0, 2.0], [0.0, 4.0, 0.0]]
     assert mask.tolist() == [[False, True, True], [False, True, False]]
@@ -125,7 +150,7 @@ def test_a_known_example() -> None:
 
 def test_pruned_nan_stays_nan_as_in_torch() -> None:
     weight = torch.tensor([[float("nan"), 1.0], [2.0, 3.0]])
-    (_, pruned, mask), = _offline.prune({"w": weight}, _offline.method_factory("l1_unstructured", {"amount": 1}))
+    ((_, pruned, mask),) = _offline.prune({"w": weight}, _offline.method_factory("l1_unstructured", {"amount": 1}))
     module = nn.Linear(2, 2, bias=False)
     module.weight.data = weight.clone()
     torch_prune.custom_from_mask(module, "weight", mask)
@@ -144,15 +169,33 @@ def test_method_factory_builds_a_fresh_method_each_call() -> None:
     ("method", "arguments", "together", "error", "message"),
     [
         ("l1_unstuctured", {"amount": 0.5}, False, prunereg.UnknownMethodError, "did you mean 'l1_unstructured'"),
-        ("identity", {"amount": 0.5}, False, OfflinePruningError, "'identity' does not take argument 'amount' \\(it takes: no arguments\\)"),
-        ("l1_unstructured", {"amount": 0.5, "dim": 0}, False, OfflinePruningError, "does not take argument 'dim' \\(it takes: amount\\)"),
+        (
+            "identity",
+            {"amount": 0.5},
+            False,
+            OfflinePruningError,
+            "'identity' does not take argument 'amount' \\(it takes: no arguments\\)",
+        ),
+        (
+            "l1_unstructured",
+            {"amount": 0.5, "dim": 0},
+            False,
+            OfflinePruningError,
+            "does not take argument 'dim' \\(it takes: amount\\)",
+        ),
         ("ln_structured", {"amount": 0.5}, False, OfflinePruningError, "'ln_structured' needs argument 'n'"),
         ("l1_unstructured", {}, False, OfflinePruningError, "needs argument 'amount'"),
         ("l1_unstructured", {"amount": 1.5}, False, OfflinePruningError, "bad arguments .*amount=1.5 should"),
         ("l1_unstructured", {"amount": -1}, False, OfflinePruningError, "bad arguments .*amount=-1 should"),
         ("l1_unstructured", {"amount": "half"}, False, OfflinePruningError, "Invalid type for amount: half"),
         ("custom_from_mask", {}, False, OfflinePruningError, "needs a tensor for argument 'mask'"),
-        ("ln_structured", {"amount": 0.5, "n": 2}, True, OfflinePruningError, "global pruning needs an unstructured method; 'ln_structured' is structured"),
+        (
+            "ln_structured",
+            {"amount": 0.5, "n": 2},
+            True,
+            OfflinePruningError,
+            "global pruning needs an unstructured method; 'ln_structured' is structured",
+        ),
         ("custom_from_mask", {}, True, OfflinePruningError, "'custom_from_mask' is global"),
     ],
 )
@@ -168,7 +211,11 @@ def test_errors_while_pruning_name_the_tensor() -> None:
     with pytest.raises(OfflinePruningError, match=r"cannot prune 'small' .*IndexError: Invalid index 3"):
         list(_offline.prune(tensors, _offline.method_factory("random_structured", {"amount": 1, "dim": 3})))
     with pytest.raises(OfflinePruningError, match="cannot prune the selected tensors together: ValueError: amount=21"):
-        list(_offline.prune(tensors, _offline.method_factory("l1_unstructured", {"amount": 21}, together=True), together=True))
+        list(
+            _offline.prune(
+                tensors, _offline.method_factory("l1_unstructured", {"amount": 21}, together=True), together=True
+            )
+        )
 
 
 def test_meta_device_is_refused() -> None:
@@ -223,11 +270,27 @@ def test_apply_masks_from_a_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("masks", "error", "message"),
     [
-        ({"0.weight": torch.ones(6, 4, dtype=torch.bool), "9.weight": torch.ones(1, dtype=torch.bool)}, KeyError, "no tensor '9.weight'"),
-        ({"0.weight": torch.ones(6, 4, dtype=torch.bool), "2.nothing": torch.ones(1, dtype=torch.bool)}, KeyError, "no tensor '2.nothing'"),
-        ({"0.weight": torch.ones(6, 4, dtype=torch.bool), "2.weight": torch.ones(6, 3, dtype=torch.bool)}, ValueError, r"has shape \[6, 3\], the tensor \[3, 6\]"),
+        (
+            {"0.weight": torch.ones(6, 4, dtype=torch.bool), "9.weight": torch.ones(1, dtype=torch.bool)},
+            KeyError,
+            "no tensor '9.weight'",
+        ),
+        (
+            {"0.weight": torch.ones(6, 4, dtype=torch.bool), "2.nothing": torch.ones(1, dtype=torch.bool)},
+            KeyError,
+            "no tensor '2.nothing'",
+        ),
+        (
+            {"0.weight": torch.ones(6, 4, dtype=torch.bool), "2.weight": torch.ones(6, 3, dtype=torch.bool)},
+            ValueError,
+            r"has shape \[6, 3\], the tensor \[3, 6\]",
+        ),
         # a buffer is no Parameter: found only while pruning, after 0.weight was pruned, which must be undone
-        ({"0.weight": torch.ones(6, 4, dtype=torch.bool), "1.running_mean": torch.ones(6, dtype=torch.bool)}, TypeError, "torch.nn.Parameter or None required"),
+        (
+            {"0.weight": torch.ones(6, 4, dtype=torch.bool), "1.running_mean": torch.ones(6, dtype=torch.bool)},
+            TypeError,
+            "torch.nn.Parameter or None required",
+        ),
     ],
 )
 def test_apply_masks_changes_nothing_on_error(masks: dict, error: type, message: str) -> None:

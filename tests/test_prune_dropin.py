@@ -33,7 +33,14 @@ import prunereg.prune as ours_prune
 
 IMPLEMENTATIONS = {"torch": torch_prune, "prunereg": ours_prune}
 NORMS = [1, 2, math.inf, -math.inf, "fro"]
-METHODS = ["identity", "random_unstructured", "l1_unstructured", "random_structured", "ln_structured", "custom_from_mask"]
+METHODS = [
+    "identity",
+    "random_unstructured",
+    "l1_unstructured",
+    "random_structured",
+    "ln_structured",
+    "custom_from_mask",
+]
 
 
 class Pair(nn.Module):
@@ -56,7 +63,7 @@ def run_both(build, act, seed: int) -> dict[str, tuple[nn.Module, Exception | No
         torch.manual_seed(seed)
         try:
             act(implementation, module)
-        except Exception as error:  # noqa: BLE001 - compared below
+        except Exception as error:  # any error: compared below
             results[label] = (module, error)
         else:
             results[label] = (module, None)
@@ -192,9 +199,7 @@ def remaining_channels(module: nn.Module, dim: int) -> torch.Tensor:
 
 
 def remaining_entries(module: nn.Module, names: list[str]) -> int:
-    return sum(
-        int((getattr(module, n + "_mask", torch.ones_like(getattr(module, n))) == 1).sum()) for n in names
-    )
+    return sum(int((getattr(module, n + "_mask", torch.ones_like(getattr(module, n))) == 1).sum()) for n in names)
 
 
 @settings(max_examples=120, deadline=None)
@@ -216,7 +221,11 @@ def test_successive_prunings_match_torch(data, shape, v_size, steps, seed):
 
     plan = []
     for step in steps:
-        target = data.draw(st.sampled_from(["w", "v"]), label="target") if step in ("l1", "random_unstructured", "identity") else "w"
+        target = (
+            data.draw(st.sampled_from(["w", "v"]), label="target")
+            if step in ("l1", "random_unstructured", "identity")
+            else "w"
+        )
         dim = data.draw(st.integers(-len(shape), len(shape) - 1), label="dim")
         n = data.draw(st.sampled_from(NORMS), label="n")
         if step in ("ln", "random_structured"):
@@ -233,7 +242,7 @@ def test_successive_prunings_match_torch(data, shape, v_size, steps, seed):
         plan.append((step, target, dim, n, amount, mask))
         try:
             apply_step(torch_prune, reference, plan[-1])
-        except Exception:  # noqa: BLE001 - the comparison below checks errors
+        except Exception:  # any error: the comparison below checks errors
             break
 
     def act(prune, module):
@@ -306,7 +315,10 @@ def test_global_pruning_matches_torch(data, tensor_shapes, dtype, method, seed):
     scored = [data.draw(st.booleans(), label="has scores") for _ in tensor_shapes]
     scores_dtype = data.draw(st.sampled_from([dtype, torch.float64]), label="scores dtype")
     all_scores = distinct_values((total,), scores_dtype, seed + 1)
-    scores = [s.reshape(shape) for s, shape in zip(torch.split(all_scores, [math.prod(s) for s in tensor_shapes]), tensor_shapes)]
+    scores = [
+        s.reshape(shape)
+        for s, shape in zip(torch.split(all_scores, [math.prod(s) for s in tensor_shapes]), tensor_shapes)
+    ]
     remaining = total - sum(earlier)
     amount = data.draw(amounts(remaining), label="amount")
     k = ours_prune._compute_nparams_toprune(amount, remaining)
@@ -348,7 +360,10 @@ BAD_INPUTS = {
     "negative int amount": lambda p, m: p.ln_structured(m, "weight", -1, 2, 0),
     "int amount too large": lambda p, m: p.l1_unstructured(m, "weight", 13),
     "int amount too large, structured": lambda p, m: p.ln_structured(m, "weight", 4, 2, 0),
-    "int amount too large on re-prune": lambda p, m: (p.l1_unstructured(m, "weight", 10), p.l1_unstructured(m, "weight", 3)),
+    "int amount too large on re-prune": lambda p, m: (
+        p.l1_unstructured(m, "weight", 10),
+        p.l1_unstructured(m, "weight", 3),
+    ),
     "structured on 1-D": lambda p, m: p.random_structured(m, "bias", 1, 0),
     "dim too large": lambda p, m: p.ln_structured(m, "weight", 1, 2, 2),
     "dim too negative": lambda p, m: p.random_structured(m, "weight", 1, -3),
@@ -361,11 +376,17 @@ BAD_INPUTS = {
     "remove unpruned": lambda p, m: p.remove(m, "weight"),
     "container gets a non-method": lambda p, m: p.PruningContainer().add_pruning_method("l1"),
     "global, parameters not iterable": lambda p, m: p.global_unstructured(m, p.L1Unstructured, amount=1),
-    "global, scores not a dict": lambda p, m: p.global_unstructured([(m, "weight")], p.L1Unstructured, importance_scores=[], amount=1),
-    "global, structured method": lambda p, m: p.global_unstructured([(m, "weight")], p.LnStructured, amount=1, n=2, dim=0),
+    "global, scores not a dict": lambda p, m: p.global_unstructured(
+        [(m, "weight")], p.L1Unstructured, importance_scores=[], amount=1
+    ),
+    "global, structured method": lambda p, m: p.global_unstructured(
+        [(m, "weight")], p.LnStructured, amount=1, n=2, dim=0
+    ),
     "global, a function": lambda p, m: p.global_unstructured([(m, "weight")], p.l1_unstructured, amount=1),
     "global, no parameters": lambda p, m: p.global_unstructured([], p.L1Unstructured, amount=1),
-    "global, amount too large": lambda p, m: p.global_unstructured([(m, "weight"), (m, "bias")], p.L1Unstructured, amount=16),
+    "global, amount too large": lambda p, m: p.global_unstructured(
+        [(m, "weight"), (m, "bias")], p.L1Unstructured, amount=16
+    ),
     "global, scores of another count": lambda p, m: p.global_unstructured(
         [(m, "weight")], p.L1Unstructured, importance_scores={(m, "weight"): torch.ones(5)}, amount=1
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -47,7 +48,11 @@ def distinct(n: int, dtype: torch.dtype, *, seed: int = 0, signed: bool = True) 
 
 def torch_mask(scores: torch.Tensor, k: int, largest: bool) -> torch.Tensor:
     """torch's selection: ``topk``, with prunereg's documented NaN policy (NaN lowest)."""
-    flat = scores.reshape(-1).nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf")) if scores.is_floating_point() else scores.reshape(-1)
+    flat = (
+        scores.reshape(-1).nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+        if scores.is_floating_point()
+        else scores.reshape(-1)
+    )
     mask = torch.zeros(flat.shape, dtype=torch.bool)
     mask[torch.topk(flat, k, largest=largest).indices] = True
     return mask.view(scores.shape)
@@ -155,7 +160,7 @@ def test_exactly_k_under_heavy_ties(small_blocks, dtype, n, distinct_values, fra
         scores[torch.rand(n, generator=g) < 0.2] = float("nan")
     k = round(fraction * n)
     bounds = [0, *sorted(min(c, n) for c in cuts), n]
-    chunks = [scores[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [scores[a:b] for a, b in itertools.pairwise(bounds)]
     masks = select_k(chunks, k, largest=largest)
     mask = torch.cat([m.reshape(-1) for m in masks])
     assert int(mask.sum()) == k
@@ -169,7 +174,19 @@ def test_extreme_keys_in_every_radix_pass(small_blocks, dtype, largest):
     """The lowest and highest keys of a width must not be confused when digits are narrowed."""
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
-        values = [float("nan"), float("-inf"), -info.max, -1.0, -info.tiny, -0.0, 0.0, info.tiny, 1.0, info.max, float("inf")]
+        values = [
+            float("nan"),
+            float("-inf"),
+            -info.max,
+            -1.0,
+            -info.tiny,
+            -0.0,
+            0.0,
+            info.tiny,
+            1.0,
+            info.max,
+            float("inf"),
+        ]
         values += [info.max * 0.5, -info.max * 0.5, info.tiny * 3]
     else:
         info = torch.iinfo(dtype)
@@ -213,7 +230,10 @@ def test_top_indices_small_and_large_agree_with_topk(small_blocks):
 
 def test_meta_chunks_give_meta_masks():
     masks = select_k([torch.empty(3, 4, device="meta"), torch.empty(5, device="meta")], 6)
-    assert [(m.device.type, m.dtype, tuple(m.shape)) for m in masks] == [("meta", torch.bool, (3, 4)), ("meta", torch.bool, (5,))]
+    assert [(m.device.type, m.dtype, tuple(m.shape)) for m in masks] == [
+        ("meta", torch.bool, (3, 4)),
+        ("meta", torch.bool, (5,)),
+    ]
 
 
 @pytest.mark.parametrize("magnitude", [False, True])
@@ -238,7 +258,11 @@ def test_clear_selected_is_clone_then_zero(dtype):
     if dtype.is_floating_point:
         default[4:6] = torch.tensor([0.5, float("inf")], dtype=dtype)
     selected = torch.tensor([True, True, False, False, True, True, False])
-    for d, s in [(default, selected), (default[:4], selected[:4]), (torch.ones(2, 3, dtype=dtype).t(), selected[:6].view(3, 2))]:
+    for d, s in [
+        (default, selected),
+        (default[:4], selected[:4]),
+        (torch.ones(2, 3, dtype=dtype).t(), selected[:6].view(3, 2)),
+    ]:
         want = d.clone()
         want[s] = 0
         got = clear_selected(d, s)
@@ -307,8 +331,13 @@ def test_counts_beyond_int32_are_exact():
     """2**31 entries and more: 3000 processes of 2**20 keys each, simulated by scaling the counts."""
     keys = order_keys(torch.arange(1 << 20, dtype=torch.float32))
     ranks, k = 3000, 1_500_000_001
-    threshold = find_threshold(lambda: iter(keys.split(1 << 18)), k, width=32, all_reduce=lambda c: c * ranks,
-                               exclusive_prefix=lambda t: t * 1234)
+    threshold = find_threshold(
+        lambda: iter(keys.split(1 << 18)),
+        k,
+        width=32,
+        all_reduce=lambda c: c * ranks,
+        exclusive_prefix=lambda t: t * 1234,
+    )
     # Each value occurs 3000 times: k falls on value 500000 (after 500000 * 3000 smaller entries).
     assert threshold.key == int(order_keys(torch.tensor([500000.0]))[0])
     assert (threshold.before, threshold.take, threshold.ties, threshold.offset) == (1_500_000_000, 1, 3000, 1234)

@@ -50,7 +50,7 @@ def test_a_mismatched_state_dict_still_fails_in_strict_mode():
     prune.l1_unstructured(target[0], "weight", amount=1)
     state = model().state_dict()
     del state["1.1.bias"]
-    with pytest.raises(RuntimeError, match="1.1.bias"):
+    with pytest.raises(RuntimeError, match=r"1\.1\.bias"):
         prunereg.load_state_dict(target, state)
     result = prunereg.load_state_dict(target, state, strict=False)
     assert result.missing_keys == ["1.1.bias"] and result.unexpected_keys == []

@@ -23,7 +23,9 @@ def test_check_amount_rejects_a_non_number_with_a_type_error():
         toolkit.check_amount("half")
 
 
-@pytest.mark.parametrize(("amount", "units", "expected"), [(0.5, 5, 2), (0.5, 7, 4), (3, 10, 3), (1.0, 4, 4), (0, 9, 0)])
+@pytest.mark.parametrize(
+    ("amount", "units", "expected"), [(0.5, 5, 2), (0.5, 7, 4), (3, 10, 3), (1.0, 4, 4), (0, 9, 0)]
+)
 def test_count_to_prune_rounds_like_torch(amount, units, expected):
     assert toolkit.count_to_prune(amount, units) == expected == torch_prune._compute_nparams_toprune(amount, units)
 

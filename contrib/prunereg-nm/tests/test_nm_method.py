@@ -6,11 +6,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prunereg_nm import NMSparsity
 from torch import nn
 
 import prunereg
 from prunereg.testing import check_pruning_method
-from prunereg_nm import NMSparsity
+
 
 def reference_mask(t: torch.Tensor, n: int, m: int, dim: int) -> torch.Tensor:
     """The N:M mask computed group by group in plain Python: largest |t| kept, ties to the earlier index."""
@@ -54,10 +55,7 @@ def test_matches_the_group_by_group_reference(n_m, groups, rows, extra, dim, tie
     shape = [rows, extra, 3]
     shape[dim] = groups * m
     generator = torch.Generator().manual_seed(seed)
-    if ties:
-        t = torch.randint(-2, 3, shape, generator=generator).float()
-    else:
-        t = torch.randn(shape, generator=generator)
+    t = torch.randint(-2, 3, shape, generator=generator).float() if ties else torch.randn(shape, generator=generator)
     mask = NMSparsity(n, m, dim).compute_mask(t, torch.ones_like(t))
     assert torch.equal(mask, reference_mask(t, n, m, dim))
     assert bool((kept_per_group(mask, m, dim) == n).all())
@@ -170,7 +168,7 @@ def test_remove_makes_the_pattern_permanent() -> None:
     ],
 )
 def test_invalid_n_or_m_is_rejected(kwargs: dict, error: type) -> None:
-    with pytest.raises(error, match="n|m"):
+    with pytest.raises(error, match=r"n|m"):
         NMSparsity(**kwargs)
 
 

@@ -55,7 +55,7 @@ class NMSparsity(BasePruningMethod):
         scores = _in_groups(t.abs(), self.dim, self.m)
         alive = _in_groups(default_mask != 0, self.dim, self.m)
         keep = keep_highest_per_row(scores, alive, self.n)
-        keep = keep.reshape(keep.shape[:-2] + (size,)).movedim(-1, self.dim)
+        keep = keep.reshape((*keep.shape[:-2], size)).movedim(-1, self.dim)
         return prune_where(default_mask, ~keep)
 
     @classmethod
@@ -75,4 +75,4 @@ class NMSparsity(BasePruningMethod):
 def _in_groups(t: torch.Tensor, dim: int, m: int) -> torch.Tensor:
     """``t`` with ``dim`` moved last and split into groups of ``m``: shape (..., size // m, m)."""
     moved = t.movedim(dim, -1)
-    return moved.reshape(moved.shape[:-1] + (moved.shape[-1] // m, m))
+    return moved.reshape((*moved.shape[:-1], moved.shape[-1] // m, m))
