@@ -11,12 +11,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight
     from prunereg._compact import compact_masks
     from prunereg._container import PruningContainer
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
     from prunereg._method import BasePruningMethod
     from prunereg._offline import apply_masks
+    from prunereg._oneshot import oneshot
+    from prunereg._oneshot_report import OneShotReport
+    from prunereg._perplexity import perplexity
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned, remove
     from prunereg._serialization import safe_globals
@@ -26,10 +30,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "CalibratedMethod",
+    "LayerStatistics",
     "MethodInfo",
+    "OneShotReport",
     "PluginError",
     "PluginInfo",
     "PluginWarning",
+    "PrunedWeight",
     "PruningContainer",
     "UnknownMethodError",
     "apply_masks",
@@ -41,6 +49,8 @@ __all__ = [
     "is_pruned",
     "list_methods",
     "load_state_dict",
+    "oneshot",
+    "perplexity",
     "register",
     "remove",
     "safe_globals",
@@ -48,6 +58,10 @@ __all__ = [
 
 _LAZY = {
     "BasePruningMethod": "prunereg._method",
+    "CalibratedMethod": "prunereg._calibrated",
+    "LayerStatistics": "prunereg._calibrated",
+    "OneShotReport": "prunereg._oneshot_report",
+    "PrunedWeight": "prunereg._calibrated",
     "MethodInfo": "prunereg._registry",
     "PluginError": "prunereg._registry",
     "PluginInfo": "prunereg._registry",
@@ -62,6 +76,8 @@ _LAZY = {
     "remove": "prunereg._reparam",
     "safe_globals": "prunereg._serialization",
     "load_state_dict": "prunereg._state_dict",
+    "oneshot": "prunereg._oneshot",
+    "perplexity": "prunereg._perplexity",
 }
 
 _Class = TypeVar("_Class", bound=type)

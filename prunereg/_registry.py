@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("unstructured", "structured", "global")
+KINDS = ("unstructured", "structured", "global", "calibrated")
 LOCAL_PLUGIN = "local"
 """The plugin name of methods registered in-process with :func:`prunereg.register`."""
 
@@ -291,10 +291,18 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
 
 
 def _check_method_class(cls: object, info: MethodInfo) -> None:
-    from prunereg._method import BasePruningMethod
+    base: type
+    if info.kind == "calibrated":  # the methods of prunereg.oneshot keep their own contract
+        from prunereg._calibrated import CalibratedMethod
 
-    if not (isinstance(cls, type) and issubclass(cls, BasePruningMethod)):
-        raise TypeError(f"{info.target!r} is not a BasePruningMethod subclass")
+        base = CalibratedMethod
+    else:
+        from prunereg._method import BasePruningMethod
+
+        base = BasePruningMethod
+
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{info.target!r} is not a {base.__name__} subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
             f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "
