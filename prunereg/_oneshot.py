@@ -151,13 +151,13 @@ class OneShotJob:
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {allocation!r}")
-        if allocation == "owl" and pattern is not None:
-            raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if owl_threshold <= 0 or owl_lambda < 0:
             raise ValueError(f"owl_threshold must be > 0 and owl_lambda >= 0, got {owl_threshold!r} and {owl_lambda!r}")
         instance, name = _build_method(method, sparsity, pattern, method_options)
+        if allocation == "owl" and instance.pattern is not None:
+            raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
         blocks_path, block_list = find_blocks(model, blocks)
         layer_names = _select_layers(blocks_path, block_list, layers)
         if check_weights:
