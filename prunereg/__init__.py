@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned, remove
     from prunereg._serialization import safe_globals
+    from prunereg._streaming import oneshot_folder
     from prunereg._state_dict import load_state_dict
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "list_methods",
     "load_state_dict",
     "oneshot",
+    "oneshot_folder",
     "perplexity",
     "register",
     "remove",
@@ -77,6 +79,7 @@ _LAZY = {
     "safe_globals": "prunereg._serialization",
     "load_state_dict": "prunereg._state_dict",
     "oneshot": "prunereg._oneshot",
+    "oneshot_folder": "prunereg._streaming",
     "perplexity": "prunereg._perplexity",
 }
 

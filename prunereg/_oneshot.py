@@ -144,7 +144,6 @@ class OneShotJob:
         batch_size: int,
         permanent: bool,
         method_options: dict[str, Any],
-        check_weights: bool = True,
     ) -> OneShotJob:
         """Check every argument and build the method; nothing in ``model`` changes."""
         if not isinstance(model, nn.Module):
@@ -160,9 +159,8 @@ class OneShotJob:
             raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
         blocks_path, block_list = find_blocks(model, blocks)
         layer_names = _select_layers(blocks_path, block_list, layers)
-        if check_weights:
-            _check_layers(block_list, layer_names, instance)
-            _check_not_reparametrized(model)
+        _check_layers(block_list, layer_names, instance)
+        _check_not_reparametrized(model)
         device = _input_device(model)
         batches = list(batches_of(calibration, batch_size, device))
         if not batches:
