@@ -86,3 +86,24 @@ class NormScore(CalibratedMethod):
         assert statistics.input_sq_norms is not None
         norms = statistics.input_sq_norms.sqrt()
         return [score_prune(w, w.abs() * norms, s) for w, s in zip(weights, sparsities)]
+
+
+WORDS = [f"w{i}" for i in range(VOCAB - 1)]
+
+
+def save_tiny_llama_folder(folder: object, seed: int = 0) -> None:
+    """A tiny Llama and a word-level tokenizer over :data:`WORDS`, saved as a Hugging Face folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{word: i + 1 for i, word in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    tiny_llama(seed).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def random_text(n_words: int, seed: int = 0) -> str:
+    generator = torch.Generator().manual_seed(seed)
+    return " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (n_words,), generator=generator))

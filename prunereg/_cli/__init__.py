@@ -18,3 +18,4 @@ def main() -> None:
 
 from prunereg._cli import registry as _registry  # noqa: E402  (commands attach to main)
 from prunereg._cli import checkpoint as _checkpoint  # noqa: E402
+from prunereg._cli import oneshot as _oneshot  # noqa: E402
