@@ -60,11 +60,16 @@ def capture_first_block_inputs(model: nn.Module, first_block: nn.Module, batches
     return captured
 
 
+def call_block(block: nn.Module, inputs: BlockInputs, batch: int) -> Tensor:
+    """The block's output hidden states for calibration batch ``batch``."""
+    output = block(inputs.hidden[batch], *inputs.args[batch], **inputs.kwargs[batch])
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
 def run_block(block: nn.Module, inputs: BlockInputs) -> Iterator[Tensor]:
     """The block's output hidden states for each calibration batch, in order."""
-    for hidden, args, kwargs in zip(inputs.hidden, inputs.args, inputs.kwargs):
-        output = block(hidden, *args, **kwargs)
-        yield output[0] if isinstance(output, (tuple, list)) else output
+    for batch in range(len(inputs)):
+        yield call_block(block, inputs, batch)
 
 
 def propagate(block: nn.Module, inputs: BlockInputs) -> BlockInputs:

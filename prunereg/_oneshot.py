@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from prunereg._blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
 from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
-from prunereg._capture import BlockInputs, batches_of, capture_first_block_inputs, propagate, run_block
+from prunereg._capture import BlockInputs, batches_of, call_block, capture_first_block_inputs, propagate
 from prunereg._oneshot_report import LayerReport, OneShotReport, Timings
 from prunereg._progress import progress as progress_bar
 from prunereg._statistics import GroupRecorder
@@ -261,8 +261,9 @@ class OneShotJob:
         """Run the calibration batches through ``block`` and return each input group's statistics."""
         start = time.perf_counter()
         with GroupRecorder({name: block.get_submodule(name) for name in names}, needs) as recorder:
-            for _ in run_block(block, inputs):
-                recorder.batch_done()
+            for batch in range(len(inputs)):
+                with recorder.batch():
+                    call_block(block, inputs, batch)
         timings.statistics += recorder.seconds
         timings.forward += time.perf_counter() - start - recorder.seconds
         missing = set(names).difference(*recorder.groups)

@@ -10,8 +10,9 @@ matrix products over every token of a batch at once.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -47,12 +48,20 @@ class RunningStatistics:
         return LayerStatistics(self.n_tokens, self.input_sq_norms, self.hessian)
 
 
+class LastGroupRecorded(Exception):
+    """Raised by a :class:`GroupRecorder` hook once the block's last input group is recorded."""
+
+
 class GroupRecorder:
     """Forward pre-hooks on a block's layers that gather each input group's statistics.
 
     Use as a context manager around the calibration forwards of one block, and
-    call :meth:`batch_done` after each batch. :attr:`groups` lists the groups
-    (layer names in first-call order) and :attr:`seconds` the time spent in the hooks.
+    run each batch inside :meth:`batch`. :attr:`groups` lists the groups (layer
+    names in first-call order) and :attr:`seconds` the time spent in the hooks.
+    From the second batch on, the forward stops (:class:`LastGroupRecorded`,
+    caught by :meth:`batch`) once the last group's input is recorded: the rest of
+    the block (the last layer's product, usually the MLP's down projection) is
+    not needed for statistics.
     """
 
     def __init__(self, layers: dict[str, nn.Module], needs: Iterable[str]) -> None:
@@ -77,7 +86,16 @@ class GroupRecorder:
         self._handles.clear()
         self._inputs_seen.clear()
 
-    def batch_done(self) -> None:
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Around one batch's forward through the block."""
+        try:
+            yield
+        except LastGroupRecorded:
+            pass
+        self._batch_done()
+
+    def _batch_done(self) -> None:
         """After the first batch, keep only one hook per group: the other layers read the same tensor."""
         if not self._first_batch:
             return
@@ -100,6 +118,8 @@ class GroupRecorder:
             if index is not None:
                 self.statistics[index].add(x)
             self.seconds += time.perf_counter() - start
+            if not self._first_batch and index == len(self.groups) - 1:
+                raise LastGroupRecorded
 
         return record
 

@@ -54,11 +54,15 @@ def test_layers_reading_one_tensor_form_one_group_with_one_hook_after_the_first_
     model = _TwoBranches()
     layers = dict(model.named_children())
     inputs = [torch.randn(2, 5, 4) for _ in range(3)]
+    calls_of_c = []
+    model.c.register_forward_hook(lambda *_: calls_of_c.append(1))
     with GroupRecorder(layers, {"input_sq_norms"}) as recorder:
         for x in inputs:
-            model(x)
-            recorder.batch_done()
+            with recorder.batch():
+                model(x)
         assert sum(len(layer._forward_pre_hooks) for layer in layers.values()) == 2
+    # Once the groups are known, the forward stops before the last group's layer runs.
+    assert len(calls_of_c) == 1
     assert all(not layer._forward_pre_hooks for layer in layers.values())
     groups = recorder.group_statistics()
     assert [names for names, _ in groups] == [["a", "b"], ["c"]]
@@ -95,8 +99,8 @@ def test_input_groups_of_real_decoder_blocks(build, expected):
     handles = [layer.register_forward_pre_hook(spy) for layer in prunable_layers(blocks[0]).values()]
     layers = prunable_layers(blocks[0])
     with torch.no_grad(), GroupRecorder(layers, {"input_sq_norms"}) as recorder:
-        model(_tiny_lm.calibration_ids(2, 8))
-        recorder.batch_done()
+        with recorder.batch():
+            model(_tiny_lm.calibration_ids(2, 8))
     for handle in handles:
         handle.remove()
     groups = recorder.group_statistics()
