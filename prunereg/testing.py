@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 import prunereg
+from prunereg._calibrated_testing import check_calibrated_method
 from prunereg._registry import KINDS, constructor_parameters
 
-__all__ = ["check_pruning_method"]
+__all__ = ["check_calibrated_method", "check_pruning_method"]
 
 DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _SEED = 1234
