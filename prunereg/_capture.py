@@ -47,11 +47,13 @@ def capture_first_block_inputs(model: nn.Module, first_block: nn.Module, batches
         captured.kwargs.append(dict(kwargs))
         raise _FirstBlockReached
 
+    # Hugging Face models would otherwise build a key/value cache the engine never reads.
+    options = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
     handle = first_block.register_forward_pre_hook(store, with_kwargs=True)
     try:
         for batch in batches:
             try:
-                model(batch, use_cache=False)
+                model(batch, **options)
             except _FirstBlockReached:
                 continue
             raise RuntimeError(f"{type(model).__name__}'s forward never called its first decoder block")

@@ -165,3 +165,34 @@ def test_an_already_reparametrized_model_is_refused():
     prunereg.prune.l1_unstructured(model.model.layers[0].mlp.up_proj, "weight", amount=0.1)
     with pytest.raises(ValueError, match="already pruned"):
         prunereg.oneshot(model, NormScore(0.5), calibration=calibration_ids(2, 8))
+
+
+class _Tower(torch.nn.Module):
+    """A model of no known architecture: embedding, a ModuleList of residual MLP blocks, head."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.relu(self.up(x)))
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64)
+        self.stack = torch.nn.ModuleList([self.Block() for _ in range(2)])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.stack:
+            x = block(x)
+        return self.head(x)
+
+
+def test_any_model_prunes_once_its_blocks_are_named():
+    model = _Tower()
+    report = prunereg.oneshot(model, NormScore(0.5), calibration=calibration_ids(2, 8), blocks="stack")
+    assert [layer.name for layer in report.layers] == ["stack.0.up", "stack.0.down", "stack.1.up", "stack.1.down"]
+    assert not (model.head.weight == 0).any()
