@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight
     from prunereg._compact import compact_masks
-    from prunereg._container import PruningContainer
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
-    from prunereg._method import BasePruningMethod
+    from prunereg._method import BasePruningMethod, PruningContainer
     from prunereg._offline import apply_masks
     from prunereg._oneshot import oneshot
     from prunereg._oneshot_report import OneShotReport
@@ -68,7 +67,7 @@ _LAZY = {
     "PluginError": "prunereg._registry",
     "PluginInfo": "prunereg._registry",
     "PluginWarning": "prunereg._registry",
-    "PruningContainer": "prunereg._container",
+    "PruningContainer": "prunereg._method",
     "UnknownMethodError": "prunereg._registry",
     "apply_masks": "prunereg._offline",
     "compact_masks": "prunereg._compact",

@@ -60,13 +60,12 @@ def validate_dim(t: torch.Tensor, dim: int) -> None:
 
 
 def compute_norm(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tensor:
-    """The ``n``-norm of every slice of ``t`` along ``dim`` (norm over all other dims)."""
+    """The ``n``-norm of every slice of plain ``t`` along ``dim`` (norm over all other dims).
+
+    :func:`prunereg._distributed.channel_norms` takes DTensors too.
+    """
     import torch
 
-    from prunereg._distributed import channel_norms, is_dtensor
-
-    if is_dtensor(t):
-        return channel_norms(t, n, dim)
     dims = list(range(t.dim()))
     if dim < 0:
         dim = dims[dim]

@@ -51,10 +51,10 @@ def check_calibrated_method(method: str | type, /, *, devices: Sequence[str] | N
 
 def _method_class(method: str | type) -> tuple[type[CalibratedMethod], str]:
     if isinstance(method, str):
-        import prunereg
+        from prunereg._plugins import registry
 
-        info = prunereg.info(method)
-        cls = prunereg.get(method)
+        info = registry().info(method)
+        cls = registry().resolve(method)
         label = f"calibrated method {method!r} ({info.target})"
         if info.kind != "calibrated":
             raise AssertionError(f"{label}: registered as kind {info.kind!r}, not 'calibrated'")

@@ -1,29 +1,34 @@
-"""Pruning sharded tensors (DTensor, FSDP2) shard by shard, with the masks of the full tensors.
+"""The sharded layer: the one place that tells a DTensor (DTensor, FSDP2) from a plain tensor.
 
-Every function here works on each rank's local shard. What crosses the network
-is small: element counts, one norm per channel, shard sizes; weights never do,
-so memory per rank stays proportional to its shard. Random draws are made by
-every rank from the same generator stream over the full tensor, keeping only
-its own part, so masks agree across ranks and do not depend on their number.
+Every public function here takes plain tensors or DTensors. Plain ones go to the
+single-process code (:mod:`prunereg._select`, :mod:`prunereg._channels`,
+:mod:`prunereg._remaining`, :mod:`prunereg._amount`); DTensors are pruned shard
+by shard, with the masks of the full tensors. What crosses the network is
+small: element counts, one norm per channel, shard sizes; weights never do, so
+memory per rank stays proportional to its shard. Random draws are made by every
+rank from the same generator stream over the full tensor, keeping only its own
+part, so masks agree across ranks and do not depend on their number.
 
-The single-process code reaches this module only when a tensor is a DTensor,
-and ``torch.distributed`` is imported only then.
+Pruning methods never ask which kind of tensor they hold: they call these
+functions (through :mod:`prunereg.toolkit`). ``torch.distributed`` is imported
+only when a tensor is a DTensor.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import torch
+
+from prunereg import _amount, _channels, _remaining, _select
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-    from prunereg._global import _Entry
-    from prunereg._method import BasePruningMethod
+    from prunereg._remaining import MaskMethod
 
 # Random draws are generated in blocks of at most this many entries (64 MiB of
 # fp32): enough that a 4096 x 4096 layer is one block, so on CUDA its draws are
@@ -69,14 +74,19 @@ def to_layout_of(tensor: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     )
 
 
-def write_in_place(param: torch.Tensor, value: torch.Tensor) -> None:
-    """Copy ``value`` into the sharded ``param``'s own storage.
+def assign_values(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Make ``value`` the values of ``param``, keeping the Parameter object and its memory format.
 
-    FSDP2 keeps its own view of every sharded parameter's storage, so the
-    values must land there (``param.data = ...`` would be lost at the next all-gather).
+    A sharded ``param`` receives them in its own storage: FSDP2 keeps its own
+    view of that storage, so ``param.data = ...`` would be lost at the next all-gather.
     """
-    with torch.no_grad():
-        param.to_local().copy_(value.to_local())
+    if is_dtensor(param):
+        with torch.no_grad():
+            param.to_local().copy_(value.to_local())  # type: ignore[attr-defined]  # value is a DTensor too
+        return
+    if value.stride() != param.stride():
+        value = torch.empty_like(param).copy_(value)
+    param.data = value
 
 
 def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
@@ -96,15 +106,29 @@ def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
 # --- selecting the k smallest entries (unstructured and global pruning) --------
 
 
-def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnitude: bool = False) -> list[DTensor]:
-    """:func:`prunereg._select.select_k` over DTensors: the same threshold search on every rank.
+def select_k(
+    chunks: Sequence[torch.Tensor], k: int, *, largest: bool = False, magnitude: bool = False
+) -> list[torch.Tensor]:
+    """Mark the ``k`` smallest (or largest) entries of all ``chunks`` taken together.
 
-    Each rank searches its own shards; the histograms are summed over the ranks
-    holding distinct shards, so all find the same threshold. Entries tied at the
-    threshold are taken in rank order, then in each rank's stream order.
+    Returns one bool tensor per chunk, of its shape and on its device, True where
+    the entry is selected. Exactly ``k`` entries are selected; NaN counts as the
+    smallest value; entries tied at the threshold are taken in chunk order, then
+    by flat index. The chunks may live on different devices and have different
+    dtypes (compared in their promoted dtype, as ``torch.cat`` would).
+    ``magnitude=True`` ranks ``torch.abs`` of the entries without making that copy.
+
+    DTensor chunks (all sharded alike) are selected shard by shard: each rank
+    searches its own shards, the histograms are summed over the ranks holding
+    distinct shards, so all find the same threshold, and ties are taken in rank
+    order, then in each rank's order.
     """
-    from prunereg import _select
+    if not is_dtensor(chunks[0]):
+        return _select.select_k(chunks, k, largest=largest, magnitude=magnitude)
+    return _sharded_select_k(chunks, k, largest=largest, magnitude=magnitude)  # type: ignore[arg-type]
 
+
+def _sharded_select_k(chunks: Sequence[DTensor], k: int, *, largest: bool, magnitude: bool) -> list[DTensor]:
     _check_same_sharding(chunks)
     like = chunks[0]
     collectives = _select.Collectives(
@@ -118,11 +142,29 @@ def select_k(chunks: Sequence[DTensor], k: int, *, largest: bool = False, magnit
     return [_wrap(flags, chunk) for flags, chunk in zip(local, chunks)]
 
 
-def prune_lowest(scores: DTensor, k: int, default_mask: DTensor, *, largest: bool = False, magnitude: bool = False) -> DTensor:
-    """:func:`prunereg._select.prune_lowest` over DTensors: ``default_mask`` with 0 at the ``k`` selected entries."""
-    from prunereg import _select
+def prune_lowest(
+    scores: torch.Tensor,
+    k: int,
+    default_mask: torch.Tensor,
+    *,
+    largest: bool = False,
+    magnitude: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A new mask: ``default_mask`` with zeros also at the ``k`` lowest ``scores``.
 
-    (selected,) = select_k([scores], k, largest=largest, magnitude=magnitude)
+    ``largest=True`` prunes the highest scores instead, ``magnitude=True`` ranks
+    ``|scores|``. This is what prunereg's own ``l1_unstructured`` returns: exactly
+    ``k`` entries (those :func:`select_k` selects), NaN pruned first, ties broken
+    by position, no sort on large tensors, works on every device including
+    ``meta``, and on DTensors shard by shard. ``out``, a contiguous tensor of
+    ``default_mask``'s shape and dtype, may receive the mask instead of new
+    memory; it may be ``scores`` itself, which is then overwritten. Use the
+    returned tensor.
+    """
+    if k == 0 or not is_dtensor(scores):
+        return _select.prune_lowest(scores, k, default_mask, largest=largest, magnitude=magnitude, out=out)
+    (selected,) = _sharded_select_k([scores], k, largest=largest, magnitude=magnitude)  # type: ignore[list-item]
     mask = to_layout_of(default_mask, scores)
     return _wrap(_select.clear_selected(mask.to_local(), selected.to_local()), scores)
 
@@ -173,14 +215,20 @@ def _exclusive_prefix(counts: torch.Tensor, like: DTensor) -> torch.Tensor:
 # --- random draws -----------------------------------------------------------
 
 
-def rand_like(t: DTensor) -> DTensor:
-    """``torch.rand_like(t)`` for a DTensor: each rank keeps its part of the full tensor's draws.
+def rand_like(t: torch.Tensor) -> torch.Tensor:
+    """``torch.rand_like(t)``, contiguous; for a DTensor each rank keeps its part of the full tensor's draws.
 
     Every rank draws the whole tensor's stream from its default generator (the
     same seed gives the same stream), in blocks whose boundaries depend on the
     shape only; so the draws do not depend on the number of ranks, and on CPU
     they are exactly ``torch.rand_like`` of the full tensor.
     """
+    if not is_dtensor(t):
+        return torch.rand_like(t, memory_format=torch.contiguous_format)
+    return _sharded_rand_like(t)  # type: ignore[arg-type]
+
+
+def _sharded_rand_like(t: DTensor) -> DTensor:
     sources = getattr(t, "_prunereg_draw_sources", None)
     if sources is None:
         local = _box_draws(t, t.dtype)
@@ -251,17 +299,21 @@ def _reject_strided(t: DTensor) -> None:
 # --- channels (structured pruning) --------------------------------------------
 
 
-def channel_norms(t: DTensor, n: int | float | str, dim: int) -> torch.Tensor:
-    """The ``n``-norm of every slice of ``t`` along ``dim``, the same full vector on every rank.
+def channel_norms(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tensor:
+    """The ``n``-norm of every slice of ``t`` along ``dim``; for a DTensor, the same full vector on every rank.
 
     Each rank reduces its shard to partial statistics per channel (sum of
     ``|x|^p``, count of non-zeros, max or min of ``|x|``); these are combined
     across the ranks that split a channel, and gathered along ``dim``.
     """
-    from prunereg._amount import compute_norm
+    if not is_dtensor(t):
+        return _amount.compute_norm(t, n, dim)
+    return _sharded_channel_norms(t, n, dim)  # type: ignore[arg-type]
 
+
+def _sharded_channel_norms(t: DTensor, n: int | float | str, dim: int) -> torch.Tensor:
     # torch's own checks of n and dim, on a tensor without data.
-    compute_norm(torch.empty(t.shape, dtype=t.dtype, device="meta"), n, dim)
+    _amount.compute_norm(torch.empty(t.shape, dtype=t.dtype, device="meta"), n, dim)
     dim = dim % t.dim()
     if n == "fro":
         n = 2
@@ -353,8 +405,17 @@ class ChannelSpan:
         return cls(mesh_dim, [int(s) for s in sizes], t.device_mesh.get_local_rank(mesh_dim))
 
 
-def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor) -> DTensor:
-    """The mask of ``t`` keeping the channels ``keep`` (indices or flags, the same on every rank)."""
+def channel_mask(t: torch.Tensor, keep: torch.Tensor, dim: int, default_mask: torch.Tensor) -> torch.Tensor:
+    """``default_mask`` times the mask of ``t`` keeping the channels ``keep`` along ``dim``, in ``t``'s dtype.
+
+    ``keep`` holds indices or flags, the same on every rank.
+    """
+    if not is_dtensor(t):
+        return _channels.channel_mask(t, keep, dim, default_mask)
+    return _sharded_channel_mask(t, keep, dim, default_mask)  # type: ignore[arg-type]
+
+
+def _sharded_channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor) -> DTensor:
     flags = torch.zeros(t.shape[dim], dtype=torch.bool, device=keep.device)
     flags[keep] = True
     span = ChannelSpan.of(t, dim)
@@ -370,13 +431,19 @@ def channel_mask(t: DTensor, keep: torch.Tensor, dim: int, default_mask: DTensor
 # --- what earlier pruning left (PruningContainer) --------------------------------
 
 
-def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTensor:
-    """:func:`prunereg._container.combine_masks` for DTensors, shard by shard.
+def combine_masks(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """:func:`prunereg._remaining.combine_masks` of a plain tensor or a DTensor.
 
-    The entries (or channels) still kept are compacted on each rank into a
-    DTensor of their own; ``method`` computes its mask on it, and the result is
-    written back in place of those entries.
+    For a DTensor, the entries (or channels) still kept are compacted on each
+    rank into a DTensor of their own; ``method`` computes its mask on it, and
+    the result is written back in place of those entries.
     """
+    if not is_dtensor(t):
+        return _remaining.combine_masks(method, t, mask)
+    return _sharded_combine_masks(method, t, mask)  # type: ignore[arg-type]
+
+
+def _sharded_combine_masks(method: MaskMethod, t: DTensor, mask: torch.Tensor) -> DTensor:
     kind = method.PRUNING_TYPE
     mask = to_layout_of(mask, t)
     if kind == "global":
@@ -391,7 +458,7 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
         )
         new_local[remaining] = partial.to_local().to(dtype=t.dtype)
     elif kind == "structured":
-        dim = _structured_dim(method, t)
+        dim = _remaining.structured_dim(method, t.dim())
         used = gather_channels(t, dim, (local_mask != 0).sum(dim=[d for d in range(t.dim()) if d != dim]), "sum")
         span = ChannelSpan.of(t, dim)
         index = used[span.offset : span.offset + span.count].nonzero().reshape(-1).to(local_t.device)
@@ -407,26 +474,42 @@ def combine_masks(method: BasePruningMethod, t: DTensor, mask: DTensor) -> DTens
     return _wrap(new_local, t)
 
 
-def global_shares(method: BasePruningMethod, entries: Sequence[_Entry]) -> list[DTensor]:
-    """Global pruning of DTensors: each tensor's share of ``method``'s mask over all of them.
+class Entry(NamedTuple):
+    """One tensor of a global pruning: the tensor, the scores ranking its entries, its current mask (None: unpruned)."""
 
-    As in one process (:func:`prunereg._global._concatenated`), ``method`` sees
-    the entries that earlier pruning left in all tensors as one vector; each
-    rank holds the part of that vector from its own shards. ``entries`` are
-    global pruning's (tensor, scores, old mask); plain scores and masks are cut
-    into the tensors' shards.
+    tensor: torch.Tensor
+    scores: torch.Tensor
+    old_mask: torch.Tensor | None
+
+
+_Method = TypeVar("_Method", bound="MaskMethod")
+
+
+def global_shares(
+    method: _Method,
+    entries: list[Entry],
+    *,
+    plain: Callable[[_Method, list[Entry]], list[torch.Tensor]],
+    concatenated: Callable[[_Method, list[Entry], SpreadVector], list[torch.Tensor]],
+) -> list[torch.Tensor]:
+    """Each tensor's share of ``method``'s mask over all ``entries`` pruned together, as one vector.
+
+    Plain tensors are left to ``plain(method, entries)``. For DTensors, as in one
+    process, ``method`` sees the entries that earlier pruning left in all tensors
+    as one vector: ``concatenated(method, local_entries, spread)`` builds it from
+    this rank's shards, as a vector spread over the ranks (a
+    :class:`SpreadVector`); plain scores and masks are cut into the tensors' shards first.
     """
-    from prunereg import _global
-
-    tensors = [entry.tensor for entry in entries]
+    if not is_dtensor(entries[0].tensor):
+        return plain(method, entries)
+    tensors: list[DTensor] = [entry.tensor for entry in entries]  # type: ignore[misc]  # all DTensors, checked next
     _check_same_sharding(tensors)
     scores = [to_layout_of(entry.scores, t) for entry, t in zip(entries, tensors)]
     local_entries = [
-        _global._Entry(t.to_local(), s.to_local(), None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local())
+        Entry(t.to_local(), s.to_local(), None if entry.old_mask is None else to_layout_of(entry.old_mask, t).to_local())
         for entry, t, s in zip(entries, tensors, scores)
     ]
-    spread = SpreadVector(tensors[0], scores)
-    shares = _global._concatenated(method, local_entries, spread=spread)
+    shares = concatenated(method, local_entries, SpreadVector(tensors[0], scores))
     return [_wrap(share, t) for share, t in zip(shares, tensors)]
 
 
@@ -458,17 +541,6 @@ class SpreadVector:
         if keeps is not None:
             vector._prunereg_draw_sources = list(zip(self.sources, keeps))
         return vector
-
-
-def _structured_dim(method: BasePruningMethod, t: DTensor) -> int:
-    if not hasattr(method, "dim"):
-        raise AttributeError(
-            'Pruning methods of PRUNING_TYPE "structured" need to have the attribute `dim` defined.'
-        )
-    dim = method.dim if method.dim >= 0 else t.dim() + method.dim
-    if not 0 <= dim < t.dim():
-        raise IndexError(f"Index is out of bounds for tensor with dimensions {t.dim()}")
-    return dim
 
 
 def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) -> DTensor:

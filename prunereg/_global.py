@@ -1,9 +1,10 @@
 """Global pruning: one threshold over many tensors, as if they were one.
 
 torch concatenates every weight, mask and score (about 12x the weights' bytes at
-peak) and leaves a concatenated mask alive. Here the built-in L1 and random
-methods stream: the threshold search of :mod:`prunereg._select` runs over the
-parameters block by block, so besides the new masks only one block's
+peak) and leaves a concatenated mask alive. Here the methods that declare how
+they rank entries (``RANKED_BY``: the built-in L1 and random methods, and any
+third-party method that does the same) stream: the threshold search of
+:mod:`prunereg._radix` runs over the parameters block by block, so besides the new masks only one block's
 temporaries are alive at a time, and each parameter keeps only its own mask.
 Random draws are those of torch (``rand`` of the remaining entries, in the
 promoted dtype, on the first tensor's device): on CPU a run of draws block by
@@ -20,11 +21,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from prunereg import _compact, _distributed, _reparam, _select
+from prunereg import _compact, _distributed, _radix, _reparam, _select
 from prunereg._amount import nparams_to_prune, validate_amount
-from prunereg._method import BasePruningMethod
-from prunereg_builtins.custom import CustomFromMask
-from prunereg_builtins.unstructured import L1Unstructured, RandomUnstructured
+from prunereg._custom import CustomFromMask
+from prunereg._distributed import Entry, SpreadVector
+from prunereg._method import BasePruningMethod, install_mask
 
 if TYPE_CHECKING:
     from torch import nn
@@ -81,7 +82,7 @@ def global_unstructured(
                 # Listed twice: like torch, keep the zeros of both shares.
                 share = getattr(module, name + "_mask") * share
             installed.add((id(module), name))
-            _reparam.install_mask(module, name, CustomFromMask(share), share)
+            install_mask(module, name, CustomFromMask(share), share)
 
 
 def global_masks(
@@ -99,23 +100,12 @@ def global_masks(
     of :func:`global_unstructured`, also used to prune a checkpoint's tensors
     without building a model.
     """
-    entries = [_Entry(t, s, m) for t, s, m in zip(tensors, scores, masks)]
-    if _distributed.is_dtensor(tensors[0]):
-        shares = _distributed.global_shares(method, entries)
-    else:
-        shares = _shares(method, entries)
+    entries = [Entry(t, s, m) for t, s, m in zip(tensors, scores, masks)]
+    shares = _distributed.global_shares(method, entries, plain=_shares, concatenated=_concatenated)
     for entry, share in zip(entries, shares):
         if entry.old_mask is not None:
             _times_old_mask(share, entry.old_mask)
     return shares
-
-
-class _Entry(NamedTuple):
-    """One parameter of the global pruning: the tensor, its scores and its current mask."""
-
-    tensor: torch.Tensor
-    scores: torch.Tensor
-    old_mask: torch.Tensor | None
 
 
 class _Block(NamedTuple):
@@ -128,33 +118,48 @@ class _Block(NamedTuple):
     keys: torch.Tensor
 
 
-def _shares(method: BasePruningMethod, entries: list[_Entry]) -> list[torch.Tensor]:
+def _shares(method: BasePruningMethod, entries: list[Entry]) -> list[torch.Tensor]:
     """Each entry's share of the global mask (torch's ``final_mask`` slices), in its tensor's dtype and on its device."""
     meta = {e.tensor.is_meta for e in entries}
     if len(meta) > 1 or (meta == {False} and any(e.scores.is_meta for e in entries)):
         raise TypeError("global_unstructured(): cannot prune meta tensors together with tensors that hold data")
     if meta == {True}:  # shapes only: scores and masks of any device go to meta too
         return _concatenated(method, entries, meta=True)
-    kind = _STREAMED.get(type(method))
+    kind = _ranking(method)
     if kind is None:
         return _concatenated(method, entries)
     remaining = sum(_remaining_count(e) for e in entries)
-    device = entries[0].scores.device
-    if remaining <= _select.TOPK_CUTOFF.get(device.type, _select._DEFAULT_CUTOFF):
+    dtype = _radix.promoted_dtype([e.scores for e in entries])
+    if _select.uses_topk(remaining, entries[0].scores.device, dtype):
         return _concatenated(method, entries)
     return _streamed(kind, method, entries, remaining)
 
 
-def _streamed(kind: str, method: BasePruningMethod, entries: list[_Entry], remaining: int) -> list[torch.Tensor]:
-    amount = method.amount  # type: ignore[attr-defined]
+_RANKINGS = ("magnitude", "random")
+
+
+def _ranking(method: BasePruningMethod) -> str | None:
+    """How ``method`` declares it ranks entries (``RANKED_BY``), checked; None: it does not say."""
+    kind = method.RANKED_BY
+    if kind is None:
+        return None
+    if kind not in _RANKINGS:
+        raise ValueError(f"{type(method).__name__}.RANKED_BY must be one of {_RANKINGS} or None, not {kind!r}")
+    if not hasattr(method, "amount"):
+        raise TypeError(f"{type(method).__name__} sets RANKED_BY, so it needs an `amount` attribute")
+    return kind
+
+
+def _streamed(kind: str, method: BasePruningMethod, entries: list[Entry], remaining: int) -> list[torch.Tensor]:
+    amount = method.amount  # type: ignore[attr-defined]  # checked by _ranking
     k = nparams_to_prune(amount, remaining)
     validate_amount(k, remaining)
-    dtype = _select.promoted_dtype([e.scores for e in entries])
+    dtype = _radix.promoted_dtype([e.scores for e in entries])
     shares = [_fresh_mask(e, filled=k == 0) for e in entries]
     if k == 0:
         return shares
     device = entries[0].scores.device
-    workspace = _select.Workspace()
+    workspace = _radix.Workspace()
     draws = _Draws(dtype, device, remaining, workspace) if kind == "random" else None
 
     clean: dict[tuple[int, int], bool] = {}  # blocks an earlier pass found free of NaN (and negatives)
@@ -173,21 +178,21 @@ def _streamed(kind: str, method: BasePruningMethod, entries: list[_Entry], remai
                 else:
                     values = workspace.converted(scores[start:stop], dtype)
                     values = values if keep is None else values[keep]
-                keys, clean[index, start] = _select._order_keys(
+                keys, clean[index, start] = _radix.flat_order_keys(
                     values.reshape(-1), draws is None, workspace, clean=clean.get((index, start), False)
                 )
                 yield _Block(index, start, stop, keep, keys)
 
-    threshold = _select.find_threshold(
+    threshold = _radix.find_threshold(
         lambda: (block.keys for block in blocks()),
         k,
-        width=_select.key_width(dtype),
+        width=_radix.key_width(dtype),
         largest=draws is not None,
         two_pass=True,
         device=device,
         workspace=workspace,
     )
-    mark = _select.Marker(threshold, workspace)
+    mark = _radix.Marker(threshold, workspace)
     places = []
     for block in blocks():
         selected = mark(block.keys, out=workspace.like("selected", block.keys, torch.bool))
@@ -218,7 +223,7 @@ def _clear_remaining(share: torch.Tensor, remaining: torch.Tensor, selected: tor
 class _Draws:
     """torch's uniform draws for the remaining entries, handed out in order, as often as needed."""
 
-    def __init__(self, dtype: torch.dtype, device: torch.device, total: int, workspace: _select.Workspace) -> None:
+    def __init__(self, dtype: torch.dtype, device: torch.device, total: int, workspace: _radix.Workspace) -> None:
         self.dtype = dtype
         self.device = device
         self.workspace = workspace
@@ -245,10 +250,10 @@ class _Draws:
 
 def _concatenated(
     method: BasePruningMethod,
-    entries: list[_Entry],
+    entries: list[Entry],
+    spread: SpreadVector | None = None,
     *,
     meta: bool = False,
-    spread: _distributed.SpreadVector | None = None,
 ) -> list[torch.Tensor]:
     """torch's way: the remaining scores (all scores on meta) concatenated on the first device.
 
@@ -256,7 +261,7 @@ def _concatenated(
     sees one vector spread over the ranks, each holding the part from its shards.
     """
     device = torch.device("meta") if meta else entries[0].scores.device
-    dtype = _select.promoted_dtype([e.scores for e in entries])
+    dtype = _radix.promoted_dtype([e.scores for e in entries])
     keeps = [
         None if meta or e.old_mask is None else (e.old_mask.reshape(-1) == 1).to(device) for e in entries
     ]
@@ -266,7 +271,7 @@ def _concatenated(
             for s, keep in zip((e.scores.reshape(-1).to(device, dtype) for e in entries), keeps)
         ]
     )
-    mask_dtype = _select.promoted_dtype([e.old_mask if e.old_mask is not None else e.tensor for e in entries])
+    mask_dtype = _radix.promoted_dtype([e.old_mask if e.old_mask is not None else e.tensor for e in entries])
     default = torch.ones_like(relevant, dtype=mask_dtype)
     if spread is None:
         partial = method.compute_mask(relevant, default_mask=default)
@@ -297,7 +302,7 @@ def _times_old_mask(share: torch.Tensor, old_mask: torch.Tensor) -> None:
         share.mul_(old_mask.to(share.dtype))
 
 
-def _fresh_mask(entry: _Entry, *, filled: bool) -> torch.Tensor:
+def _fresh_mask(entry: Entry, *, filled: bool) -> torch.Tensor:
     """A contiguous mask for ``entry``: its current mask, or ones (uninitialized unless ``filled``)."""
     tensor = entry.tensor
     dtype = _compact.mask_dtype(tensor.dtype, entry.old_mask)
@@ -308,7 +313,7 @@ def _fresh_mask(entry: _Entry, *, filled: bool) -> torch.Tensor:
     return torch.empty(tensor.shape, dtype=dtype, device=tensor.device)
 
 
-def _remaining_count(entry: _Entry) -> int:
+def _remaining_count(entry: Entry) -> int:
     if entry.old_mask is None:
         return entry.scores.numel()
     return int(torch.count_nonzero(entry.old_mask == 1))
@@ -331,5 +336,3 @@ def _scores_for(importance_scores: dict[Parameter, torch.Tensor], pair: Paramete
         )
     return scores.reshape(tensor.shape)
 
-
-_STREAMED = {L1Unstructured: "magnitude", RandomUnstructured: "random"}

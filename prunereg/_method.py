@@ -1,18 +1,26 @@
-"""The pruning-method contract: what every built-in and third-party method implements."""
+"""The pruning-method contract: what every built-in and third-party method implements.
+
+A method computes masks (:meth:`BasePruningMethod.compute_mask`); applied to a
+module it becomes that tensor's forward pre-hook (:class:`prunereg._reparam.PruningHook`).
+Pruning a tensor again stacks the methods in a :class:`PruningContainer`, whose
+newest method acts only on what the earlier ones left.
+"""
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from prunereg import _compact, _distributed, _reparam
 
 if TYPE_CHECKING:
     from torch import nn
 
 
-class BasePruningMethod(ABC):
+class BasePruningMethod(_reparam.PruningHook, ABC):
     """A way of choosing which entries of a tensor to zero out.
 
     Subclasses implement :meth:`compute_mask` and set ``PRUNING_TYPE`` to
@@ -23,30 +31,22 @@ class BasePruningMethod(ABC):
     except with autograd off when neither changed since the last time (then
     ``<name>`` already holds that product, and a no_grad forward costs what the
     unpruned model's does).
+
+    An ``"unstructured"`` method with an ``amount`` may set ``RANKED_BY`` to say
+    that its mask prunes the ``amount`` entries that prunereg's selection ranks
+    first: ``"magnitude"``, those of smallest absolute score (as
+    ``l1_unstructured``), or ``"random"``, those with the largest of
+    ``torch.rand`` draws (as ``random_unstructured``). :func:`prunereg.global_unstructured`
+    then prunes many tensors with it by a streamed threshold search, without
+    concatenating them.
     """
 
     PRUNING_TYPE: ClassVar[str]
-    _tensor_name: str
-
-    def __call__(self, module: nn.Module, inputs: Any) -> None:
-        # With autograd on, the product must be recomputed: it links <name> to
-        # <name>_orig in this forward's graph.
-        if torch.is_grad_enabled() or not _reparam.pruned_tensor_is_current(self, module):
-            _reparam.set_pruned_tensor(self, module)
+    RANKED_BY: ClassVar[str | None] = None
 
     @abstractmethod
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
         """Return the mask for ``t``: ``default_mask`` with more entries set to zero."""
-
-    def apply_mask(self, module: nn.Module) -> torch.Tensor:
-        """The pruned tensor, ``<name>_orig * <name>_mask``, in the original's dtype."""
-        if self._tensor_name is None:
-            raise AssertionError(f"Module {module} has to be pruned")
-        mask = getattr(module, self._tensor_name + "_mask")
-        orig = getattr(module, self._tensor_name + "_orig")
-        if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
-            return orig * mask
-        return mask.to(dtype=orig.dtype) * orig
 
     @classmethod
     def apply(
@@ -61,7 +61,14 @@ class BasePruningMethod(ABC):
 
         Nothing changes on the module unless every step succeeds.
         """
-        return _reparam.prune_tensor(cls, module, name, args, kwargs, importance_scores)
+        if len(_reparam.pruning_hooks(module, name)) > 1:
+            raise AssertionError(
+                f"Avoid adding multiple pruning hooks to the same tensor {name} of "
+                f"module {module}. Use a PruningContainer."
+            )
+        method = cls(*args, **kwargs)
+        method._tensor_name = name
+        return _prune(module, name, method, importance_scores)
 
     def prune(
         self,
@@ -74,28 +81,102 @@ class BasePruningMethod(ABC):
         default_mask = default_mask if default_mask is not None else torch.ones_like(t)
         return t * self.compute_mask(importance_scores, default_mask=default_mask)
 
-    def remove(self, module: nn.Module) -> None:
-        """Make the pruning permanent: ``<name>`` becomes a plain parameter holding the pruned values."""
-        if self._tensor_name is None:
-            raise AssertionError(
-                f"Module {module} has to be pruned before pruning can be removed"
+
+class PruningContainer(BasePruningMethod):
+    """The history of pruning methods applied to one tensor, newest last.
+
+    Its mask is the newest method's mask computed on what the earlier ones left:
+    ``"unstructured"`` methods see the entries still equal to 1, ``"structured"``
+    ones the channels along their ``dim`` that are not all zero, ``"global"``
+    ones the whole tensor.
+    """
+
+    def __init__(self, *args: BasePruningMethod) -> None:
+        self._pruning_methods: tuple[BasePruningMethod, ...] = ()
+        if args:
+            # torch leaves the name unset for several methods and then fails (AttributeError).
+            self._tensor_name = args[0]._tensor_name
+        for method in args:
+            self.add_pruning_method(method)
+
+    def add_pruning_method(self, method: BasePruningMethod | None) -> None:
+        """Append ``method``, which must act on the same tensor as the others."""
+        if not isinstance(method, BasePruningMethod) and method is not None:
+            raise TypeError(f"{type(method)} is not a BasePruningMethod subclass")
+        if method is not None and self._tensor_name != method._tensor_name:
+            raise ValueError(
+                "Can only add pruning methods acting on the parameter named "
+                f"'{self._tensor_name}' to PruningContainer {self}. "
+                f"Found '{method._tensor_name}'"
             )
-        _reparam.make_permanent(self, module)
+        self._pruning_methods += (method,)  # type: ignore[operator]
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_refs", None)
-        state.pop("_stamp", None)
-        return state
+    def __len__(self) -> int:
+        return len(self._pruning_methods)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> BasePruningMethod:
-        # torch's methods make deepcopy of a pruned module fail (pytorch#37322).
-        copied = type(self).__new__(type(self))
-        memo[id(self)] = copied
-        copied.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
-        _reparam.memoize_pruned_tensor(self, copied, memo)
-        return copied
+    def __iter__(self) -> Iterator[BasePruningMethod]:
+        return iter(self._pruning_methods)
+
+    def __getitem__(self, idx: int) -> BasePruningMethod:
+        return self._pruning_methods[idx]
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        """The newest method's mask, computed on what ``default_mask`` has left."""
+        return _distributed.combine_masks(self._pruning_methods[-1], t, default_mask)
 
 
-# At the end: the reparametrization engine needs the class defined above.
-from prunereg import _reparam  # noqa: E402
+def install_mask(module: nn.Module, name: str, method: BasePruningMethod, mask: torch.Tensor) -> None:
+    """Prune ``module.<name>`` with ``method`` whose final mask is already known.
+
+    Global pruning computes every tensor's combined mask at once; this registers
+    that mask as is, without computing it a second time or copying it.
+    """
+    method._tensor_name = name
+    _prune(module, name, method, None, mask=mask)
+
+
+def _prune(
+    module: nn.Module,
+    name: str,
+    method: BasePruningMethod,
+    importance_scores: torch.Tensor | None,
+    mask: torch.Tensor | None = None,
+) -> BasePruningMethod:
+    """Prune ``module.<name>`` with ``method`` (and ``mask``, when already known), on top of any earlier pruning."""
+    _reparam.check_prunable(module, name)
+    hooks = _reparam.pruning_hooks(module, name)
+    orig = getattr(module, name)
+    importance_scores = _reparam.scores_for(orig, importance_scores, f"parameter {name} of {module}")
+    if not hooks:
+        if mask is None:
+            mask = _checked(method.compute_mask(importance_scores, default_mask=torch.ones_like(orig)), orig, name)
+        _reparam.install(module, name, method, _compact.stored(mask, orig.dtype, None))
+        return method
+
+    old = hooks[0][1]
+    container = old if isinstance(old, PruningContainer) else PruningContainer(old)  # type: ignore[arg-type]  # prunereg installs methods only
+    old_mask = module._buffers[name + "_mask"]
+    if mask is None:
+        default_mask = old_mask.detach()
+        if default_mask.dtype == torch.bool:  # compact storage: methods see the usual dtype
+            default_mask = default_mask.to(orig.dtype)
+        mask = _distributed.combine_masks(method, importance_scores, default_mask)
+    mask = _compact.stored(mask, orig.dtype, old_mask)
+    with _reparam.all_or_nothing([(module, name)]):
+        container.add_pruning_method(method)
+        _reparam.install(module, name, container, mask)
+    return container
+
+
+def _checked(mask: torch.Tensor, orig: torch.Tensor, name: str) -> torch.Tensor:
+    """``mask`` if it fits ``orig``: the same shape (a mask that only broadcasts would reshape the tensor) and device.
+
+    RuntimeError, as torch raises when such a mask meets the tensor in ``orig * mask``.
+    """
+    if mask.shape != orig.shape:
+        raise RuntimeError(
+            f"compute_mask returned a mask of shape {list(mask.shape)} for {name!r} of shape {list(orig.shape)}"
+        )
+    if mask.device != orig.device:
+        raise RuntimeError(f"compute_mask returned a mask on {mask.device} for {name!r} on {orig.device}")
+    return mask

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from prunereg import _checkpoint, _reparam
+from prunereg._custom import CustomFromMask
 from prunereg._global import global_masks
 from prunereg._method import BasePruningMethod
+from prunereg._plugins import registry
 from prunereg._registry import constructor_parameters
-from prunereg_builtins.custom import CustomFromMask
 
 MethodFactory = Callable[[], BasePruningMethod]
 
@@ -55,9 +56,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     constructor's signature, the values (the method's own validation), and
     that a method pruning tensors ``together`` is ``"unstructured"`` (torch's rule).
     """
-    import prunereg
-
-    cls = prunereg.get(name)
+    cls = registry().resolve(name)
     if together and cls.PRUNING_TYPE != "unstructured":
         raise OfflinePruningError(
             f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}"

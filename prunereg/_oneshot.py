@@ -286,13 +286,13 @@ def _build_method(
         return method, type(method).__name__
     if not isinstance(method, str):
         raise TypeError(f"method must be a registered name or a CalibratedMethod instance, not {type(method).__name__}")
-    import prunereg
+    from prunereg._plugins import registry
 
-    cls = prunereg.get(method)
+    cls = registry().resolve(method)
     if not (isinstance(cls, type) and issubclass(cls, CalibratedMethod)):
         raise TypeError(
             f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; oneshot needs a calibrated one "
-            f"({', '.join(prunereg.list_methods('calibrated')) or 'none installed'})"
+            f"({', '.join(registry().names('calibrated')) or 'none installed'})"
         )
     if sparsity is None:
         sparsity = 0.5
@@ -377,9 +377,9 @@ def _write_back(layer: nn.Module, result: PrunedWeight, *, permanent: bool) -> N
     with torch.no_grad():
         layer.weight.copy_(weight)
     if not permanent:
-        from prunereg.prune import custom_from_mask
+        from prunereg._custom import CustomFromMask
 
-        custom_from_mask(layer, "weight", mask.to(layer.weight.dtype))
+        CustomFromMask.apply(layer, "weight", mask)
 
 
 @contextlib.contextmanager

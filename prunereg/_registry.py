@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -291,18 +292,14 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
 
 
 def _check_method_class(cls: object, info: MethodInfo) -> None:
-    base: type
-    if info.kind == "calibrated":  # the methods of prunereg.oneshot keep their own contract
-        from prunereg._calibrated import CalibratedMethod
-
-        base = CalibratedMethod
-    else:
-        from prunereg._method import BasePruningMethod
-
-        base = BasePruningMethod
-
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise TypeError(f"{info.target!r} is not a {base.__name__} subclass")
+    # Without importing the contracts (the registry sits below them): a class can
+    # subclass BasePruningMethod, or CalibratedMethod, only once its module is loaded.
+    contract, base_name = "prunereg._method", "BasePruningMethod"
+    if info.kind == "calibrated":
+        contract, base_name = "prunereg._calibrated", "CalibratedMethod"
+    base = getattr(sys.modules.get(contract), base_name, None)
+    if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{info.target!r} is not a {base_name} subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
             f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "

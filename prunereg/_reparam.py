@@ -5,10 +5,16 @@ Pruning ``module.<name>`` moves the Parameter object itself to ``<name>_orig``
 sets ``module.<name> = orig * mask`` now and before every forward. Every change
 to a module here is all-or-nothing: on any error the module is left exactly as
 it was, hooks, parameters and buffers included.
+
+:class:`PruningHook` owns the tensor name: it is the forward pre-hook, and every
+pruning method (:class:`prunereg.BasePruningMethod`) is one. Which mask to
+install is the methods' business (:mod:`prunereg._method`); this module only
+installs it, keeps ``module.<name>`` current and takes it away again.
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,97 +22,103 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prunereg import _compact, _container, _distributed, _method
+from prunereg import _distributed
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from prunereg._method import BasePruningMethod
+
+class PruningHook:
+    """The forward pre-hook that keeps ``module.<name>`` equal to ``<name>_orig * <name>_mask``.
+
+    Before every forward it recomputes the product, except with autograd off
+    when neither tensor changed since the last time (then ``<name>`` already
+    holds that product, and a no_grad forward costs what the unpruned model's does).
+    """
+
+    _tensor_name: str
+    _param_order: tuple[str, ...] | None  # the module's parameter order before the first pruning
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        # With autograd on, the product must be recomputed: it links <name> to
+        # <name>_orig in this forward's graph.
+        if torch.is_grad_enabled() or not pruned_tensor_is_current(self, module):
+            set_pruned_tensor(self, module)
+
+    def apply_mask(self, module: nn.Module) -> torch.Tensor:
+        """The pruned tensor, ``<name>_orig * <name>_mask``, in the original's dtype."""
+        if self._tensor_name is None:
+            raise AssertionError(f"Module {module} has to be pruned")
+        mask = getattr(module, self._tensor_name + "_mask")
+        orig = getattr(module, self._tensor_name + "_orig")
+        if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
+            return orig * mask
+        return mask.to(dtype=orig.dtype) * orig
+
+    def remove(self, module: nn.Module) -> None:
+        """Make the pruning permanent: ``<name>`` becomes a plain parameter holding the pruned values."""
+        if self._tensor_name is None:
+            raise AssertionError(
+                f"Module {module} has to be pruned before pruning can be removed"
+            )
+        make_permanent(self, module)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_refs", None)
+        state.pop("_stamp", None)
+        return state
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PruningHook:
+        # torch's methods make deepcopy of a pruned module fail (pytorch#37322).
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+        memoize_pruned_tensor(self, copied, memo)
+        return copied
 
 
-def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, BasePruningMethod]]:
-    """The (handle id, method) pairs of the pruning hooks acting on ``module.<name>``."""
+def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
+    """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``."""
     return [
         (key, hook)
         for key, hook in module._forward_pre_hooks.items()
-        if isinstance(hook, _method.BasePruningMethod) and hook._tensor_name == name
+        if isinstance(hook, PruningHook) and hook._tensor_name == name
     ]
 
 
-def prune_tensor(
-    cls: type[BasePruningMethod],
-    module: nn.Module,
-    name: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    importance_scores: torch.Tensor | None,
-) -> BasePruningMethod:
-    """Prune ``module.<name>`` with ``cls(*args, **kwargs)``; the engine behind ``apply``."""
-    hooks = pruning_hooks(module, name)
-    if len(hooks) > 1:
-        raise AssertionError(
-            f"Avoid adding multiple pruning hooks to the same tensor {name} of "
-            f"module {module}. Use a PruningContainer."
-        )
-    method = cls(*args, **kwargs)
-    method._tensor_name = name
-    return _install(module, name, method, hooks[0][1] if hooks else None, importance_scores)
-
-
-def install_mask(module: nn.Module, name: str, method: BasePruningMethod, mask: torch.Tensor) -> None:
-    """Prune ``module.<name>`` with ``method`` whose final mask is already known.
-
-    Global pruning computes every tensor's combined mask at once; this registers
-    that mask as is, without computing it a second time or copying it.
-    """
-    hooks = pruning_hooks(module, name)
-    method._tensor_name = name
-    _install(module, name, method, hooks[0][1] if hooks else None, None, mask=mask)
-
-
-def _install(
-    module: nn.Module,
-    name: str,
-    method: BasePruningMethod,
-    old: BasePruningMethod | None,
-    importance_scores: torch.Tensor | None,
-    mask: torch.Tensor | None = None,
-) -> BasePruningMethod:
+def check_prunable(module: nn.Module, name: str) -> None:
+    """Refuse to prune ``module.<name>`` for the first time unless it is a Parameter (torch's error)."""
     orig = getattr(module, name)
-    importance_scores = scores_for(orig, importance_scores, f"parameter {name} of {module}")
+    if not pruning_hooks(module, name) and not isinstance(orig, torch.nn.Parameter):
+        raise TypeError(
+            f"cannot assign '{torch.typename(orig)}' object to parameter "
+            f"'{name}_orig' (torch.nn.Parameter or None required)"
+        )
 
-    if old is None:
-        if not isinstance(orig, torch.nn.Parameter):
-            raise TypeError(
-                f"cannot assign '{torch.typename(orig)}' object to parameter "
-                f"'{name}_orig' (torch.nn.Parameter or None required)"
-            )
-        hook = method
-        if mask is None:
-            mask = method.compute_mask(importance_scores, default_mask=torch.ones_like(orig))
-    else:
-        hook = old if isinstance(old, _container.PruningContainer) else _container.PruningContainer(old)
-        if mask is None:
-            default_mask = getattr(module, name + "_mask").detach()
-            if default_mask.dtype == torch.bool:  # compact storage: methods see the usual dtype
-                default_mask = default_mask.to(orig.dtype)
-            mask = _container.combine_masks(method, importance_scores, default_mask)
-    mask = _compact.stored(mask, orig.dtype, module._buffers.get(name + "_mask") if old is not None else None)
 
+def install(module: nn.Module, name: str, hook: PruningHook, mask: torch.Tensor) -> None:
+    """Make ``hook`` the one pruning hook of ``module.<name>``, with ``mask`` as ``<name>_mask``.
+
+    The first pruning moves the parameter to ``<name>_orig``; a later one
+    replaces the earlier hook (``hook`` then holds its history). Call
+    :func:`check_prunable` first.
+    """
+    first = not pruning_hooks(module, name)
     with all_or_nothing([(module, name)]):
-        if old is None:
+        if first:
+            orig = module._parameters[name]
             hook._param_order = _parameter_order(module, name)
             module.register_parameter(name + "_orig", orig)
             del module._parameters[name]
         else:
-            hook._param_order = getattr(old, "_param_order", None)
-            hook.add_pruning_method(method)
-            for key, _ in pruning_hooks(module, name):
+            for key, old in pruning_hooks(module, name):
+                if old is not hook:
+                    hook._param_order = getattr(old, "_param_order", None)
                 del module._forward_pre_hooks[key]
         module.register_buffer(name + "_mask", mask)
         set_pruned_tensor(hook, module)
         module.register_forward_pre_hook(hook)
-    return hook
 
 
 def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -176,12 +188,12 @@ def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
     """
     for hook in module._forward_pre_hooks.values():
         order = getattr(hook, "_param_order", None)
-        if isinstance(hook, _method.BasePruningMethod) and order is not None and name in order:
+        if isinstance(hook, PruningHook) and order is not None and name in order:
             return order
     return tuple(module._parameters)
 
 
-def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
+def set_pruned_tensor(method: PruningHook, module: nn.Module) -> None:
     """Set ``module.<name>`` to the pruned tensor, remembering what it was made of."""
     name = method._tensor_name
     if name in module._parameters:
@@ -194,7 +206,7 @@ def set_pruned_tensor(method: BasePruningMethod, module: nn.Module) -> None:
     method._stamp = _stamp(orig, mask, pruned)
 
 
-def pruned_tensor_is_current(method: BasePruningMethod, module: nn.Module) -> bool:
+def pruned_tensor_is_current(method: PruningHook, module: nn.Module) -> bool:
     """Whether ``module.<name>`` still is ``orig * mask`` as :func:`set_pruned_tensor` left it.
 
     True only if none of the three tensors was replaced, changed in place
@@ -226,7 +238,7 @@ def _stamp(orig: torch.Tensor, mask: torch.Tensor, pruned: torch.Tensor) -> tupl
     )
 
 
-def make_permanent(method: BasePruningMethod, module: nn.Module) -> None:
+def make_permanent(method: PruningHook, module: nn.Module) -> None:
     """Write the pruned values into the original Parameter and drop the reparametrization.
 
     Unlike torch, the parameter returns to its place in ``named_parameters()``
@@ -237,12 +249,7 @@ def make_permanent(method: BasePruningMethod, module: nn.Module) -> None:
     if hasattr(module, name):
         delattr(module, name)
     orig = module._parameters[name + "_orig"]
-    if _distributed.is_dtensor(orig):
-        _distributed.write_in_place(orig, weight)
-    else:
-        if weight.stride() != orig.stride():
-            weight = torch.empty_like(orig).copy_(weight)
-        orig.data = weight
+    _distributed.assign_values(orig, weight)
     del module._parameters[name + "_orig"]
     del module._buffers[name + "_mask"]
     setattr(module, name, orig)
@@ -260,7 +267,7 @@ def _restore_place(mapping: dict[str, Any], key: str, order: tuple[str, ...] | N
     _refill(mapping, dict(items))
 
 
-def memoize_pruned_tensor(method: BasePruningMethod, copied: BasePruningMethod, memo: dict[int, Any]) -> None:
+def memoize_pruned_tensor(method: PruningHook, copied: PruningHook, memo: dict[int, Any]) -> None:
     """Teach ``copy.deepcopy`` how to copy the non-leaf tensor ``module.<name>``.
 
     deepcopy copies a module's parameters and buffers before its hooks, so the
@@ -298,7 +305,7 @@ def remove(module: nn.Module, name: str) -> nn.Module:
 def is_pruned(module: nn.Module) -> bool:
     """Whether ``module`` or any of its submodules carries a pruning hook."""
     return any(
-        isinstance(hook, _method.BasePruningMethod)
+        isinstance(hook, PruningHook)
         for submodule in module.modules()
         for hook in submodule._forward_pre_hooks.values()
     )

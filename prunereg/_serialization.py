@@ -28,7 +28,7 @@ def safe_globals(*classes: type) -> Iterator[None]:
 
 
 def _method_classes() -> list[type]:
-    from prunereg._container import PruningContainer
+    from prunereg._method import PruningContainer
     from prunereg._plugins import registry
 
     found: list[type] = [PruningContainer]

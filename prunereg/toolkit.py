@@ -1,9 +1,13 @@
 """Building blocks for pruning-method authors, with a stable API.
 
-Plugins import these instead of prunereg's private modules: torch's rules for
-``amount``, prunereg's sort-free selection (exactly ``k`` entries, NaN first,
-deterministic ties) and the all-or-nothing guard that keeps a module intact
-when pruning several tensors fails half-way.
+Plugins import these (and :mod:`prunereg`) instead of prunereg's private
+modules: torch's rules for ``amount`` and ``dim``, prunereg's sort-free
+selection (exactly ``k`` entries, NaN first, deterministic ties), random draws,
+channel norms and masks, the layout of one tensor for another, the all-or-nothing
+guard that keeps a module intact when pruning several tensors fails half-way,
+and the method that applies a given mask. Every function takes plain tensors
+and DTensors alike (sharded models are pruned shard by shard), so a method
+written with them never asks which one it holds.
 """
 
 from __future__ import annotations
@@ -11,18 +15,30 @@ from __future__ import annotations
 import numbers
 
 from prunereg._amount import nparams_to_prune, validate_amount, validate_amount_init
+from prunereg._amount import validate_dim as check_dim
+from prunereg._amount import validate_structured as check_structured
+from prunereg._custom import CustomFromMask
+from prunereg._distributed import channel_mask, channel_norms, prune_lowest, rand_like, select_k, to_layout_of
 from prunereg._reparam import all_or_nothing
 from prunereg._select import clear_selected as prune_where
-from prunereg._select import keep_highest_per_row, prune_lowest, select_k
+from prunereg._select import keep_highest_per_row, top_indices
 
 __all__ = [
+    "CustomFromMask",
     "all_or_nothing",
+    "channel_mask",
+    "channel_norms",
     "check_amount",
+    "check_dim",
+    "check_structured",
     "count_to_prune",
     "keep_highest_per_row",
     "prune_lowest",
     "prune_where",
+    "rand_like",
     "select_k",
+    "to_layout_of",
+    "top_indices",
 ]
 
 
@@ -43,4 +59,3 @@ def count_to_prune(amount: numbers.Real, units: int) -> int:
     count = nparams_to_prune(amount, units)
     validate_amount(count, units)
     return count
-

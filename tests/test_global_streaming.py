@@ -209,3 +209,56 @@ def test_parameters_on_any_device_give_the_cpu_masks(streamed, device):
     prune.global_unstructured(pairs(reference), prune.L1Unstructured, amount=0.5)
     mine.to("cpu")
     assert_same_state(mine, reference)
+
+
+def ranked(ranked_by: str | None) -> type:
+    """A third-party unstructured method built on the toolkit, declaring how it ranks entries."""
+    from prunereg import toolkit
+
+    class Ranked(prune.BasePruningMethod):
+        """Prune the entries the toolkit ranks first."""
+
+        PRUNING_TYPE = "unstructured"
+        RANKED_BY = ranked_by
+
+        def __init__(self, amount):
+            toolkit.check_amount(amount)
+            self.amount = amount
+
+        def compute_mask(self, t, default_mask):
+            k = toolkit.count_to_prune(self.amount, t.numel())
+            if ranked_by == "random":
+                return toolkit.prune_lowest(toolkit.rand_like(t), k, default_mask, largest=True)
+            return toolkit.prune_lowest(t, k, default_mask, magnitude=True)
+
+    return Ranked
+
+
+@pytest.mark.parametrize(("ranked_by", "torch_method"), [("magnitude", "L1Unstructured"), ("random", "RandomUnstructured")])
+@pytest.mark.parametrize("amount", [1, 0.5, 100])
+def test_a_registered_third_party_method_declaring_its_ranking_streams(
+    streamed, fresh_registry, monkeypatch, ranked_by, torch_method, amount
+):
+    import prunereg
+
+    prunereg.register(f"ranked_by_{ranked_by}")(ranked(ranked_by))
+    method = prunereg.get(f"ranked_by_{ranked_by}")
+    mine, theirs = model(), model()
+    prune.l1_unstructured(mine[1], "weight", 0.5)
+    torch_prune.l1_unstructured(theirs[1], "weight", 0.5)
+    torch.manual_seed(5)
+    torch_prune.global_unstructured(pairs(theirs), getattr(torch_prune, torch_method), amount=amount)
+    torch.manual_seed(5)
+    with monkeypatch.context() as patch:  # the streamed path concatenates nothing; torch's way would
+        patch.setattr(torch, "cat", lambda *args, **kwargs: pytest.fail("the entries were concatenated"))
+        prune.global_unstructured(pairs(mine), method, amount=amount)
+    assert_same_state(mine, theirs)
+
+
+def test_an_unknown_ranking_is_refused_and_changes_nothing(streamed):
+    net = model()
+    before = copy.deepcopy(net.state_dict())
+    with pytest.raises(ValueError, match="RANKED_BY"):
+        prune.global_unstructured(pairs(net), ranked("alphabetical"), amount=3)
+    assert not prune.is_pruned(net)
+    assert all(torch.equal(net.state_dict()[key], value) for key, value in before.items())

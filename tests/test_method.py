@@ -125,3 +125,38 @@ def test_third_party_method_combines_with_builtins_in_a_container():
     assert [type(m) for m in hook] == [KeepPositive, L1Unstructured]
     # L1 acted only on what KeepPositive left: 2 is now the smallest entry left.
     assert torch.equal(module.weight_mask, torch.tensor([[0.0, 0.0, 1.0, 1.0]]))
+
+
+class ReturnsMask(BasePruningMethod):
+    """A faulty method: its mask is whatever it was given, not one fitted to the tensor."""
+
+    PRUNING_TYPE = "unstructured"
+
+    def __init__(self, mask):
+        self.mask = mask
+
+    def compute_mask(self, t, default_mask):
+        return self.mask
+
+
+def module_state(module: nn.Module) -> tuple:
+    return (
+        dict(module._parameters), dict(module._buffers), dict(module._forward_pre_hooks), dict(module.__dict__),
+    )
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [torch.ones(1, 3), torch.ones(3), torch.ones(2, 3, device="meta")],
+    ids=["broadcasting-row", "broadcasting-vector", "meta-for-cpu"],
+)
+@pytest.mark.parametrize("pruned_before", [False, True], ids=["first", "on-top"])
+def test_apply_refuses_a_mask_of_another_shape_or_device(mask, pruned_before):
+    linear = nn.Linear(3, 2)
+    if pruned_before:
+        L1Unstructured.apply(linear, "weight", amount=2)
+    before = module_state(linear)
+    with pytest.raises(RuntimeError, match="compute_mask returned a mask"):
+        ReturnsMask.apply(linear, "weight", mask=mask)
+    after = module_state(linear)
+    assert all(a.keys() == b.keys() and all(a[k] is b[k] for k in a) for a, b in zip(before, after))

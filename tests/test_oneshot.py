@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import prunereg
+import prunereg.prune as prune
 
 pytest.importorskip("transformers")
 
@@ -162,7 +163,7 @@ def test_bad_arguments_raise_before_anything_changes(kwargs, error, match):
 
 def test_an_already_reparametrized_model_is_refused():
     model = tiny_llama(layers=1)
-    prunereg.prune.l1_unstructured(model.model.layers[0].mlp.up_proj, "weight", amount=0.1)
+    prune.l1_unstructured(model.model.layers[0].mlp.up_proj, "weight", amount=0.1)
     with pytest.raises(ValueError, match="already pruned"):
         prunereg.oneshot(model, NormScore(0.5), calibration=calibration_ids(2, 8))
 

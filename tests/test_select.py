@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import prunereg.prune as prune
-from prunereg import _select
-from prunereg._select import Marker, clear_selected, find_threshold, order_keys, prune_lowest, select_k, top_indices
+from prunereg import _radix, _select
+from prunereg._radix import Marker, find_threshold, order_keys
+from prunereg._select import clear_selected, prune_lowest, select_k, top_indices
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 CUTOFF = _select.TOPK_CUTOFF["cpu"]
@@ -267,7 +268,7 @@ def run_ranks(shards, k, largest, two_pass, block=3):
         threshold = find_threshold(
             lambda: iter(keys.split(block)),
             k,
-            width=_select.key_width(shards[rank].dtype),
+            width=_radix.key_width(shards[rank].dtype),
             largest=largest,
             two_pass=two_pass,
             **collectives,

@@ -7,10 +7,15 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._amount import compute_norm, validate_dim, validate_structured
-from prunereg._distributed import channel_mask, is_dtensor
-from prunereg._select import top_indices
-from prunereg.toolkit import check_amount, count_to_prune
+from prunereg.toolkit import (
+    channel_mask,
+    channel_norms,
+    check_amount,
+    check_dim,
+    check_structured,
+    count_to_prune,
+    top_indices,
+)
 
 
 class _ChannelPruning(BasePruningMethod):
@@ -24,23 +29,14 @@ class _ChannelPruning(BasePruningMethod):
         self.dim = dim
 
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
-        validate_structured(t)
-        validate_dim(t, self.dim)
+        check_structured(t)
+        check_dim(t, self.dim)
         nchannels = t.shape[self.dim]
         k = count_to_prune(self.amount, nchannels)
         keep = self._channels_to_keep(t, nchannels, k)
         if k == 0:
             return default_mask
-        if is_dtensor(t):
-            return channel_mask(t, keep, self.dim, default_mask)
-        # torch's zeros_like(t), ones at the kept channels, times default_mask:
-        # the same products, in one pass over the tensor instead of three.
-        channels = torch.zeros(nchannels, dtype=t.dtype, device=t.device)
-        channels[keep] = 1
-        shape = [1] * t.dim()
-        shape[self.dim] = nchannels
-        mask = torch.empty_like(t)
-        return torch.mul(default_mask.to(dtype=t.dtype), channels.view(shape), out=mask)
+        return channel_mask(t, keep, self.dim, default_mask)
 
     def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
         raise NotImplementedError  # abstract
@@ -70,7 +66,7 @@ class LnStructured(_ChannelPruning):
         self.n = n
 
     def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
-        norm = compute_norm(t, self.n, self.dim)
+        norm = channel_norms(t, self.n, self.dim)
         return top_indices(norm, nchannels - k, largest=True)
 
     @classmethod

@@ -7,8 +7,7 @@ import numbers
 import torch
 
 from prunereg import BasePruningMethod
-from prunereg._distributed import is_dtensor, rand_like
-from prunereg.toolkit import check_amount, count_to_prune, prune_lowest
+from prunereg.toolkit import check_amount, count_to_prune, prune_lowest, rand_like
 
 
 class Identity(BasePruningMethod):
@@ -48,11 +47,10 @@ class _AmountUnstructured(BasePruningMethod):
 class RandomUnstructured(_AmountUnstructured):
     """Prune ``amount`` entries chosen uniformly at random (torch's draws, so the same seed gives torch's mask)."""
 
+    RANKED_BY = "random"
+
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
-        if is_dtensor(t):
-            prob = rand_like(t)
-        else:
-            prob = torch.rand_like(t, memory_format=torch.contiguous_format)
+        prob = rand_like(t)
         return prune_lowest(prob, k, default_mask, largest=True, out=prob)  # the draws' memory becomes the mask
 
     @classmethod
@@ -63,6 +61,8 @@ class RandomUnstructured(_AmountUnstructured):
 
 class L1Unstructured(_AmountUnstructured):
     """Prune the ``amount`` entries of smallest absolute value (NaN first)."""
+
+    RANKED_BY = "magnitude"
 
     def _pruned(self, t: torch.Tensor, k: int, default_mask: torch.Tensor) -> torch.Tensor:
         return prune_lowest(t, k, default_mask, magnitude=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from prunereg._cli import main
+from prunereg._cli.app import main
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from prunereg._cli import main
+from prunereg._cli.app import main
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 

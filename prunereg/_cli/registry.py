@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from prunereg._cli import main
+from prunereg._cli.app import main
 from prunereg._registry import KINDS, constructor_parameters
 
 if TYPE_CHECKING:

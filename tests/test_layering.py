@@ -1,0 +1,49 @@
+"""The layering of docs/architecture.md: import-linter's contracts, no import cycle, plugins on the public API.
+
+grimp (import-linter's graph) reads every import: at the top of a module,
+inside functions and under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+grimp = pytest.importorskip("grimp")
+importlinter_cli = pytest.importorskip("importlinter.cli")
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRIB_SOURCES = sorted(ROOT.glob("contrib/*/src"))
+PUBLIC = {"prunereg", "prunereg.toolkit", "prunereg.testing"}
+
+
+def test_import_linter_contracts_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    assert importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0
+
+
+def test_no_import_cycle_anywhere() -> None:
+    graph = grimp.build_graph("prunereg", "prunereg_builtins", cache_dir=None)
+    cycles = [
+        [importer, *chain]
+        for importer in sorted(graph.modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(importer))
+        if (chain := graph.find_shortest_chain(imported, importer)) is not None
+    ]
+    assert not cycles, f"import cycle: {' -> '.join(cycles[0])}"
+
+
+@pytest.mark.parametrize("source", CONTRIB_SOURCES, ids=lambda path: path.parent.name)
+def test_contrib_plugins_import_only_public_modules(source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(source))
+    packages = [path.name for path in source.iterdir() if (path / "__init__.py").exists()]
+    graph = grimp.build_graph(*packages, "prunereg", cache_dir=None)
+    private = sorted(
+        (importer, imported)
+        for package in packages
+        for importer in graph.find_descendants(package) | {package}
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if imported.split(".")[0] == "prunereg" and imported not in PUBLIC
+    )
+    assert not private, f"{private[0][0]} imports the private module {private[0][1]}"
