@@ -82,7 +82,8 @@ def _default_devices() -> list[str]:
 
 
 def _check_constructor(cls: type[CalibratedMethod], kwargs: dict[str, Any]) -> None:
-    for bad, error in ((1.0, ValueError), (-0.1, ValueError), ("half", TypeError)):
+    wrong: list[tuple[Any, type[Exception]]] = [(1.0, ValueError), (-0.1, ValueError), ("half", TypeError)]
+    for bad, error in wrong:
         try:
             cls(sparsity=bad, **kwargs)
         except error:
@@ -110,18 +111,20 @@ def _group(device: str) -> tuple[list[torch.Tensor], LayerStatistics]:
     return weights, statistics
 
 
-def _prune(method: CalibratedMethod, weights: list[torch.Tensor], statistics: LayerStatistics, sparsities: Sequence[float]) -> list[Any]:
+def _prune(
+    method: CalibratedMethod, weights: list[torch.Tensor], statistics: LayerStatistics, sparsities: Sequence[float]
+) -> list[Any]:
     copies = [w.clone() for w in weights]
     stats_copies = [t.clone() if t is not None else None for t in (statistics.input_sq_norms, statistics.hessian)]
     results = list(method.prune_group(weights, statistics, list(sparsities)))
-    if any(not torch.equal(w, c) for w, c in zip(weights, copies)):
+    if any(not torch.equal(w, c) for w, c in zip(weights, copies, strict=True)):
         raise AssertionError("prune_group changed the weights it was given")
-    for given, kept in zip((statistics.input_sq_norms, statistics.hessian), stats_copies):
+    for given, kept in zip((statistics.input_sq_norms, statistics.hessian), stats_copies, strict=True):
         if given is not None and kept is not None and not torch.equal(given, kept):
             raise AssertionError("prune_group changed the statistics it was given")
     if len(results) != len(weights):
         raise AssertionError(f"prune_group returned {len(results)} results for {len(weights)} weights")
-    for weight, result in zip(weights, results):
+    for weight, result in zip(weights, results, strict=True):
         new, mask = result
         if new.shape != weight.shape or new.dtype != torch.float32 or new.device != weight.device:
             raise AssertionError(f"a new weight must be float32 {tuple(weight.shape)} on {weight.device}, "
@@ -140,12 +143,15 @@ def _check_unstructured(
 ) -> None:
     method = cls(sparsity=0.5, **kwargs)
     results = _prune(method, weights, statistics, _SPARSITIES)
-    for weight, (_, mask), target in zip(weights, results, _SPARSITIES):
+    for weight, (_, mask), target in zip(weights, results, _SPARSITIES, strict=True):
         pruned = 1 - mask.float().mean().item()
         if abs(pruned - target) > 1 / weight.shape[1] + 1e-6:
             raise AssertionError(f"a layer with target sparsity {target} was pruned to {pruned:.3f}")
     again = _prune(method, weights, statistics, _SPARSITIES)
-    if any(not (torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight)) for a, b in zip(results, again)):
+    if any(
+        not (torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight))
+        for a, b in zip(results, again, strict=True)
+    ):
         raise AssertionError("two calls on the same input gave different results")
     untouched = _prune(method, weights, statistics, [0.0] * len(weights))
     if any(not bool(result.mask.all()) for result in untouched):

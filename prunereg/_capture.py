@@ -97,7 +97,9 @@ def batches_of(calibration: Tensor | Iterable[Tensor], batch_size: int, device: 
 def check_token_ids(ids: object) -> Tensor:
     """``ids`` as a 2-D integer tensor ``[batch, seq_len]``, or a clear error."""
     if not isinstance(ids, Tensor):
-        raise TypeError(f"calibration must be a LongTensor of token ids or an iterable of them, not {type(ids).__name__}")
+        raise TypeError(
+            f"calibration must be a LongTensor of token ids or an iterable of them, not {type(ids).__name__}"
+        )
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"calibration token ids must be an integer tensor, not {ids.dtype}")
     if ids.dim() == 1:

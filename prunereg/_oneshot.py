@@ -220,11 +220,15 @@ class OneShotJob:
             pruned = self.method.prune_group(
                 [weight_matrix(layer).detach().float() for layer in layers], statistics, [sparsity] * len(layers)
             )
-            for name, layer, result in zip(names, layers, pruned):
+            if len(pruned) != len(layers):
+                raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(layers)} layers")
+            for name, layer, result in zip(names, layers, pruned, strict=True):
                 _write_back(layer, result, permanent=self.permanent)
-                full_name = f"{self.blocks_path}.{index}.{name}"
+                rows, columns = result.mask.shape
                 reached = 1.0 - result.mask.float().mean().item()
-                report.layers.append(LayerReport(full_name, tuple(result.mask.shape), sparsity, reached))  # type: ignore[arg-type]
+                report.layers.append(
+                    LayerReport(f"{self.blocks_path}.{index}.{name}", (rows, columns), sparsity, reached)
+                )
         timings.pruning += time.perf_counter() - start
         start = time.perf_counter()
         outputs = propagate(block, inputs)
@@ -282,7 +286,9 @@ def _build_method(
         if options:
             raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
         if (sparsity is not None and not _close(sparsity, method.sparsity)) or pattern not in (None, method.pattern):
-            raise ValueError(f"sparsity and pattern come from the instance {method!r}; leave them out or make them match")
+            raise ValueError(
+                f"sparsity and pattern come from the instance {method!r}; leave them out or make them match"
+            )
         return method, type(method).__name__
     if not isinstance(method, str):
         raise TypeError(f"method must be a registered name or a CalibratedMethod instance, not {type(method).__name__}")
@@ -331,7 +337,7 @@ def _select_layers(blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[s
 
 
 def _check_layers(blocks: nn.ModuleList, layer_names: list[list[str]], method: CalibratedMethod) -> None:
-    for block, names in zip(blocks, layer_names):
+    for block, names in zip(blocks, layer_names, strict=True):
         for name in names:
             layer = block.get_submodule(name)
             if not layer.weight.dtype.is_floating_point:
@@ -351,7 +357,8 @@ def _check_not_reparametrized(model: nn.Module) -> None:
 
 
 def _input_device(model: nn.Module) -> torch.device:
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_input_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_input_embeddings() if callable(get_input_embeddings) else None
     if isinstance(embeddings, nn.Module):
         for parameter in embeddings.parameters():
             return parameter.device
@@ -371,11 +378,9 @@ def _owl_sparsities(ratios: list[float], target: float, lam: float) -> list[floa
 
 def _write_back(layer: nn.Module, result: PrunedWeight, *, permanent: bool) -> None:
     """Put the pruned weight into the layer's own Parameter, in its layout and dtype."""
-    weight, mask = result
-    if is_conv1d(layer):
-        weight, mask = weight.T, mask.T
+    mask = result.mask.T if is_conv1d(layer) else result.mask
     with torch.no_grad():
-        layer.weight.copy_(weight)
+        weight_matrix(layer).copy_(result.weight)
     if not permanent:
         from prunereg._custom import CustomFromMask
 

@@ -89,10 +89,8 @@ class GroupRecorder:
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Around one batch's forward through the block."""
-        try:
+        with contextlib.suppress(LastGroupRecorded):
             yield
-        except LastGroupRecorded:
-            pass
         self._batch_done()
 
     def _batch_done(self) -> None:
@@ -108,7 +106,7 @@ class GroupRecorder:
 
     def group_statistics(self) -> list[tuple[list[str], LayerStatistics]]:
         """Each group's layer names with its statistics; layers the forward never called are absent."""
-        return [(group, stats.result()) for group, stats in zip(self.groups, self.statistics)]
+        return [(group, stats.result()) for group, stats in zip(self.groups, self.statistics, strict=True)]
 
     def _hook(self, name: str) -> Any:
         def record(module: nn.Module, args: tuple[Any, ...]) -> None:

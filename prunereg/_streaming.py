@@ -184,8 +184,9 @@ def oneshot_folder(
     tensors = reader.read(rest.values())
     model.load_state_dict({name: tensors[key] for name, key in rest.items()}, strict=False, assign=True)
     del tensors
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
+    tie_weights = getattr(model, "tie_weights", None)
+    if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
+        tie_weights()
     job = OneShotJob.prepare(
         model, method, calibration=calibration, sparsity=sparsity, pattern=pattern, allocation=allocation,
         owl_threshold=owl_threshold, owl_lambda=owl_lambda, layers=layers, blocks=blocks_path, batch_size=batch_size,

@@ -85,7 +85,7 @@ class NormScore(CalibratedMethod):
         self.calls.append(([w.clone() for w in weights], statistics, list(sparsities)))
         assert statistics.input_sq_norms is not None
         norms = statistics.input_sq_norms.sqrt()
-        return [score_prune(w, w.abs() * norms, s) for w, s in zip(weights, sparsities)]
+        return [score_prune(w, w.abs() * norms, s) for w, s in zip(weights, sparsities, strict=True)]
 
 
 WORDS = [f"w{i}" for i in range(VOCAB - 1)]

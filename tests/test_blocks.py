@@ -10,7 +10,7 @@ from prunereg._blocks import find_blocks, in_features, is_conv1d, prunable_layer
 
 pytest.importorskip("transformers")
 
-from _tiny_lm import tiny_gpt2, tiny_llama, tiny_mistral, tiny_opt  # noqa: E402
+from _tiny_lm import tiny_gpt2, tiny_llama, tiny_mistral, tiny_opt
 
 LLAMA_LAYERS = [
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -44,7 +44,7 @@ def test_an_explicit_path_names_the_blocks_of_another_architecture():
 
     tower = Tower()
     assert find_blocks(tower, "stack") == ("stack", tower.stack)
-    with pytest.raises(ValueError, match="blocks='path.to.ModuleList'"):
+    with pytest.raises(ValueError, match=r"blocks='path\.to\.ModuleList'"):
         find_blocks(tower)
     with pytest.raises(ValueError, match="'nowhere' does not name"):
         find_blocks(tower, "nowhere")

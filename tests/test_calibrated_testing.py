@@ -22,7 +22,7 @@ class _RowMagnitude(CalibratedMethod):
 
     def prune_group(self, weights, statistics, sparsities):
         results = []
-        for weight, sparsity in zip(weights, sparsities):
+        for weight, sparsity in zip(weights, sparsities, strict=True):
             mask = torch.ones_like(weight, dtype=torch.bool)
             if self.n_m is not None:
                 n, m = self.n_m
@@ -61,7 +61,10 @@ class _IgnoresThePattern(_RowMagnitude):
 
 class _ForgetsToZero(_RowMagnitude):
     def prune_group(self, weights, statistics, sparsities):
-        return [PrunedWeight(w.clone(), m) for w, (_, m) in zip(weights, super().prune_group(weights, statistics, sparsities))]
+        return [
+            PrunedWeight(w.clone(), m)
+            for w, (_, m) in zip(weights, super().prune_group(weights, statistics, sparsities), strict=True)
+        ]
 
 
 class _UpdatesSecretly(_RowMagnitude):

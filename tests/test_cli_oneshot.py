@@ -15,8 +15,8 @@ from prunereg._cli import main
 
 pytest.importorskip("transformers")
 
-from _tiny_lm import random_text, save_tiny_llama_folder  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from _tiny_lm import random_text, save_tiny_llama_folder
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`prunereg new-plugin NAME --kind calibrated` writes a calibrated-method package that installs and passes its tests."""
+"""`prunereg new-plugin NAME --kind calibrated`: a calibrated-method package that installs and passes its tests."""
 
 from __future__ import annotations
 
@@ -44,5 +44,7 @@ def test_a_generated_calibrated_plugin_installs_registers_and_passes_its_own_tes
     rows = {row["name"]: row for row in json.loads(listed.stdout)}
     assert rows["demo_calibrated"]["package"] == "prunereg-demo-calibrated"
     assert rows["demo_calibrated"]["target"] == "prunereg_demo_calibrated.method:DemoCalibratedPruning"
-    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source)], tmp_path, PYTHONPATH=path)
+    tests = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source)], tmp_path, PYTHONPATH=path
+    )
     assert "4 passed" in tests.stdout

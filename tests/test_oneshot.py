@@ -12,7 +12,7 @@ import prunereg.prune as prune
 
 pytest.importorskip("transformers")
 
-from _tiny_lm import NormScore, calibration_ids, score_prune, tiny_gpt2, tiny_llama, tiny_opt  # noqa: E402
+from _tiny_lm import NormScore, calibration_ids, score_prune, tiny_gpt2, tiny_llama, tiny_opt
 
 
 def _reference_llama_loop(model: torch.nn.Module, ids: torch.Tensor, sparsity: float, *, sequential: bool = True):
@@ -22,9 +22,12 @@ def _reference_llama_loop(model: torch.nn.Module, ids: torch.Tensor, sparsity: f
         positions = torch.arange(ids.shape[1]).unsqueeze(0)
         extra = {"position_embeddings": model.model.rotary_emb(hidden, positions), "position_ids": positions}
         for block in model.model.layers:
-            inputs = {}
+            inputs: dict[str, torch.Tensor] = {}
             linears = {n: m for n, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
-            handles = [m.register_forward_pre_hook(lambda m, a, n=n: inputs.setdefault(n, a[0])) for n, m in linears.items()]
+            handles = [
+                m.register_forward_pre_hook(lambda m, a, n=n, seen=inputs: seen.setdefault(n, a[0]))
+                for n, m in linears.items()
+            ]
             dense_output = block(hidden, **extra)
             for handle in handles:
                 handle.remove()
@@ -50,7 +53,9 @@ def test_each_block_is_pruned_from_the_outputs_of_the_pruned_blocks_before_it():
         assert torch.allclose(weight, expected[name]), name
     # The check has teeth: feeding the blocks dense outputs instead selects other weights.
     dense_fed = _pruned_weights(_reference_llama_loop(copy.deepcopy(dense), ids, 0.5, sequential=False))
-    assert not torch.equal(dense_fed["model.layers.2.mlp.down_proj.weight"] == 0, expected["model.layers.2.mlp.down_proj.weight"] == 0)
+    assert not torch.equal(
+        dense_fed["model.layers.2.mlp.down_proj.weight"] == 0, expected["model.layers.2.mlp.down_proj.weight"] == 0
+    )
 
 
 def test_an_iterable_of_batches_gives_the_same_result_as_one_tensor():
@@ -58,7 +63,7 @@ def test_an_iterable_of_batches_gives_the_same_result_as_one_tensor():
     one, batched = tiny_llama(), tiny_llama()
     prunereg.oneshot(one, NormScore(0.5), calibration=ids, batch_size=6)
     prunereg.oneshot(batched, NormScore(0.5), calibration=[ids[:2], ids[2:5], ids[5]])
-    for (name, a), b in zip(_pruned_weights(one).items(), _pruned_weights(batched).values()):
+    for (name, a), b in zip(_pruned_weights(one).items(), _pruned_weights(batched).values(), strict=True):
         assert torch.equal(a == 0, b == 0), name
 
 
@@ -121,10 +126,10 @@ def test_not_permanent_leaves_prunereg_reparametrization_that_remove_makes_perma
     assert not report.permanent and prunereg.is_pruned(reparametrized) and not prunereg.is_pruned(permanent)
     q_proj = reparametrized.model.layers[0].self_attn.q_proj
     assert torch.equal(q_proj.weight_mask != 0, permanent.model.layers[0].self_attn.q_proj.weight != 0)
-    for name, module in list(reparametrized.named_modules()):
+    for module in list(reparametrized.modules()):
         if hasattr(module, "weight_mask"):
             prunereg.remove(module, "weight")
-    for (name, a), b in zip(permanent.named_parameters(), reparametrized.parameters()):
+    for (name, a), b in zip(permanent.named_parameters(), reparametrized.parameters(), strict=True):
         assert torch.equal(a, b), name
 
 

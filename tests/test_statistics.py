@@ -98,9 +98,8 @@ def test_input_groups_of_real_decoder_blocks(build, expected):
 
     handles = [layer.register_forward_pre_hook(spy) for layer in prunable_layers(blocks[0]).values()]
     layers = prunable_layers(blocks[0])
-    with torch.no_grad(), GroupRecorder(layers, {"input_sq_norms"}) as recorder:
-        with recorder.batch():
-            model(_tiny_lm.calibration_ids(2, 8))
+    with torch.no_grad(), GroupRecorder(layers, {"input_sq_norms"}) as recorder, recorder.batch():
+        model(_tiny_lm.calibration_ids(2, 8))
     for handle in handles:
         handle.remove()
     groups = recorder.group_statistics()

@@ -12,8 +12,8 @@ import prunereg
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from _tiny_lm import calibration_ids, tiny_gpt2, tiny_llama, tiny_opt  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from _tiny_lm import calibration_ids, tiny_gpt2, tiny_llama, tiny_opt
+from transformers import AutoModelForCausalLM
 
 
 def _load(folder):
@@ -32,7 +32,7 @@ def test_streamed_pruning_equals_pruning_the_model_in_memory(tmp_path, build, me
     in_memory = _load(tmp_path / "dense")
     expected = prunereg.oneshot(in_memory, method, calibration=ids, **options)
     streamed = _load(tmp_path / "pruned")
-    for (name, a), b in zip(streamed.state_dict().items(), in_memory.state_dict().values()):
+    for (name, a), b in zip(streamed.state_dict().items(), in_memory.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert [(r.name, r.sparsity) for r in report.layers] == [(r.name, r.sparsity) for r in expected.layers]
     assert report.block_sparsities == expected.block_sparsities and report.timings.loading > 0
@@ -53,7 +53,7 @@ def test_the_output_folder_has_one_shard_per_block_an_index_and_the_other_files(
 
 def test_bad_folders_are_refused_before_anything_is_written(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
         prunereg.oneshot_folder(tmp_path / "empty", tmp_path / "out", "wanda", calibration=calibration_ids(2, 8))
     tiny_llama().save_pretrained(tmp_path / "dense")
     (tmp_path / "busy").mkdir()
