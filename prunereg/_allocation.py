@@ -34,7 +34,7 @@ def outlier_ratio(
     if not threshold > 0:
         raise ValueError(f"the outlier threshold must be positive, not {threshold!r}")
     scores = []
-    for weight, stats in zip(weights, statistics):
+    for weight, stats in zip(weights, statistics, strict=True):
         if stats.input_sq_norms is None:
             raise ValueError("outlier_ratio needs each layer's input_sq_norms")
         norms = stats.input_sq_norms.to(device=weight.device, dtype=torch.float32).sqrt()

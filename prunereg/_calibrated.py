@@ -141,13 +141,19 @@ class CalibratedMethod(ABC):
             if weight.dim() != 2:
                 raise ValueError(f"weights must be [out, in] matrices, got shape {tuple(weight.shape)}")
             if weight.shape[1] != in_features:
-                raise ValueError(f"weights of one group must share in_features, got {in_features} and {weight.shape[1]}")
+                raise ValueError(
+                    f"weights of one group must share in_features, got {in_features} and {weight.shape[1]}"
+                )
             if weight.dtype != torch.float32:
                 raise TypeError(f"weights must be float32, got {weight.dtype}")
             if weight.device != weights[0].device:
-                raise ValueError(f"weights of one group must be on one device, got {weights[0].device} and {weight.device}")
+                raise ValueError(
+                    f"weights of one group must be on one device, got {weights[0].device} and {weight.device}"
+                )
         if self.n_m is not None and in_features % self.n_m[1]:
-            raise ValueError(f"pattern {self.pattern!r} needs in_features divisible by {self.n_m[1]}, got {in_features}")
+            raise ValueError(
+                f"pattern {self.pattern!r} needs in_features divisible by {self.n_m[1]}, got {in_features}"
+            )
         expected = {"input_sq_norms": (in_features,), "hessian": (in_features, in_features)}
         for name in sorted(self.STATISTICS):
             value = getattr(statistics, name)

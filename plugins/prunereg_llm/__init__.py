@@ -10,8 +10,16 @@ import prunereg
 _KIND = "calibrated"
 
 _METHODS = [
-    ("wanda", "wanda:Wanda", "Prune the lowest |weight| * input norm in each row, or N of every M inputs (Sun et al. 2023)"),
-    ("sparsegpt", "sparsegpt:SparseGPT", "Prune by the OBS saliency and update the kept weights (Frantar and Alistarh 2023)"),
+    (
+        "wanda",
+        "wanda:Wanda",
+        "Prune the lowest |weight| * input norm in each row, or N of every M inputs (Sun et al. 2023)",
+    ),
+    (
+        "sparsegpt",
+        "sparsegpt:SparseGPT",
+        "Prune by the OBS saliency and update the kept weights (Frantar and Alistarh 2023)",
+    ),
     ("magnitude", "magnitude:Magnitude", "Prune the smallest |weight| per row or per matrix, without calibration"),
 ]
 

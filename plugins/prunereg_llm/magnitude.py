@@ -20,7 +20,7 @@ class Magnitude(CalibratedMethod):
     pruned, whatever the scope. It needs no statistics: the baseline calibrated methods are judged against.
     """
 
-    STATISTICS: frozenset[str] = frozenset()
+    STATISTICS = frozenset()
 
     def __init__(self, sparsity: float = 0.5, pattern: str | None = None, scope: str = "row") -> None:
         if scope not in _SCOPES:
@@ -36,7 +36,7 @@ class Magnitude(CalibratedMethod):
     ) -> list[PrunedWeight]:
         self.check_group(weights, statistics, sparsities)
         results = []
-        for weight, sparsity in zip(weights, sparsities):
+        for weight, sparsity in zip(weights, sparsities, strict=True):
             scores = weight.abs()
             if self.n_m is not None:
                 pruned = lowest_n_of_m(scores, *self.n_m)

@@ -12,6 +12,7 @@ own mask within its rows.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -54,17 +55,17 @@ class SparseGPT(CalibratedMethod):
         self.check_group(weights, statistics, sparsities)
         assert statistics.hessian is not None  # check_group made sure
         hessian = statistics.hessian.to(device=weights[0].device, dtype=weights[0].dtype)
+        sizes = [weight.shape[0] for weight in weights]
         stacked, keep = obs_sweep(
             torch.cat(list(weights)),
             hessian,
-            [weight.shape[0] for weight in weights],
+            sizes,
             sparsities,
             n_m=self.n_m,
             blocksize=self.blocksize,
             dampening=self.dampening,
         )
-        sizes = [weight.shape[0] for weight in weights]
-        return [PrunedWeight(w, m) for w, m in zip(stacked.split(sizes), keep.split(sizes))]
+        return [PrunedWeight(w, m) for w, m in zip(stacked.split(sizes), keep.split(sizes), strict=True)]
 
 
 def upper_cholesky_of_inverse(hessian: torch.Tensor) -> torch.Tensor:
@@ -116,7 +117,7 @@ def obs_sweep(
         diagonal = block_factor.diagonal()
         if n_m is None:
             saliency = (block / diagonal[:, None]).square_()
-            for rows, sparsity in zip(layer_slices, sparsities):
+            for rows, sparsity in zip(layer_slices, sparsities, strict=True):
                 block_pruned[:, rows] = lowest_overall(saliency[:, rows], sparsity)
         errors = _sweep_block(block, block_factor, block_pruned, n_m)
         columns[end:].addmm_(factor[start:end, end:].t(), errors, alpha=-1)
@@ -149,7 +150,5 @@ def _sweep_block(
 
 def _slices(sizes: Sequence[int]) -> list[slice]:
     """Consecutive slices of the given sizes."""
-    bounds = [0]
-    for size in sizes:
-        bounds.append(bounds[-1] + size)
-    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+    bounds = [0, *itertools.accumulate(sizes)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]

@@ -35,11 +35,8 @@ class Wanda(CalibratedMethod):
         assert statistics.input_sq_norms is not None  # check_group made sure
         input_norms = statistics.input_sq_norms.to(weights[0].device).sqrt()
         results = []
-        for weight, sparsity in zip(weights, sparsities):
+        for weight, sparsity in zip(weights, sparsities, strict=True):
             scores = wanda_scores(weight, input_norms)
-            if self.n_m is not None:
-                pruned = lowest_n_of_m(scores, *self.n_m)
-            else:
-                pruned = lowest_per_row(scores, sparsity)
+            pruned = lowest_per_row(scores, sparsity) if self.n_m is None else lowest_n_of_m(scores, *self.n_m)
             results.append(PrunedWeight(weight.masked_fill(pruned, 0), pruned.logical_not_()))
         return results
