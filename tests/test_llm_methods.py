@@ -9,12 +9,13 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import prunereg
-from prunereg import LayerStatistics
 from prunereg_llm.magnitude import Magnitude
 from prunereg_llm.sparsegpt import SparseGPT, obs_sweep, upper_cholesky_of_inverse
 from prunereg_llm.wanda import Wanda
+
+import prunereg
+import prunereg.testing
+from prunereg import LayerStatistics
 
 # ---------------------------------------------------------------- fixtures
 
@@ -96,7 +97,7 @@ def sparsegpt_reference(
         if n_m is None and j % blocksize == 0:
             block = range(j, min(j + blocksize, columns))
             saliency = W[:, block] ** 2 / saliency_scale[list(block)]
-            for start, size, sparsity in zip(starts, layer_rows, sparsities):
+            for start, size, sparsity in zip(starts, layer_rows, sparsities, strict=True):
                 entries = [(r, c) for r in range(start, start + size) for c in range(len(block))]
                 values = [saliency[r, c].item() for r, c in entries]
                 for e in ranked(values, range(len(entries)))[: round(sparsity * len(entries))]:
@@ -125,10 +126,18 @@ def test_registered_by_name_as_calibrated(name: str, cls: type) -> None:
     assert cls.PRUNING_TYPE == "calibrated"
 
 
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("wanda", {}), ("sparsegpt", {}), ("sparsegpt", {"blocksize": 4}), ("magnitude", {"scope": "matrix"})],
+)
+def test_passes_the_conformance_kit(name: str, options: dict[str, object]) -> None:
+    prunereg.testing.check_calibrated_method(name, **options)
+
+
 def test_statistics_each_method_asks_for() -> None:
-    assert Wanda.STATISTICS == {"input_sq_norms"} and not Wanda.UPDATES_WEIGHTS
-    assert SparseGPT.STATISTICS == {"hessian"} and SparseGPT.UPDATES_WEIGHTS
-    assert Magnitude.STATISTICS == frozenset() and not Magnitude.UPDATES_WEIGHTS
+    assert {"input_sq_norms"} == Wanda.STATISTICS and not Wanda.UPDATES_WEIGHTS
+    assert {"hessian"} == SparseGPT.STATISTICS and SparseGPT.UPDATES_WEIGHTS
+    assert frozenset() == Magnitude.STATISTICS and not Magnitude.UPDATES_WEIGHTS
 
 
 # ---------------------------------------------------------------- Wanda
@@ -182,7 +191,7 @@ def test_wanda_group_prunes_each_layer_on_its_own() -> None:
     stats = statistics_of(inputs)
     together = Wanda(0.5).prune_group([q, k], stats, [0.25, 0.75])
     alone = [Wanda(0.5).prune_group([w], stats, [s])[0] for w, s in ((q, 0.25), (k, 0.75))]
-    for a, b in zip(together, alone):
+    for a, b in zip(together, alone, strict=True):
         assert torch.equal(a.mask, b.mask) and torch.equal(a.weight, b.weight)
     assert (~together[1].mask).sum() == 3 * 4 * 4
 
@@ -294,7 +303,9 @@ def test_sparsegpt_stacked_group_equals_each_layer_alone() -> None:
     layers = [random_layer(rows, 32, seed=rows)[0].double() for rows in (6, 3, 3)]
     sparsities = [0.5, 0.25, 0.75]
     stacked, keep = obs_sweep(torch.cat(layers), hessian, [6, 3, 3], sparsities, n_m=None, blocksize=8, dampening=0.01)
-    for (w, m), layer, s in zip(zip(stacked.split([6, 3, 3]), keep.split([6, 3, 3])), layers, sparsities):
+    for (w, m), layer, s in zip(
+        zip(stacked.split([6, 3, 3]), keep.split([6, 3, 3]), strict=True), layers, sparsities, strict=True
+    ):
         alone_w, alone_m = obs_sweep(
             layer.clone(), hessian, [layer.shape[0]], [s], n_m=None, blocksize=8, dampening=0.01
         )
