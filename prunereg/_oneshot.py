@@ -61,7 +61,7 @@ def oneshot(
     owl_lambda: float = 0.08,
     layers: Sequence[str] | None = None,
     blocks: str | None = None,
-    batch_size: int = 8,
+    batch_size: int = 16,
     permanent: bool = True,
     progress: bool | None = None,
     **method_options: Any,

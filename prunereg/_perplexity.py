@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 
-def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: int = 4) -> float:
+def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: int = 1) -> float:
     """``exp`` of the mean next-token negative log-likelihood over non-overlapping windows of ``ids``.
 
     ``ids`` are the token ids of one text (``[n_tokens]`` or ``[1, n_tokens]``;
@@ -17,8 +17,10 @@ def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: 
     is cut into windows of ``window`` tokens, the last one possibly shorter; each
     window is read on its own, so its first token is never predicted. This is
     how the Wanda and SparseGPT papers measure perplexity: with a token count that
-    is a multiple of ``window`` the figures are the same. ``model(ids)`` must
-    return an object with ``.logits`` (Hugging Face) or the logits themselves.
+    is a multiple of ``window`` the figures are the same. ``batch_size`` windows
+    run at once (their logits, ``window x vocabulary`` floats each, dominate the
+    memory). ``model(ids)`` must return an object with ``.logits`` (Hugging Face)
+    or the logits themselves.
     """
     if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise TypeError("ids must be an integer tensor of token ids")
@@ -57,6 +59,8 @@ def _window_nll(model: nn.Module, batch: Tensor) -> tuple[float, int]:
     """Summed next-token NLL of a ``[batch, length]`` window batch, and how many tokens it predicted."""
     output = model(batch)
     logits = getattr(output, "logits", output)
-    predictions = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
-    targets = batch[:, 1:].reshape(-1)
+    predictions = logits[:, :-1].transpose(1, 2)  # [batch, vocabulary, positions]: a view, no copy
+    if predictions.dtype != torch.float32:
+        predictions = predictions.float()
+    targets = batch[:, 1:]
     return functional.cross_entropy(predictions, targets, reduction="sum").item(), targets.numel()

@@ -159,7 +159,7 @@ def oneshot_folder(
     owl_lambda: float = 0.08,
     layers: Sequence[str] | None = None,
     blocks: str | None = None,
-    batch_size: int = 8,
+    batch_size: int = 16,
     progress: bool | None = None,
     **method_options: Any,
 ) -> OneShotReport:
