@@ -64,3 +64,28 @@ def test_bad_folders_are_refused_before_anything_is_written(tmp_path):
         prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "out", "wanda", calibration=calibration_ids(2, 8),
                                 sparsity=1.5)  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_only_the_block_being_pruned_holds_weights(tmp_path, monkeypatch):
+    from _tiny_lm import NormScore
+
+    import prunereg._streaming as streaming
+
+    tiny_llama(layers=3).save_pretrained(tmp_path / "dense")
+    built = []
+    monkeypatch.setattr(
+        streaming, "empty_model", lambda folder, build=streaming.empty_model: built.append(build(folder)) or built[0]
+    )
+
+    class CountingBlocks(NormScore):
+        loaded_blocks: list[int] = []
+
+        def prune_group(self, weights, statistics, sparsities):
+            blocks = built[0].model.layers
+            self.loaded_blocks.append(sum(not block.mlp.up_proj.weight.is_meta for block in blocks))
+            return super().prune_group(weights, statistics, sparsities)
+
+    method = CountingBlocks(0.5)
+    prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", method, calibration=calibration_ids(2, 8))
+    assert method.loaded_blocks == [1] * 12  # 4 groups in each of 3 blocks
+    assert all(block.mlp.up_proj.weight.is_meta for block in built[0].model.layers)
