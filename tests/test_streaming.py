@@ -89,3 +89,21 @@ def test_only_the_block_being_pruned_holds_weights(tmp_path, monkeypatch):
     prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", method, calibration=calibration_ids(2, 8))
     assert method.loaded_blocks == [1] * 12  # 4 groups in each of 3 blocks
     assert all(block.mlp.up_proj.weight.is_meta for block in built[0].model.layers)
+
+
+@pytest.mark.slow
+def test_the_streaming_benchmark_runs_under_its_cap(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "llm_streaming.py"
+    completed = subprocess.run(
+        [sys.executable, str(script), "--layers", "2", "--hidden", "256", "--intermediate", "512", "--vocab", "1000",
+         "--heads", "4", "--budget", "4", "--folder", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    row = next(line for line in completed.stdout.splitlines() if line.startswith("| prunereg.oneshot_folder"))
+    assert "| 50.0% zeros |" in row
+    assert (tmp_path / "pruned" / "model.safetensors.index.json").is_file()
