@@ -17,7 +17,9 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("unstructured", "structured", "global", "calibrated")
+MASK_KINDS = ("unstructured", "structured", "global")
+"""The kinds of mask methods (BasePruningMethod); "calibrated" methods run under prunereg.oneshot."""
+KINDS = (*MASK_KINDS, "calibrated")
 LOCAL_PLUGIN = "local"
 """The plugin name of methods registered in-process with :func:`prunereg.register`."""
 

@@ -23,7 +23,7 @@ from torch import nn
 
 import prunereg
 from prunereg._calibrated_testing import check_calibrated_method
-from prunereg._registry import KINDS, constructor_parameters
+from prunereg._registry import MASK_KINDS, constructor_parameters
 
 __all__ = ["check_calibrated_method", "check_pruning_method"]
 
@@ -88,9 +88,9 @@ def _method_class(method: str | type) -> tuple[type, str]:
     label = getattr(method, "__qualname__", repr(method))
     if not (isinstance(method, type) and issubclass(method, prunereg.BasePruningMethod)):
         raise AssertionError(f"{label}: not a prunereg.BasePruningMethod subclass")
-    if getattr(method, "PRUNING_TYPE", None) not in KINDS:
+    if getattr(method, "PRUNING_TYPE", None) not in MASK_KINDS:
         raise AssertionError(
-            f"{label}: PRUNING_TYPE must be one of {', '.join(KINDS)}, not {getattr(method, 'PRUNING_TYPE', None)!r}"
+            f"{label}: PRUNING_TYPE must be one of {', '.join(MASK_KINDS)}, not {getattr(method, 'PRUNING_TYPE', None)!r}"
         )
     return method, label
 
