@@ -81,6 +81,7 @@ def test_streaming_writes_the_same_model(folder):
         (["--sparsity", "1.5"], "sparsity must be in [0, 1)"),
         (["-o", "nonsense"], "is not KEY=VALUE"),
         (["-o", "blocksize=8"], "blocksize"),
+        (["--stream", "--dtype", "bfloat16"], "--stream keeps the checkpoint's dtype"),
     ],
 )
 def test_bad_arguments_give_one_line_errors_and_write_nothing(folder, extra, message):

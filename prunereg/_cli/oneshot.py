@@ -47,7 +47,13 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
     metavar="KEY=VALUE",
     help="A method option, e.g. -o blocksize=64 (repeatable; see prunereg info METHOD).",
 )
-@click.option("--dtype", type=click.Choice(_DTYPES), default="auto", show_default=True, help="Load the model as.")
+@click.option(
+    "--dtype",
+    type=click.Choice(_DTYPES),
+    default="auto",
+    show_default=True,
+    help="Load the model as (not with --stream).",
+)
 @click.option(
     "--stream",
     is_flag=True,
@@ -91,6 +97,8 @@ def oneshot_command(
     """
     if output_dir.exists() and any(output_dir.iterdir()):
         raise click.ClickException(f"{output_dir} already exists and is not empty; name another OUTPUT_DIR")
+    if stream and dtype != "auto":
+        raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     method_options = _parse_options(options)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
