@@ -39,7 +39,12 @@ class Timings:
 
 @dataclass
 class OneShotReport:
-    """The result of :func:`prunereg.oneshot`: per-layer sparsity, per-block targets and timings."""
+    """The result of :func:`prunereg.oneshot`: per-layer sparsity, per-block targets and timings.
+
+    ``layers`` lists every pruned layer; ``block_sparsities`` each block's target
+    (OWL's, with ``outlier_ratios``, or the uniform one); ``unpruned`` the layers
+    no calibration input reached, left dense.
+    """
 
     method: str
     sparsity: float
@@ -50,6 +55,8 @@ class OneShotReport:
     layers: list[LayerReport] = field(default_factory=list)
     block_sparsities: list[float] = field(default_factory=list)
     outlier_ratios: list[float] | None = None
+    unpruned: list[str] = field(default_factory=list)
+    """Selected layers the calibration forward never called (left dense)."""
     timings: Timings = field(default_factory=Timings)
 
     @property

@@ -202,3 +202,13 @@ def test_any_model_prunes_once_its_blocks_are_named():
     report = prunereg.oneshot(model, NormScore(0.5), calibration=calibration_ids(2, 8), blocks="stack")
     assert [layer.name for layer in report.layers] == ["stack.0.up", "stack.0.down", "stack.1.up", "stack.1.down"]
     assert not (model.head.weight == 0).any()
+
+
+def test_a_layer_no_calibration_input_reaches_stays_dense_with_a_warning():
+    model = _Tower()
+    for block in model.stack:
+        block.unused = torch.nn.Linear(8, 8)  # an expert no token was routed to, say
+    with pytest.warns(RuntimeWarning, match=r"no calibration input reached stack\.1\.unused; left dense"):
+        report = prunereg.oneshot(model, NormScore(0.5), calibration=calibration_ids(2, 8), blocks="stack")
+    assert report.unpruned == ["stack.0.unused", "stack.1.unused"]
+    assert len(report.layers) == 4 and not (model.stack[0].unused.weight == 0).any()
