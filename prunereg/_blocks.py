@@ -16,7 +16,6 @@ from torch import Tensor, nn
 BLOCK_PATHS: dict[str, str] = {
     "llama": "model.layers",
     "mistral": "model.layers",
-    "mixtral": "model.layers",
     "qwen2": "model.layers",
     "qwen3": "model.layers",
     "gemma": "model.layers",

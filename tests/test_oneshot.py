@@ -12,7 +12,7 @@ import prunereg.prune as prune
 
 pytest.importorskip("transformers")
 
-from _tiny_lm import NormScore, calibration_ids, score_prune, tiny_gpt2, tiny_llama, tiny_opt
+from _tiny_lm import NormScore, calibration_ids, score_prune, tiny_gpt2, tiny_llama, tiny_mistral, tiny_opt
 
 
 def _reference_llama_loop(model: torch.nn.Module, ids: torch.Tensor, sparsity: float, *, sequential: bool = True):
@@ -113,9 +113,10 @@ def test_gpt2_conv1d_rows_are_pruned_in_linear_layout():
     assert (c_fc == 0).sum(dim=0).tolist() == [16] * 128
 
 
-def test_opt_is_pruned_block_by_block():
-    report = prunereg.oneshot(tiny_opt(), NormScore(0.5), calibration=calibration_ids(4, 8))
-    assert len(report.layers) == 12 and report.overall_sparsity == pytest.approx(0.5)
+@pytest.mark.parametrize(("build", "n_layers"), [(tiny_opt, 12), (tiny_mistral, 14)])
+def test_opt_and_mistral_are_pruned_block_by_block(build, n_layers):
+    report = prunereg.oneshot(build(), NormScore(0.5), calibration=calibration_ids(4, 8))
+    assert len(report.layers) == n_layers and report.overall_sparsity == pytest.approx(0.5)
 
 
 def test_not_permanent_leaves_prunereg_reparametrization_that_remove_makes_permanent():
