@@ -68,15 +68,14 @@ def call_block(block: nn.Module, inputs: BlockInputs, batch: int) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def run_block(block: nn.Module, inputs: BlockInputs) -> Iterator[Tensor]:
-    """The block's output hidden states for each calibration batch, in order."""
+def advance(block: nn.Module, inputs: BlockInputs) -> None:
+    """Turn ``inputs`` into the next block's: each batch's hidden states become this block's output.
+
+    In place, batch by batch, so that one set of activations (and one batch's
+    output) is alive at a time, not the block's inputs and outputs both.
+    """
     for batch in range(len(inputs)):
-        yield call_block(block, inputs, batch)
-
-
-def propagate(block: nn.Module, inputs: BlockInputs) -> BlockInputs:
-    """The next block's inputs: this block's outputs with the same other arguments."""
-    return BlockInputs(list(run_block(block, inputs)), inputs.args, inputs.kwargs)
+        inputs.hidden[batch] = call_block(block, inputs, batch)
 
 
 def batches_of(calibration: Tensor | Iterable[Tensor], batch_size: int, device: torch.device) -> Iterator[Tensor]:

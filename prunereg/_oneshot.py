@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from prunereg._blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
 from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
-from prunereg._capture import BlockInputs, batches_of, call_block, capture_first_block_inputs, propagate
+from prunereg._capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
 from prunereg._oneshot_report import LayerReport, OneShotReport, Timings
 from prunereg._progress import progress as progress_bar
 from prunereg._statistics import GroupRecorder
@@ -194,7 +194,7 @@ class OneShotJob:
             report.block_sparsities = sparsities
             label = f"{self.method_name} {self.blocks_path}"
             for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                inputs = self._prune_block(index, inputs, sparsities[index], weights, report)
+                self._prune_block(index, inputs, sparsities[index], weights, report)
         report.timings.total = time.perf_counter() - start
         return report
 
@@ -208,7 +208,8 @@ class OneShotJob:
 
     def _prune_block(
         self, index: int, inputs: BlockInputs, sparsity: float, weights: BlockWeights, report: OneShotReport
-    ) -> BlockInputs:
+    ) -> None:
+        """Prune block ``index`` from its statistics over ``inputs``, then advance ``inputs`` past it."""
         timings = report.timings
         block = self.blocks[index]
         loading = time.perf_counter()
@@ -223,28 +224,33 @@ class OneShotJob:
             )
             report.unpruned.extend(full_names)
         start = time.perf_counter()
+        report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
+        del groups  # the statistics (Hessians) are not needed for the forward below
+        timings.pruning += time.perf_counter() - start
+        start = time.perf_counter()
+        advance(block, inputs)
+        timings.forward += time.perf_counter() - start
+        loading = time.perf_counter()
+        weights.done(index, block, pruned=True)
+        timings.loading += time.perf_counter() - loading
+
+    def _prune_groups(
+        self, prefix: str, block: nn.Module, groups: list[tuple[list[str], LayerStatistics]], sparsity: float
+    ) -> list[LayerReport]:
+        """Hand each input group to the method and write its results into the layers."""
+        reports = []
         for names, statistics in groups:
             layers = [block.get_submodule(name) for name in names]
-            pruned = self.method.prune_group(
-                [weight_matrix(layer).detach().float() for layer in layers], statistics, [sparsity] * len(layers)
-            )
+            weights = [weight_matrix(layer).detach().float() for layer in layers]
+            pruned = self.method.prune_group(weights, statistics, [sparsity] * len(layers))
             if len(pruned) != len(layers):
                 raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(layers)} layers")
             for name, layer, result in zip(names, layers, pruned, strict=True):
                 _write_back(layer, result, permanent=self.permanent)
                 rows, columns = result.mask.shape
                 reached = 1.0 - result.mask.float().mean().item()
-                report.layers.append(
-                    LayerReport(f"{self.blocks_path}.{index}.{name}", (rows, columns), sparsity, reached)
-                )
-        timings.pruning += time.perf_counter() - start
-        start = time.perf_counter()
-        outputs = propagate(block, inputs)
-        timings.forward += time.perf_counter() - start
-        loading = time.perf_counter()
-        weights.done(index, block, pruned=True)
-        timings.loading += time.perf_counter() - loading
-        return outputs
+                reports.append(LayerReport(f"{prefix}.{name}", (rows, columns), sparsity, reached))
+        return reports
 
     def _outlier_ratios(self, weights: BlockWeights, progress: bool | None) -> list[float]:
         """OWL's first pass: each block's outlier ratio, from the dense model's Wanda scores."""
@@ -263,7 +269,7 @@ class OneShotJob:
                     layer_weights.append(weight_matrix(block.get_submodule(name)).detach().float())
                     layer_statistics.append(statistics)
             ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.owl_threshold)))
-            inputs = propagate(block, inputs)
+            advance(block, inputs)
             weights.done(index, block, pruned=False)
         return ratios
 
