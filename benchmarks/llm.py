@@ -185,6 +185,9 @@ def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, An
         result["seconds"] = time.perf_counter() - start
         result["timings"] = report.as_dict()["timings"]
         result["overall_sparsity"] = report.overall_sparsity
+        if report.outlier_ratios is not None:
+            result["outlier_ratios"] = report.outlier_ratios
+            result["block_sparsities"] = report.block_sparsities
     # One window at a time: a batch of windows' logits (49152-token vocabulary) would dominate the peak.
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=EVALUATION[2], batch_size=1)
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
