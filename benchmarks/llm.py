@@ -73,6 +73,16 @@ CONFIGS = [
 ]
 BY_NAME = {config.name: config for config in CONFIGS}
 
+# The issue's perplexity bands (three reference implementations and reruns); prunereg may land inside or below,
+# at most 2 % above the upper end.
+BANDS = {
+    "wanda-50": (90.43, 91.30),
+    "wanda-2:4": (188.8, 192.3),
+    "sparsegpt-50": (71.82, 73.17),
+    "sparsegpt-2:4": (98.01, 103.23),
+}
+SLACK = 1.02
+
 
 # -- the data ---------------------------------------------------------------------------------
 
@@ -249,6 +259,26 @@ def quality_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def targets_table(results: dict[str, dict[str, Any]]) -> str:
+    """Each quality target of the issue, measured and met or not."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for name, (lower, upper) in BANDS.items():
+        if name in results:
+            value = results[name]["perplexity"]
+            where = "inside" if lower <= value <= upper else "below" if value < lower else "above"
+            met = "yes" if value <= upper * SLACK else "no"
+            lines.append(
+                f"| {name} ppl in {lower}-{upper} (or below, at most 2 % above) | {value:.2f} ({where}) | {met} |"
+            )
+    for method in ("wanda", "sparsegpt"):
+        uniform, owl = results.get(f"{method}-70"), results.get(f"{method}-70-owl")
+        if uniform and owl:
+            met = "yes" if owl["perplexity"] < uniform["perplexity"] else "no"
+            measured = f"{owl['perplexity']:.2f} vs {uniform['perplexity']:.2f}"
+            lines.append(f"| {method} OWL 70 % beats uniform 70 % | {measured} | {met} |")
+    return "\n".join(lines)
+
+
 def time_table(results: dict[str, dict[str, Any]]) -> str:
     """Where oneshot's time went, per configuration (seconds)."""
     phases = ("capture", "forward", "statistics", "pruning", "outlier_pass", "total")
@@ -322,7 +352,8 @@ def main() -> None:
                 args.json.write_text(json.dumps(results, indent=2))
     results = {name: results[name] for name in BY_NAME if name in results}
     about = machine(load_before, os.getloadavg(), args.threads, args.jobs)
-    quality, split = quality_table(results), time_table(results)
+    quality = f"{quality_table(results)}\n\n{targets_table(results)}"
+    split = time_table(results)
     print(f"{quality}\n\n{split}\n\n{about}")
     if args.write_docs:
         command = "python benchmarks/llm.py --write-docs"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,12 +22,7 @@ pytest.importorskip("transformers", reason="the llm-eval extra is not installed 
 pytest.importorskip("gguf", reason="the llm-eval extra is not installed (gguf reads SmolLM2's weights)")
 
 DENSE = 47.17
-# configuration -> (lower, upper) end of the references' band
-BANDS = {
-    "wanda-50": (90.43, 91.30),
-    "sparsegpt-50": (71.82, 73.17),
-}
-SLACK = 1.02
+CHECKED = ("wanda-50", "sparsegpt-50")  # the two cheapest configurations with a band
 
 
 def load_benchmark() -> ModuleType:
@@ -34,6 +30,7 @@ def load_benchmark() -> ModuleType:
     spec = importlib.util.spec_from_file_location("llm_benchmark", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -60,9 +57,11 @@ def test_dense_perplexity_is_the_issues(benchmark: ModuleType, two_threads: obje
     assert result["perplexity"] == pytest.approx(DENSE, abs=0.01)
 
 
-@pytest.mark.parametrize("name", sorted(BANDS))
+@pytest.mark.parametrize("name", CHECKED)
 def test_pruned_perplexity_is_in_the_band(benchmark: ModuleType, two_threads: object, name: str) -> None:
-    lower, upper = BANDS[name]
+    lower, upper = benchmark.BANDS[name]
     result = benchmark.run_one(benchmark.BY_NAME[name], benchmark.cache_dir())
     assert result["overall_sparsity"] == pytest.approx(0.5, abs=1e-3)
-    assert DENSE < result["perplexity"] <= upper * SLACK, f"{name}: {result['perplexity']:.2f}, band {lower}-{upper}"
+    assert DENSE < result["perplexity"] <= upper * benchmark.SLACK, (
+        f"{name}: {result['perplexity']:.2f}, band {lower}-{upper}"
+    )
