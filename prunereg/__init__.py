@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned, remove
     from prunereg._serialization import safe_globals
-    from prunereg._streaming import oneshot_folder
     from prunereg._state_dict import load_state_dict
+    from prunereg._streaming import oneshot_folder
 
 __version__ = "0.1.0"
 

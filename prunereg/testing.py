@@ -88,10 +88,9 @@ def _method_class(method: str | type) -> tuple[type, str]:
     label = getattr(method, "__qualname__", repr(method))
     if not (isinstance(method, type) and issubclass(method, prunereg.BasePruningMethod)):
         raise AssertionError(f"{label}: not a prunereg.BasePruningMethod subclass")
-    if getattr(method, "PRUNING_TYPE", None) not in MASK_KINDS:
-        raise AssertionError(
-            f"{label}: PRUNING_TYPE must be one of {', '.join(MASK_KINDS)}, not {getattr(method, 'PRUNING_TYPE', None)!r}"
-        )
+    kind = getattr(method, "PRUNING_TYPE", None)
+    if kind not in MASK_KINDS:
+        raise AssertionError(f"{label}: PRUNING_TYPE must be one of {', '.join(MASK_KINDS)}, not {kind!r}")
     return method, label
 
 
