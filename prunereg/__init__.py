@@ -11,16 +11,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight
     from prunereg._compact import compact_masks
     from prunereg._global import global_unstructured
     from prunereg._hookspec import hookimpl
     from prunereg._huggingface import from_pretrained, save_pretrained
     from prunereg._method import BasePruningMethod, PruningContainer
     from prunereg._offline import apply_masks
+    from prunereg._oneshot import oneshot
+    from prunereg._oneshot_report import OneShotReport
+    from prunereg._perplexity import perplexity
     from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._reparam import is_pruned
     from prunereg._serialization import safe_globals
     from prunereg._state_dict import load_state_dict
+    from prunereg._streaming import oneshot_folder
     from prunereg._summary import Summary, TensorSummary, summary
     from prunereg._tied import remove
 
@@ -28,10 +33,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "CalibratedMethod",
+    "LayerStatistics",
     "MethodInfo",
+    "OneShotReport",
     "PluginError",
     "PluginInfo",
     "PluginWarning",
+    "PrunedWeight",
     "PruningContainer",
     "Summary",
     "TensorSummary",
@@ -46,33 +55,43 @@ __all__ = [
     "is_pruned",
     "list_methods",
     "load_state_dict",
+    "oneshot",
+    "oneshot_folder",
+    "perplexity",
     "register",
     "remove",
     "safe_globals",
-    "summary",
     "save_pretrained",
+    "summary",
 ]
 
 _LAZY = {
     "BasePruningMethod": "prunereg._method",
+    "CalibratedMethod": "prunereg._calibrated",
+    "LayerStatistics": "prunereg._calibrated",
     "MethodInfo": "prunereg._registry",
+    "OneShotReport": "prunereg._oneshot_report",
     "PluginError": "prunereg._registry",
     "PluginInfo": "prunereg._registry",
     "PluginWarning": "prunereg._registry",
+    "PrunedWeight": "prunereg._calibrated",
     "PruningContainer": "prunereg._method",
+    "Summary": "prunereg._summary",
+    "TensorSummary": "prunereg._summary",
     "UnknownMethodError": "prunereg._registry",
     "apply_masks": "prunereg._offline",
     "compact_masks": "prunereg._compact",
+    "from_pretrained": "prunereg._huggingface",
     "global_unstructured": "prunereg._global",
     "hookimpl": "prunereg._hookspec",
-    "from_pretrained": "prunereg._huggingface",
-    "save_pretrained": "prunereg._huggingface",
     "is_pruned": "prunereg._reparam",
+    "load_state_dict": "prunereg._state_dict",
+    "oneshot": "prunereg._oneshot",
+    "oneshot_folder": "prunereg._streaming",
+    "perplexity": "prunereg._perplexity",
     "remove": "prunereg._tied",
     "safe_globals": "prunereg._serialization",
-    "load_state_dict": "prunereg._state_dict",
-    "Summary": "prunereg._summary",
-    "TensorSummary": "prunereg._summary",
+    "save_pretrained": "prunereg._huggingface",
     "summary": "prunereg._summary",
 }
 

@@ -27,7 +27,9 @@ from prunereg._text import describe, printable
 Register = Callable[..., None]
 """``register(name, target, *, kind, summary, replace=False)``: see :class:`prunereg._hookspec.Register`."""
 
-KINDS = ("unstructured", "structured", "global")
+MASK_KINDS = ("unstructured", "structured", "global")
+"""The kinds of mask methods (BasePruningMethod); "calibrated" methods run under prunereg.oneshot."""
+KINDS = (*MASK_KINDS, "calibrated")
 LOCAL_PLUGIN = "local"
 """The plugin name of methods registered in-process with :func:`prunereg.register`."""
 
@@ -392,12 +394,14 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
 
 
 def _check_method_class(cls: object, info: MethodInfo) -> None:
-    # Without importing the pruning contract (the registry sits below it): a
-    # class can subclass BasePruningMethod only once its module is loaded.
-    contract = sys.modules.get("prunereg._method")
-    base = getattr(contract, "BasePruningMethod", None)
+    # Without importing the contracts (the registry sits below them): a class can
+    # subclass BasePruningMethod, or CalibratedMethod, only once its module is loaded.
+    contract, base_name = "prunereg._method", "BasePruningMethod"
+    if info.kind == "calibrated":
+        contract, base_name = "prunereg._calibrated", "CalibratedMethod"
+    base = getattr(sys.modules.get(contract), base_name, None)
     if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
-        raise TypeError(f"{info.target!r} is not a BasePruningMethod subclass")
+        raise TypeError(f"{info.target!r} is not a {base_name} subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
             f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "

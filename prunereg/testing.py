@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 import prunereg
-from prunereg._registry import KINDS, constructor_parameters
+from prunereg._calibrated_testing import check_calibrated_method
+from prunereg._registry import MASK_KINDS, constructor_parameters
 
-__all__ = ["check_pruning_method"]
+__all__ = ["check_calibrated_method", "check_pruning_method"]
 
 DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _SEED = 1234
@@ -89,10 +90,9 @@ def _method_class(method: str | type) -> tuple[type[prunereg.BasePruningMethod],
     label = getattr(method, "__qualname__", repr(method))
     if not (isinstance(method, type) and issubclass(method, prunereg.BasePruningMethod)):
         raise AssertionError(f"{label}: not a prunereg.BasePruningMethod subclass")
-    if getattr(method, "PRUNING_TYPE", None) not in KINDS:
-        raise AssertionError(
-            f"{label}: PRUNING_TYPE must be one of {', '.join(KINDS)}, not {getattr(method, 'PRUNING_TYPE', None)!r}"
-        )
+    kind = getattr(method, "PRUNING_TYPE", None)
+    if kind not in MASK_KINDS:
+        raise AssertionError(f"{label}: PRUNING_TYPE must be one of {', '.join(MASK_KINDS)}, not {kind!r}")
     return method, label
 
 

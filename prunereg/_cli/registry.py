@@ -96,17 +96,26 @@ def info_command(name: str, as_json: bool) -> None:
 @main.command("new-plugin")
 @click.argument("name")
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
-def new_plugin_command(name: str, directory: Path | None) -> None:
+@click.option(
+    "--kind",
+    type=click.Choice(["unstructured", "calibrated"]),
+    default="unstructured",
+    show_default=True,
+    help="A mask method like torch's, or a calibrated method for prunereg.oneshot.",
+)
+def new_plugin_command(name: str, directory: Path | None, kind: str) -> None:
     """Write a complete plugin package prunereg-NAME into DIRECTORY (default ./prunereg-NAME).
 
     The package has the entry point, a working method, tests using
     prunereg.testing and a README; `pip install DIRECTORY && pytest
     DIRECTORY` passes as written.
     """
+    from dataclasses import replace
+
     from prunereg._cli.scaffold import PluginNames, write_plugin
 
     try:
-        names = PluginNames.from_name(name)
+        names = replace(PluginNames.from_name(name), kind=kind)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="NAME") from error
     directory = directory if directory is not None else Path(names.distribution)

@@ -19,6 +19,8 @@ from prunereg._registry import MAX_NAME_LENGTH
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
+#: The template folders each kind of plugin is written from.
+TEMPLATES = {"unstructured": ("template",), "calibrated": ("template", "template_calibrated")}
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
@@ -32,6 +34,7 @@ class PluginNames:
     module: str  # prunereg_foo_bar
     class_name: str  # FooBarPruning
     prunereg_version: str
+    kind: str = "unstructured"  # "calibrated": a method for prunereg.oneshot, from template_calibrated/
 
     @classmethod
     def from_name(cls, name: str) -> PluginNames:
@@ -56,9 +59,10 @@ def render(names: PluginNames) -> dict[Path, str]:
     """The plugin's files, by path relative to its folder."""
     values = asdict(names)
     files = {}
-    for template, relative in _templates(resources.files("prunereg._cli") / "template", Path()):
-        text = _PLACEHOLDER.sub(lambda match: values[match.group(1)], template.read_text(encoding="utf-8"))
-        files[_destination(relative, names)] = text
+    for folder in TEMPLATES[names.kind]:  # a later folder replaces an earlier one's files of the same name
+        for template, relative in _templates(resources.files("prunereg._cli") / folder, Path()):
+            text = _PLACEHOLDER.sub(lambda match: values[match.group(1)], template.read_text(encoding="utf-8"))
+            files[_destination(relative, names)] = text
     return files
 
 

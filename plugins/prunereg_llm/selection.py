@@ -1,0 +1,41 @@
+"""Which entries of a score matrix to prune: per row, per matrix, or N of every M inputs.
+
+Every function returns a bool tensor of the scores' shape, True where the entry is
+pruned (the lowest scores). Ties are broken by position: the lower index is pruned
+first, so a result never depends on the thread count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prunereg.toolkit import select_k
+
+
+def count_for(sparsity: float, units: int) -> int:
+    """How many of ``units`` entries a ``sparsity`` prunes: the nearest whole number."""
+    return round(sparsity * units)
+
+
+def lowest_per_row(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """The ``sparsity`` share of lowest scores in every row of ``scores`` (``[rows, in]``)."""
+    k = count_for(sparsity, scores.shape[1])
+    pruned = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    if k:
+        lowest = torch.sort(scores, dim=1, stable=True).indices[:, :k]
+        pruned.scatter_(1, lowest, True)
+    return pruned
+
+
+def lowest_overall(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """The ``sparsity`` share of lowest scores in the whole of ``scores``."""
+    return select_k([scores], count_for(sparsity, scores.numel()))[0]
+
+
+def lowest_n_of_m(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """The ``n`` lowest scores in every ``m`` consecutive entries of each row (``[rows, in]``, ``in % m == 0``)."""
+    rows, columns = scores.shape
+    groups = scores.reshape(rows, columns // m, m)
+    lowest = torch.sort(groups, dim=-1, stable=True).indices[..., :n]
+    pruned = torch.zeros(groups.shape, dtype=torch.bool, device=scores.device)
+    return pruned.scatter_(-1, lowest, True).reshape(rows, columns)

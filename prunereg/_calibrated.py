@@ -1,0 +1,163 @@
+"""The contract for calibrated methods: pruning that looks at calibration activations.
+
+A calibrated method (Wanda, SparseGPT, a magnitude baseline) prunes the Linear
+layers of one decoder block at a time. The one-shot engine runs the calibration
+set through the block, gathers the :class:`LayerStatistics` the method asks for
+(``STATISTICS``) for each group of layers that read the same input (q/k/v,
+gate/up), and hands each group to :meth:`CalibratedMethod.prune_group`, which
+returns every layer's new weight and mask. A group is pruned together so that
+shared work (one Hessian inverse, one sweep over the stacked rows) is done once.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+
+KIND = "calibrated"
+
+#: The statistics an engine knows how to gather; ``STATISTICS`` is a subset.
+STATISTIC_NAMES = frozenset({"input_sq_norms", "hessian"})
+
+
+@dataclass(frozen=True)
+class LayerStatistics:
+    """What the calibration activations say about the input shared by one group of Linear layers.
+
+    ``input_sq_norms[j]`` is the sum over tokens of ``x_j ** 2`` (Wanda scores with its
+    square root); ``hessian`` is ``(2 / n_tokens) * sum over tokens of x x^T`` (SparseGPT's
+    layer Hessian). Both are float32; a statistic the method did not ask for may be None.
+    """
+
+    n_tokens: int
+    input_sq_norms: torch.Tensor | None = None
+    hessian: torch.Tensor | None = None
+
+
+class PrunedWeight(NamedTuple):
+    """One layer's result: its new dense weight ``[out, in]`` (pruned entries exactly zero) and bool mask."""
+
+    weight: torch.Tensor
+    mask: torch.Tensor
+
+
+def parse_pattern(pattern: str) -> tuple[int, int]:
+    """``"N:M"`` as ``(N, M)``: N zeros in every M consecutive inputs of a row, with ``0 < N < M``."""
+    if not isinstance(pattern, str):
+        raise TypeError(f"pattern must be a string like '2:4', not {type(pattern).__name__}")
+    n_text, sep, m_text = pattern.partition(":")
+    if not (sep and n_text.strip().isdigit() and m_text.strip().isdigit()):
+        raise ValueError(f"pattern must look like 'N:M' (e.g. '2:4'), not {pattern!r}")
+    n, m = int(n_text), int(m_text)
+    if not 0 < n < m:
+        raise ValueError(f"pattern {pattern!r} needs 0 < N < M")
+    return n, m
+
+
+def check_sparsity(sparsity: object, what: str = "sparsity") -> float:
+    """``sparsity`` as a float in [0, 1): a TypeError for a non-number, a ValueError outside the range."""
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+        raise TypeError(f"{what} must be a number in [0, 1), not {type(sparsity).__name__}")
+    value = float(sparsity)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {sparsity!r}")
+    return value
+
+
+class CalibratedMethod(ABC):
+    """A pruning method that prunes a group of Linear layers from their calibration statistics.
+
+    ``sparsity`` is the share of each layer's weights to prune; ``pattern`` (``"N:M"``)
+    instead prunes N of every M consecutive inputs in each row, and then ``sparsity``,
+    if given, must equal N/M. Subclasses add their own options as keyword arguments
+    with defaults, set ``STATISTICS`` to what the engine must gather, and implement
+    :meth:`prune_group`.
+    """
+
+    PRUNING_TYPE: ClassVar[str] = KIND
+    STATISTICS: ClassVar[frozenset[str]] = frozenset()
+    UPDATES_WEIGHTS: ClassVar[bool] = False
+
+    def __init__(self, sparsity: float = 0.5, pattern: str | None = None) -> None:
+        self.sparsity = check_sparsity(sparsity)
+        self.pattern = pattern
+        self.n_m: tuple[int, int] | None = None
+        if pattern is not None:
+            n, m = parse_pattern(pattern)
+            if not math.isclose(self.sparsity, n / m):
+                raise ValueError(f"pattern {pattern!r} prunes {n / m:g} of the weights, but sparsity is {sparsity!r}")
+            self.n_m = (n, m)
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.STATISTICS) - STATISTIC_NAMES
+        if unknown:
+            raise TypeError(f"{cls.__name__}.STATISTICS names unknown statistics: {', '.join(sorted(unknown))}")
+
+    def __repr__(self) -> str:
+        if self.pattern is None:
+            return f"{type(self).__name__}(sparsity={self.sparsity:g})"
+        return f"{type(self).__name__}(pattern={self.pattern!r})"
+
+    @abstractmethod
+    def prune_group(
+        self,
+        weights: Sequence[torch.Tensor],
+        statistics: LayerStatistics,
+        sparsities: Sequence[float],
+    ) -> list[PrunedWeight]:
+        """Prune Linear weights (``[out_i, in]``, float32, one device) that read the same input.
+
+        ``sparsities[i]`` is layer i's target (OWL gives per-block values; the pattern, if
+        any, overrides it). Each layer keeps its own selection; work the layers share is
+        done once for the group. The inputs are left untouched.
+        """
+
+    def check_group(
+        self,
+        weights: Sequence[torch.Tensor],
+        statistics: LayerStatistics,
+        sparsities: Sequence[float],
+    ) -> None:
+        """Raise a clear error unless ``prune_group`` can work on these arguments.
+
+        The weights must be float32 matrices on one device with a common ``in_features``,
+        one sparsity each, and the statistics this method needs must be present and fit.
+        """
+        if not weights:
+            raise ValueError("prune_group needs at least one weight")
+        if len(sparsities) != len(weights):
+            raise ValueError(f"got {len(weights)} weights but {len(sparsities)} sparsities")
+        for sparsity in sparsities:
+            check_sparsity(sparsity, "each layer's sparsity")
+        in_features = weights[0].shape[-1]
+        for weight in weights:
+            if weight.dim() != 2:
+                raise ValueError(f"weights must be [out, in] matrices, got shape {tuple(weight.shape)}")
+            if weight.shape[1] != in_features:
+                raise ValueError(
+                    f"weights of one group must share in_features, got {in_features} and {weight.shape[1]}"
+                )
+            if weight.dtype != torch.float32:
+                raise TypeError(f"weights must be float32, got {weight.dtype}")
+            if weight.device != weights[0].device:
+                raise ValueError(
+                    f"weights of one group must be on one device, got {weights[0].device} and {weight.device}"
+                )
+        if self.n_m is not None and in_features % self.n_m[1]:
+            raise ValueError(
+                f"pattern {self.pattern!r} needs in_features divisible by {self.n_m[1]}, got {in_features}"
+            )
+        expected = {"input_sq_norms": (in_features,), "hessian": (in_features, in_features)}
+        for name in sorted(self.STATISTICS):
+            value = getattr(statistics, name)
+            if value is None:
+                raise ValueError(f"{type(self).__name__} needs the statistic {name!r}, which is missing")
+            if tuple(value.shape) != expected[name]:
+                raise ValueError(f"statistic {name!r} has shape {tuple(value.shape)}, expected {expected[name]}")

@@ -1,0 +1,92 @@
+"""What :func:`prunereg.oneshot` did: every pruned layer's sparsity, and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LayerReport:
+    """One pruned layer: its name in the model, weight shape ``[out, in]``, target and reached sparsity."""
+
+    name: str
+    shape: tuple[int, int]
+    target: float
+    sparsity: float
+
+
+@dataclass
+class Timings:
+    """Seconds spent, by phase.
+
+    ``capture``: running the calibration set up to the first block; ``forward``:
+    the blocks' calibration forwards (statistics passes and the re-runs that feed
+    the next block), hooks excluded; ``statistics``: accumulating norms and
+    Hessians in the hooks; ``pruning``: the method's selection and weight update;
+    ``outlier_pass``: OWL's first pass (all its phases together); ``loading``:
+    reading and writing weights when streaming; ``total``: the whole call.
+    """
+
+    capture: float = 0.0
+    forward: float = 0.0
+    statistics: float = 0.0
+    pruning: float = 0.0
+    outlier_pass: float = 0.0
+    loading: float = 0.0
+    total: float = 0.0
+
+
+@dataclass
+class OneShotReport:
+    """The result of :func:`prunereg.oneshot`: per-layer sparsity, per-block targets and timings.
+
+    ``layers`` lists every pruned layer; ``block_sparsities`` each block's target
+    (OWL's, with ``outlier_ratios``, or the uniform one); ``unpruned`` the layers
+    no calibration input reached, left dense.
+    """
+
+    method: str
+    sparsity: float
+    pattern: str | None
+    allocation: str
+    n_tokens: int
+    permanent: bool
+    layers: list[LayerReport] = field(default_factory=list)
+    block_sparsities: list[float] = field(default_factory=list)
+    outlier_ratios: list[float] | None = None
+    unpruned: list[str] = field(default_factory=list)
+    """Selected layers the calibration forward never called (left dense)."""
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def overall_sparsity(self) -> float:
+        """The share of zeros over all pruned layers' weights together."""
+        total = sum(layer.shape[0] * layer.shape[1] for layer in self.layers)
+        zeros = sum(layer.sparsity * layer.shape[0] * layer.shape[1] for layer in self.layers)
+        return zeros / total if total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (lists, numbers, strings) for JSON."""
+        return {**asdict(self), "overall_sparsity": self.overall_sparsity}
+
+    def __str__(self) -> str:
+        timings = self.timings
+        shape = self.pattern if self.pattern is not None else f"{self.sparsity:.0%} ({self.allocation})"
+        lines = [
+            f"{self.method}: {len(self.layers)} layers in {len(self.block_sparsities)} blocks pruned to {shape}, "
+            f"{self.overall_sparsity:.2%} zeros overall, from {self.n_tokens} calibration tokens",
+            f"time {timings.total:.1f} s: capture {timings.capture:.1f}, forwards {timings.forward:.1f}, "
+            f"statistics {timings.statistics:.1f}, pruning {timings.pruning:.1f}, "
+            f"outlier pass {timings.outlier_pass:.1f}, loading {timings.loading:.1f}",
+        ]
+        return "\n".join(lines)
+
+    def table(self) -> str:
+        """One line per pruned layer: name, shape, target and reached sparsity."""
+        width = max((len(layer.name) for layer in self.layers), default=4)
+        rows = [f"{'NAME':<{width}}  {'SHAPE':>12}  TARGET  SPARSITY"]
+        for layer in self.layers:
+            shape = f"{layer.shape[0]}x{layer.shape[1]}"
+            rows.append(f"{layer.name:<{width}}  {shape:>12}  {layer.target:6.2%}  {layer.sparsity:8.2%}")
+        return "\n".join(rows)
