@@ -78,7 +78,7 @@ def global_unstructured(
     for group in groups:
         if len(group) == 1:
             _tied.refuse_splitting(group[0])
-    _tied.refuse_holders_outside([(module, group[0]) for (module, _), group in zip(parameters, groups)])
+    _tied.refuse_holders_outside([(module, group) for (module, _), group in zip(parameters, groups)])
     targets = [(group[0].module, group[0].name) for group in groups]
     tensors = [getattr(module, name) for module, name in targets]
     scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]

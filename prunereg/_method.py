@@ -76,7 +76,7 @@ class BasePruningMethod(_reparam.PruningHook, ABC):
             )
         if len(group) == 1:
             _tied.refuse_splitting(first)
-        _tied.refuse_holders_outside([(module, first)])
+        _tied.refuse_holders_outside([(module, group)])
         method = cls(*args, **kwargs)
         with _reparam.all_or_nothing(_tied.tensors(group)):
             hook = _prune(first.module, first.name, method, importance_scores)

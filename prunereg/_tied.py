@@ -127,18 +127,19 @@ def refuse_splitting(site: Site) -> None:
             )
 
 
-def refuse_holders_outside(targets: Sequence[tuple[nn.Module, Site]]) -> None:
+def refuse_holders_outside(targets: Sequence[tuple[nn.Module, list[Site]]]) -> None:
     """Refuse to prune a parameter that a module outside the one given also holds, before anything changes.
 
-    ``targets`` pairs each module a pruning call was given with the site it
-    prunes. Pruning there alone would leave the outside holder (the embedding
-    tied to an LM head) with the unpruned Parameter. Finding holders means a
-    scan of every object the garbage collector tracks (tens of milliseconds in
-    a process with torch and transformers), so it runs only for parameters with
-    more references than their module's own, once for all of them; holders that
-    are not modules (optimizers, user variables) are fine.
+    ``targets`` pairs each module a pruning call was given with the group it
+    prunes (:func:`sites`). Pruning there alone would leave the outside holder
+    (the embedding tied to an LM head) with the unpruned Parameter. Finding
+    holders means a scan of every object the garbage collector tracks (tens of
+    milliseconds in a process with torch and transformers), so it runs only for
+    parameters with more references than the group's modules account for, once
+    for all of them; holders that are not modules (optimizers, user variables)
+    are fine.
     """
-    suspects = [(root, site) for root, site in targets if _has_unexplained_references(site)]
+    suspects = [(root, group[0]) for root, group in targets if _has_unexplained_references(group)]
     if not suspects:
         return
     parameters = [site.module._parameters[_key(site)] for _, site in suspects]
@@ -169,17 +170,20 @@ def _key(site: Site) -> str:
     return site.name + "_orig" if _reparam.pruning_hooks(site.module, site.name) else site.name
 
 
-def _has_unexplained_references(site: Site) -> bool:
-    """Whether something besides its module may hold the parameter at ``site``: cheap, never wrongly False.
+def _has_unexplained_references(group: list[Site]) -> bool:
+    """Whether something besides the modules of ``group`` may hold its parameter: cheap, never wrongly False.
 
-    No local variable here may hold the parameter while it is counted.
+    Each module holding it accounts for one reference, a live autograd graph
+    for one more. No local variable here may hold the parameter while it is counted.
     """
+    site = group[0]
     key = _key(site)
     if site.module._parameters.get(key) is None:
         return False
     pruned = getattr(site.module, site.name, None) if key != site.name else None
     in_graph = pruned is not None and _computed_from(pruned, site.module._parameters[key])
-    return _references(site.module._parameters, key) > _own_references()[in_graph]
+    other_holders = len({(id(member.module), member.name) for member in group}) - 1
+    return _references(site.module._parameters, key) > _own_references()[in_graph] + other_holders
 
 
 def _references(parameters: dict[str, Any], key: str) -> int:

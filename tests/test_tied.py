@@ -332,3 +332,24 @@ def test_gpt2_pruned_by_dotted_names_keeps_the_tie(together):
     assert torch.equal(model.lm_head.weight_mask, wte.weight_mask) and bool((wte.weight_mask == 0).any())
     model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
     assert torch.equal(model.lm_head.weight, wte.weight)
+
+
+def test_a_tie_pruned_from_the_model_needs_no_scan(monkeypatch):
+    model = tied_lm()
+    scans = CountingScans(monkeypatch)
+    prune.l1_unstructured(model, "head.weight", amount=0.5)
+    prune.l1_unstructured(model, "embed.weight", amount=0.2)
+    prune.global_unstructured([(model, "head.weight"), (model, "body.weight")], prune.L1Unstructured, amount=0.3)
+    assert scans.scanned_for == []
+    assert torch.equal(model.head.weight_mask, model.embed.weight_mask)
+
+
+def test_a_module_used_twice_counts_once_when_looking_for_outside_holders():
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    outside = nn.Linear(4, 4)
+    outside.weight = shared.weight
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"Linear\.weight, outside the Sequential given"):
+        prune.l1_unstructured(model, "0.weight", amount=0.5)
+    assert_unchanged(model, before)
