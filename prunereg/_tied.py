@@ -144,10 +144,11 @@ def refuse_holders_outside(targets: Sequence[tuple[nn.Module, list[Site]]]) -> N
         return
     parameters = [site.module._parameters[_key(site)] for _, site in suspects]
     referrers = gc.get_referrers(*parameters)
+    snapshots = {id(held) for held in _reparam.snapshot_parameters()}
     inside: dict[int, set[int]] = {}
     for (root, site), parameter in zip(suspects, parameters):
         if id(root) not in inside:
-            inside[id(root)] = {id(module._parameters) for module in root.modules()}
+            inside[id(root)] = snapshots | {id(module._parameters) for module in root.modules()}
         foreign = [
             held
             for held in referrers
@@ -173,8 +174,10 @@ def _key(site: Site) -> str:
 def _has_unexplained_references(group: list[Site]) -> bool:
     """Whether something besides the modules of ``group`` may hold its parameter: cheap, never wrongly False.
 
-    Each module holding it accounts for one reference, a live autograd graph
-    for one more. No local variable here may hold the parameter while it is counted.
+    Each module holding it accounts for one reference, and so does each copy
+    of a ``_parameters`` that an open :func:`prunereg._reparam.all_or_nothing`
+    holds; a live autograd graph accounts for one more. No local variable here
+    may hold the parameter while it is counted.
     """
     site = group[0]
     key = _key(site)
@@ -183,7 +186,12 @@ def _has_unexplained_references(group: list[Site]) -> bool:
     pruned = getattr(site.module, site.name, None) if key != site.name else None
     in_graph = pruned is not None and _computed_from(pruned, site.module._parameters[key])
     other_holders = len({(id(member.module), member.name) for member in group}) - 1
-    return _references(site.module._parameters, key) > _own_references()[in_graph] + other_holders
+    snapshots = _snapshot_references(site.module._parameters[key])
+    return _references(site.module._parameters, key) > _own_references()[in_graph] + other_holders + snapshots
+
+
+def _snapshot_references(parameter: torch.Tensor | None) -> int:
+    return sum(value is parameter for held in _reparam.snapshot_parameters() for value in held.values())
 
 
 def _references(parameters: dict[str, Any], key: str) -> int:

@@ -353,3 +353,26 @@ def test_a_module_used_twice_counts_once_when_looking_for_outside_holders():
     with pytest.raises(ValueError, match=r"Linear\.weight, outside the Sequential given"):
         prune.l1_unstructured(model, "0.weight", amount=0.5)
     assert_unchanged(model, before)
+
+
+def test_apply_masks_prunes_a_tied_parameter_everywhere(monkeypatch):
+    model = tied_lm()
+    mask = (torch.rand(12, 6, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    scans = CountingScans(monkeypatch)
+    prunereg.apply_masks(model, {"embed.weight": mask, "body.weight": torch.ones(6, 6), "body.bias": torch.ones(6)})
+    assert scans.scanned_for == []  # apply_masks' own all_or_nothing snapshots are accounted for
+    assert model.head.weight_orig is model.embed.weight_orig
+    assert torch.equal(model.head.weight_mask, mask) and torch.equal(model.embed.weight_mask, mask)
+    assert torch.equal(model.head.weight, model.embed.weight)
+
+
+def test_inside_all_or_nothing_one_side_of_a_tie_is_still_refused():
+    from prunereg.toolkit import all_or_nothing
+
+    model = tied_lm()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"shares its Parameter with Embedding\.weight"):
+        with all_or_nothing([(model.head, "weight"), (model.body, "weight")]):
+            prune.l1_unstructured(model.body, "weight", amount=0.5)
+            prune.l1_unstructured(model.head, "weight", amount=0.5)
+    assert_unchanged(model, before)
