@@ -216,7 +216,8 @@ def _own_references() -> tuple[int, int]:
     keep the tensor. That one is all they add, whatever they are (hence the
     cap, in case the measurement ran under a mode that keeps tensors).
     """
-    fresh = nn.Linear(1, 1)
+    fresh = nn.Module()
+    fresh.weight = nn.Parameter(torch.zeros(1))  # no random initialisation: the user's random stream stays as it was
     alone = _references(fresh._parameters, "weight")
     with torch.enable_grad():
         derived = fresh.weight * 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 import prunereg
 import prunereg.prune as prune
+from prunereg import _tied
 
 
 class TiedLM(nn.Module):
@@ -371,8 +373,21 @@ def test_inside_all_or_nothing_one_side_of_a_tie_is_still_refused():
 
     model = tied_lm()
     before = snapshot(model)
-    with pytest.raises(ValueError, match=r"shares its Parameter with Embedding\.weight"):
-        with all_or_nothing([(model.head, "weight"), (model.body, "weight")]):
-            prune.l1_unstructured(model.body, "weight", amount=0.5)
-            prune.l1_unstructured(model.head, "weight", amount=0.5)
+    with (
+        pytest.raises(ValueError, match=r"shares its Parameter with Embedding\.weight"),
+        all_or_nothing([(model.head, "weight"), (model.body, "weight")]),
+    ):
+        prune.l1_unstructured(model.body, "weight", amount=0.5)
+        prune.l1_unstructured(model.head, "weight", amount=0.5)
     assert_unchanged(model, before)
+
+
+def test_the_check_leaves_the_random_stream_as_torch_would(monkeypatch):
+    monkeypatch.setattr("prunereg._tied._own_references", functools.cache(_tied._own_references.__wrapped__))
+    ours, theirs = nn.Linear(8, 8), nn.Linear(8, 8)
+    theirs.load_state_dict(ours.state_dict())
+    torch.manual_seed(1)
+    prune.random_unstructured(ours, "weight", amount=0.5)  # the first check measures its reference counts
+    torch.manual_seed(1)
+    torch_prune.random_unstructured(theirs, "weight", amount=0.5)
+    assert torch.equal(ours.weight_mask, theirs.weight_mask)
