@@ -191,6 +191,7 @@ def _has_unexplained_references(group: list[Site]) -> bool:
 
 
 def _snapshot_references(parameter: torch.Tensor | None) -> int:
+    """How many copies of ``_parameters`` that open ``all_or_nothing`` blocks hold reference ``parameter``."""
     return sum(value is parameter for held in _reparam.snapshot_parameters() for value in held.values())
 
 
@@ -216,10 +217,10 @@ def _own_references() -> tuple[int, int]:
     keep the tensor. That one is all they add, whatever they are (hence the
     cap, in case the measurement ran under a mode that keeps tensors).
     """
-    fresh = nn.Module()
-    fresh.weight = nn.Parameter(torch.zeros(1))  # no random initialisation: the user's random stream stays as it was
-    alone = _references(fresh._parameters, "weight")
-    with torch.enable_grad():
+    with torch.inference_mode(False), torch.enable_grad():
+        fresh = nn.Module()
+        fresh.weight = nn.Parameter(torch.zeros(1))  # not nn.Linear: drawing its initial values would move the seed
+        alone = _references(fresh._parameters, "weight")
         derived = fresh.weight * 1
         in_graph = _references(fresh._parameters, "weight") if _computed_from(derived, fresh.weight) else alone
     return alone, min(in_graph, alone + 1)
