@@ -48,7 +48,8 @@ def global_unstructured(
     docstring) and no concatenated mask stays alive. All tensors are pruned or,
     on any error, none. As with ``apply``, a name may be dotted, relative to
     any ancestor (``(model, "lm_head.weight")``): a parameter tied to others
-    under that ancestor is then pruned with the same mask everywhere.
+    under that ancestor is then pruned with the same mask everywhere; one held
+    by a module outside the module given is refused (ValueError naming it).
     """
     if not isinstance(parameters, Iterable):
         raise TypeError("global_unstructured(): parameters is not an Iterable")
@@ -77,6 +78,7 @@ def global_unstructured(
     for group in groups:
         if len(group) == 1:
             _tied.refuse_splitting(group[0])
+    _tied.refuse_holders_outside([(module, group) for (module, _), group in zip(parameters, groups)])
     targets = [(group[0].module, group[0].name) for group in groups]
     tensors = [getattr(module, name) for module, name in targets]
     scores = [_scores_for(importance_scores, pair, t) for pair, t in zip(parameters, tensors)]

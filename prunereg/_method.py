@@ -63,8 +63,9 @@ class BasePruningMethod(_reparam.PruningHook, ABC):
         ``name`` may be dotted, relative to any ancestor (``model, "lm_head.weight"``):
         every other attribute under ``module`` holding the same Parameter (a tied
         embedding) is then pruned with the same mask, and attention modules on
-        the way refresh the tensor before their forward. Nothing changes on the
-        module unless every step succeeds.
+        the way refresh the tensor before their forward. A parameter that a
+        module outside ``module`` also holds is refused (ValueError naming it).
+        Nothing changes on the module unless every step succeeds.
         """
         group = _tied.sites(module, name)
         first = group[0]
@@ -75,6 +76,7 @@ class BasePruningMethod(_reparam.PruningHook, ABC):
             )
         if len(group) == 1:
             _tied.refuse_splitting(first)
+        _tied.refuse_holders_outside([(module, group)])
         method = cls(*args, **kwargs)
         with _reparam.all_or_nothing(_tied.tensors(group)):
             hook = _prune(first.module, first.name, method, importance_scores)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from prunereg import _checkpoint, _reparam
+from prunereg import _checkpoint, _reparam, _tied
 from prunereg._custom import CustomFromMask
 from prunereg._distributed import combine_masks
 from prunereg._global import global_masks
@@ -176,7 +176,8 @@ def apply_masks(
     ``masks`` maps parameter names (``"encoder.0.weight"``) to masks of their
     shapes (zero: pruned), or is a file that ``prunereg prune --masks`` wrote.
     Each parameter is pruned with ``custom_from_mask``, on top of any earlier
-    pruning. A checkpoint pruned offline fine-tunes with its pruning kept::
+    pruning, named from ``model`` (a tied parameter is pruned everywhere it
+    is used). A checkpoint pruned offline fine-tunes with its pruning kept::
 
         model.load_state_dict(safetensors.torch.load_file("pruned.safetensors"))
         prunereg.apply_masks(model, "masks.safetensors")
@@ -200,8 +201,11 @@ def apply_masks(
             raise ValueError(
                 f"the mask for {name!r} has shape {list(mask.shape)}, the tensor {list(tensor.shape)}"
             )
-        targets.append((module, tensor_name, mask))
-    with _reparam.all_or_nothing([(module, tensor_name) for module, tensor_name, _ in targets]):
-        for module, tensor_name, mask in targets:
-            CustomFromMask.apply(module, tensor_name, mask)
+        targets.append((name, mask))
+        del tensor  # a reference left here would look like another holder to the tie check (a slow scan)
+    # Named from the model, a tied parameter (GPT-2's wte and lm_head) is pruned everywhere it is used.
+    tied = [(site.module, site.name) for name, _ in targets for site in _tied.sites(model, name)]
+    with _reparam.all_or_nothing(tied):
+        for name, mask in targets:
+            CustomFromMask.apply(model, name, mask)
     return model

@@ -23,6 +23,7 @@ import copy
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -159,12 +160,24 @@ def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: st
 def all_or_nothing(tensors: list[tuple[nn.Module, str]]) -> Iterator[None]:
     """Undo every pruning change made to these ``(module, name)`` tensors if the block raises."""
     snapshots = [_Snapshot(module, name) for module, name in tensors]
+    opened = _open_snapshots.set(_open_snapshots.get() + tuple(snapshots))
     try:
         yield
     except BaseException:
         for snapshot in reversed(snapshots):
             snapshot.restore()
         raise
+    finally:
+        _open_snapshots.reset(opened)
+
+
+def snapshot_parameters() -> list[dict[str, torch.nn.Parameter | None]]:
+    """The copies of ``_parameters`` that the :func:`all_or_nothing` blocks now open hold.
+
+    They reference the parameters too, which :mod:`prunereg._tied` must not
+    take for another module sharing them.
+    """
+    return [snapshot.parameters for snapshot in _open_snapshots.get()]
 
 
 class _Snapshot:
@@ -193,6 +206,7 @@ class _Snapshot:
 
 
 _MISSING = object()
+_open_snapshots: ContextVar[tuple[_Snapshot, ...]] = ContextVar("prunereg_open_snapshots", default=())
 
 
 def _refill(target: dict[Any, Any], content: dict[Any, Any]) -> None:

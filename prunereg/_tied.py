@@ -12,18 +12,26 @@ them are then pruned with one mask, each module with its own hook, so every
 use of the parameter sees the same pruned values. The hooks remember the
 group, and pruning one member alone afterwards (which would split it) is
 refused with an error naming the others.
+
+Naming the tensor from a module that does not hold every user of it
+(``prune.l1_unstructured(model.lm_head, "weight", ...)``) would leave the
+others with the unpruned Parameter, so it is refused, before anything changes,
+with an error naming them (:func:`refuse_holders_outside`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, NamedTuple
+import functools
+import gc
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
 
 from prunereg import _attention, _reparam
-
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
 
 
 class Site(NamedTuple):
@@ -117,3 +125,126 @@ def refuse_splitting(site: Site) -> None:
                 f"{hook._shared_as} shares its parameter with {', '.join(others)}: prune them together "
                 f"from a module holding all of them, e.g. prune.l1_unstructured(model, {hook._shared_as!r}, ...)"
             )
+
+
+def refuse_holders_outside(targets: Sequence[tuple[nn.Module, list[Site]]]) -> None:
+    """Refuse to prune a parameter that a module outside the one given also holds, before anything changes.
+
+    ``targets`` pairs each module a pruning call was given with the group it
+    prunes (:func:`sites`). Pruning there alone would leave the outside holder
+    (the embedding tied to an LM head) with the unpruned Parameter. Finding
+    holders means a scan of every object the garbage collector tracks (tens of
+    milliseconds in a process with torch and transformers), so it runs only for
+    parameters with more references than the group's modules account for, once
+    for all of them; holders that are not modules (optimizers, user variables)
+    are fine.
+    """
+    suspects = [(root, group[0]) for root, group in targets if _has_unexplained_references(group)]
+    if not suspects:
+        return
+    parameters = [site.module._parameters[_key(site)] for _, site in suspects]
+    referrers = gc.get_referrers(*parameters)
+    snapshots = {id(held) for held in _reparam.snapshot_parameters()}
+    inside: dict[int, set[int]] = {}
+    for (root, site), parameter in zip(suspects, parameters):
+        if id(root) not in inside:
+            inside[id(root)] = snapshots | {id(module._parameters) for module in root.modules()}
+        foreign = [
+            held
+            for held in referrers
+            if isinstance(held, dict)
+            and id(held) not in inside[id(root)]
+            and any(value is parameter for value in held.values())
+        ]
+        holders = _module_holders(foreign, parameter) if foreign else []
+        if holders:
+            raise ValueError(
+                f"{type(site.module).__name__}.{site.name} shares its Parameter with {', '.join(holders)}, outside "
+                f"the {type(root).__name__} given: pruning it there alone would leave them unpruned. Prune every use "
+                "at once: give a module holding all of them and a dotted name (model, 'lm_head.weight' rather than "
+                "model.lm_head, 'weight')"
+            )
+
+
+def _key(site: Site) -> str:
+    """The key of ``site``'s parameter in its module's ``_parameters``."""
+    return site.name + "_orig" if _reparam.pruning_hooks(site.module, site.name) else site.name
+
+
+def _has_unexplained_references(group: list[Site]) -> bool:
+    """Whether something besides the modules of ``group`` may hold its parameter: cheap, never wrongly False.
+
+    Each module holding it accounts for one reference, and so does each copy
+    of a ``_parameters`` that an open :func:`prunereg._reparam.all_or_nothing`
+    holds; a live autograd graph accounts for one more. No local variable here
+    may hold the parameter while it is counted.
+    """
+    site = group[0]
+    key = _key(site)
+    if site.module._parameters.get(key) is None:
+        return False
+    pruned = getattr(site.module, site.name, None) if key != site.name else None
+    in_graph = pruned is not None and _computed_from(pruned, site.module._parameters[key])
+    other_holders = len({(id(member.module), member.name) for member in group}) - 1
+    snapshots = _snapshot_references(site.module._parameters[key])
+    return _references(site.module._parameters, key) > _own_references()[in_graph] + other_holders + snapshots
+
+
+def _snapshot_references(parameter: torch.Tensor | None) -> int:
+    """How many copies of ``_parameters`` that open ``all_or_nothing`` blocks hold reference ``parameter``."""
+    return sum(value is parameter for held in _reparam.snapshot_parameters() for value in held.values())
+
+
+def _references(parameters: dict[str, Any], key: str) -> int:
+    """The reference count of ``parameters[key]``, as seen from here (the calibration measures the same way)."""
+    return sys.getrefcount(parameters[key])
+
+
+def _computed_from(tensor: torch.Tensor, parameter: torch.Tensor | None) -> bool:
+    """Whether autograd links ``tensor`` to ``parameter`` in one step, as a pruned tensor to its ``_orig``."""
+    grad_fn = tensor.grad_fn
+    return grad_fn is not None and any(
+        getattr(node, "variable", None) is parameter for node, _ in grad_fn.next_functions
+    )
+
+
+@functools.cache
+def _own_references() -> tuple[int, int]:
+    """What :func:`_references` counts for a parameter only its module holds: alone, and in a live autograd graph.
+
+    Measured on a fresh module rather than assumed: the count differs between
+    CPython versions, and torch holds one more reference while autograd nodes
+    keep the tensor. That one is all they add, whatever they are (hence the
+    cap, in case the measurement ran under a mode that keeps tensors).
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        fresh = nn.Module()
+        fresh.weight = nn.Parameter(torch.zeros(1))  # not nn.Linear: drawing its initial values would move the seed
+        alone = _references(fresh._parameters, "weight")
+        derived = fresh.weight * 1
+        in_graph = _references(fresh._parameters, "weight") if _computed_from(derived, fresh.weight) else alone
+    return alone, min(in_graph, alone + 1)
+
+
+def _module_holders(dicts: list[dict[Any, Any]], parameter: torch.Tensor | None) -> list[str]:
+    """``Class.attribute`` of every module whose ``_parameters`` is one of ``dicts`` and holds ``parameter``."""
+    holders: list[str] = []
+    # A module holds its _parameters directly or, once its __dict__ exists as an object, through that dict.
+    pending: list[Any] = dicts
+    while pending:
+        module_dicts = []
+        for referrer in gc.get_referrers(*pending):
+            if isinstance(referrer, nn.Module) and any(referrer._parameters is held for held in dicts):
+                holders += [
+                    f"{type(referrer).__name__}.{key}"
+                    for key, value in referrer._parameters.items()
+                    if value is parameter
+                ]
+            elif (
+                type(referrer) is dict
+                and pending is dicts
+                and any(referrer.get("_parameters") is held for held in dicts)
+            ):
+                module_dicts.append(referrer)
+        pending = module_dicts
+    return list(dict.fromkeys(holders))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 import prunereg
 import prunereg.prune as prune
+from prunereg import _tied
 
 
 class TiedLM(nn.Module):
@@ -172,3 +174,223 @@ def test_global_pruning_with_dotted_names_prunes_the_tied_parameter_everywhere()
     assert model.embed.weight_orig is model.head.weight_orig
     with pytest.raises(ValueError, match="shares its parameter"):
         prune.global_unstructured([(model.head, "weight")], prune.L1Unstructured, amount=0.1)
+
+
+def snapshot(model: nn.Module) -> tuple[list[str], dict[str, int], dict[str, list[int]], dict[str, torch.Tensor]]:
+    """What pruning would change: state_dict keys, each parameter's identity, each module's hooks, every value."""
+    state = model.state_dict(keep_vars=True)
+    return (
+        list(state),
+        {name: id(parameter) for name, parameter in model.named_parameters(remove_duplicate=False)},
+        {name: [id(hook) for hook in module._forward_pre_hooks.values()] for name, module in model.named_modules()},
+        {key: value.detach().clone() for key, value in state.items()},
+    )
+
+
+def assert_unchanged(model: nn.Module, before: tuple) -> None:
+    keys, identities, hooks, values = snapshot(model)
+    assert (keys, identities, hooks) == before[:3]
+    for key, value in values.items():
+        assert torch.equal(value, before[3][key]), key
+
+
+PRUNE_ONE = {
+    "l1_unstructured": lambda module, name: prune.l1_unstructured(module, name, amount=0.5),
+    "random_structured": lambda module, name: prune.random_structured(module, name, amount=1, dim=0),
+    "identity": prune.identity,
+    "custom_from_mask": lambda module, name: prune.custom_from_mask(
+        module, name, torch.ones_like(getattr(module, name))
+    ),
+}
+
+
+@pytest.mark.parametrize("how", PRUNE_ONE)
+@pytest.mark.parametrize(("side", "other"), [("head", r"Embedding\.weight"), ("embed", r"Linear\.weight")])
+def test_pruning_one_side_of_a_tie_directly_is_refused_and_changes_nothing(how, side, other):
+    model = tied_lm()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=rf"shares its Parameter with {other}, outside .*dotted name"):
+        PRUNE_ONE[how](getattr(model, side), "weight")
+    assert_unchanged(model, before)
+    assert model.head.weight is model.embed.weight
+
+
+def test_a_tie_reaching_outside_the_module_given_is_refused():
+    model = nn.Sequential(tied_lm())
+    outer = nn.Linear(6, 12, bias=False)
+    outer.weight = model[0].embed.weight
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"Linear\.weight, outside the Sequential given"):
+        prune.l1_unstructured(model, "0.head.weight", amount=0.5)
+    assert_unchanged(model, before)
+
+
+def test_a_tie_that_torch_split_is_not_pruned_further_on_one_side():
+    model = tied_lm()
+    torch_prune.l1_unstructured(model.head, "weight", amount=0.5)  # head.weight now has an autograd graph
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"shares its Parameter with Embedding\.weight"):
+        prune.l1_unstructured(model.head, "weight", amount=0.2)
+    with pytest.raises(ValueError, match=r"shares its Parameter with Linear\.weight_orig"):
+        prune.l1_unstructured(model.embed, "weight", amount=0.2)
+    assert_unchanged(model, before)
+
+
+class CountingScans:
+    """Records the calls of gc.get_referrers that prunereg's tie check makes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import gc
+
+        self.scanned_for: list[int] = []  # how many objects each scan looked for
+        real = gc.get_referrers
+
+        def counted(*objects: object) -> list:
+            self.scanned_for.append(len(objects))
+            return real(*objects)
+
+        monkeypatch.setattr("prunereg._tied.gc.get_referrers", counted)
+
+
+def test_a_parameter_only_its_module_holds_is_pruned_without_a_scan(monkeypatch):
+    model = tied_lm()
+    scans = CountingScans(monkeypatch)
+    prune.l1_unstructured(model.body, "weight", amount=0.5)
+    prune.l1_unstructured(model.body, "weight", amount=0.5)  # again: its pruned tensor's graph holds it too
+    with torch.no_grad():
+        prune.l1_unstructured(model.body, "bias", amount=0.5)
+        prune.l1_unstructured(model.body, "bias", amount=0.5)
+    assert scans.scanned_for == []
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+def test_an_untied_parameter_an_optimizer_holds_is_scanned_and_pruned(monkeypatch, optimizer):
+    model, reference = tied_lm(), tied_lm()
+    held = optimizer(model.parameters(), lr=0.1)
+    model(IDS).square().mean().backward()
+    held.step()  # Adam's state now holds the parameters too
+    reference.load_state_dict(model.state_dict())
+    named = dict(model.named_parameters())  # a dict holding it that is not a module's
+    scans = CountingScans(monkeypatch)
+    prune.l1_unstructured(model.body, "weight", amount=0.5)
+    torch_prune.l1_unstructured(reference.body, "weight", amount=0.5)
+    assert scans.scanned_for[0] == 1
+    assert torch.equal(model.body.weight_mask, reference.body.weight_mask)
+    assert named["body.weight"] is model.body.weight_orig
+    assert any(parameter is model.body.weight_orig for parameter in held.param_groups[0]["params"])
+
+
+def test_global_pruning_over_one_side_of_a_tie_is_refused_and_changes_nothing(monkeypatch):
+    model = tied_lm()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = snapshot(model)
+    scans = CountingScans(monkeypatch)
+    with pytest.raises(ValueError, match=r"Linear\.weight shares its Parameter with Embedding\.weight"):
+        prune.global_unstructured(
+            [(model.body, "weight"), (model.body, "bias"), (model.head, "weight")], prune.L1Unstructured, amount=0.5
+        )
+    assert_unchanged(model, before)
+    assert scans.scanned_for[0] == 3  # one scan for every parameter the optimizer holds
+    assert len(optimizer.param_groups[0]["params"]) == 3
+
+
+def gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=2, n_positions=16)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    from transformers.pytorch_utils import Conv1D
+
+    return [name for name, module in model.named_modules() if isinstance(module, (nn.Linear, Conv1D))]
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one-by-one", "global"])
+def test_gpt2_pruned_through_its_modules_refuses_the_tied_head_and_changes_nothing(together):
+    model = gpt2()
+    names = linear_names(model)
+    assert names[-1] == "lm_head"
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"Linear\.weight shares its Parameter with Embedding\.weight"):
+        if together:
+            targets = [(model.get_submodule(name), "weight") for name in names]
+            prune.global_unstructured(targets, prune.L1Unstructured, amount=0.5)
+        else:
+            prune.l1_unstructured(model.lm_head, "weight", amount=0.5)
+    assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one-by-one", "global"])
+def test_gpt2_pruned_by_dotted_names_keeps_the_tie(together):
+    model = gpt2()
+    torch.optim.AdamW(model.parameters())
+    names = [f"{name}.weight" for name in linear_names(model)]
+    if together:
+        prune.global_unstructured([(model, name) for name in names], prune.L1Unstructured, amount=0.5)
+    else:
+        for name in names:
+            prune.l1_unstructured(model, name, amount=0.5)
+    wte = model.transformer.wte
+    assert model.lm_head.weight_orig is wte.weight_orig
+    assert torch.equal(model.lm_head.weight_mask, wte.weight_mask) and bool((wte.weight_mask == 0).any())
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    assert torch.equal(model.lm_head.weight, wte.weight)
+
+
+def test_a_tie_pruned_from_the_model_needs_no_scan(monkeypatch):
+    model = tied_lm()
+    scans = CountingScans(monkeypatch)
+    prune.l1_unstructured(model, "head.weight", amount=0.5)
+    prune.l1_unstructured(model, "embed.weight", amount=0.2)
+    prune.global_unstructured([(model, "head.weight"), (model, "body.weight")], prune.L1Unstructured, amount=0.3)
+    assert scans.scanned_for == []
+    assert torch.equal(model.head.weight_mask, model.embed.weight_mask)
+
+
+def test_a_module_used_twice_counts_once_when_looking_for_outside_holders():
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    outside = nn.Linear(4, 4)
+    outside.weight = shared.weight
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"Linear\.weight, outside the Sequential given"):
+        prune.l1_unstructured(model, "0.weight", amount=0.5)
+    assert_unchanged(model, before)
+
+
+def test_apply_masks_prunes_a_tied_parameter_everywhere(monkeypatch):
+    model = tied_lm()
+    mask = (torch.rand(12, 6, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    scans = CountingScans(monkeypatch)
+    prunereg.apply_masks(model, {"embed.weight": mask, "body.weight": torch.ones(6, 6), "body.bias": torch.ones(6)})
+    assert scans.scanned_for == []  # apply_masks' own all_or_nothing snapshots are accounted for
+    assert model.head.weight_orig is model.embed.weight_orig
+    assert torch.equal(model.head.weight_mask, mask) and torch.equal(model.embed.weight_mask, mask)
+    assert torch.equal(model.head.weight, model.embed.weight)
+
+
+def test_inside_all_or_nothing_one_side_of_a_tie_is_still_refused():
+    from prunereg.toolkit import all_or_nothing
+
+    model = tied_lm()
+    before = snapshot(model)
+    with (
+        pytest.raises(ValueError, match=r"shares its Parameter with Embedding\.weight"),
+        all_or_nothing([(model.head, "weight"), (model.body, "weight")]),
+    ):
+        prune.l1_unstructured(model.body, "weight", amount=0.5)
+        prune.l1_unstructured(model.head, "weight", amount=0.5)
+    assert_unchanged(model, before)
+
+
+def test_the_check_leaves_the_random_stream_as_torch_would(monkeypatch):
+    monkeypatch.setattr("prunereg._tied._own_references", functools.cache(_tied._own_references.__wrapped__))
+    ours, theirs = nn.Linear(8, 8), nn.Linear(8, 8)
+    theirs.load_state_dict(ours.state_dict())
+    torch.manual_seed(1)
+    prune.random_unstructured(ours, "weight", amount=0.5)  # the first check measures its reference counts
+    torch.manual_seed(1)
+    torch_prune.random_unstructured(theirs, "weight", amount=0.5)
+    assert torch.equal(ours.weight_mask, theirs.weight_mask)
