@@ -53,8 +53,9 @@ def case(name: str, group: str, title: str, libs: tuple[str, ...] = BOTH) -> Cal
     return register
 
 
-def measure(operation: Callable[[], object], *, weights: int, warmup: Callable[[], object] | None = None,
-            repeat: bool = True) -> dict[str, Any]:
+def measure(
+    operation: Callable[[], object], *, weights: int, warmup: Callable[[], object] | None = None, repeat: bool = True
+) -> dict[str, Any]:
     """Time ``operation`` (best of several runs if ``repeat``) and its peak memory above the inputs."""
     if warmup is not None:
         warmup()
@@ -106,8 +107,9 @@ def _compute_mask_case(method: str, dtype_name: str) -> Callable[[str, bool], di
         t = torch.randn(side, side).to(getattr(torch, dtype_name))
         default = torch.ones_like(t)
         pruning = _MASK_METHODS[method](_prune_module(lib))
-        result = measure(lambda: pruning.compute_mask(t, default), weights=t.nbytes,
-                         warmup=lambda: pruning.compute_mask(t, default))
+        result = measure(
+            lambda: pruning.compute_mask(t, default), weights=t.nbytes, warmup=lambda: pruning.compute_mask(t, default)
+        )
         if method == "random_unstructured":
             # torch's masks need torch's draws: rand_like alone bounds any speedup.
             result["draws"] = measure(lambda: torch.rand_like(t), weights=t.nbytes)["seconds"]
@@ -132,8 +134,14 @@ def _mlp(layers: int, width: int, dtype: Any, bias: bool = True) -> Any:
     return nn.Sequential(*[nn.Linear(width, width, bias=bias, dtype=dtype) for _ in range(layers)])
 
 
-def _global_case(layers: int, width: int, dtype_name: str, method: str = "L1Unstructured",
-                 compact: bool = False, quick_shape: tuple[int, int] = (4, 256)) -> Callable:
+def _global_case(
+    layers: int,
+    width: int,
+    dtype_name: str,
+    method: str = "L1Unstructured",
+    compact: bool = False,
+    quick_shape: tuple[int, int] = (4, 256),
+) -> Callable:
     def run(lib: str, quick: bool) -> dict[str, Any]:
         import torch
 
@@ -167,15 +175,21 @@ case("global/l1/50M/bfloat16", "global", "12 x Linear(2048, 2048), L1, bfloat16"
 case("global/l1/100M/float32", "global", "24 x Linear(2048, 2048), L1, float32")(
     _global_case(24, 2048, "float32", quick_shape=(8, 256))
 )
-case("global/l1/50M/float32/compact", "compact", "12 x Linear(2048, 2048), L1, float32, compact masks",
-     libs=("prunereg",))(_global_case(12, 2048, "float32", compact=True))
+case(
+    "global/l1/50M/float32/compact",
+    "compact",
+    "12 x Linear(2048, 2048), L1, float32, compact masks",
+    libs=("prunereg",),
+)(_global_case(12, 2048, "float32", compact=True))
 
 
 @case("global/l1/1B/bfloat16", "scale", "60 x Linear(4096, 4096), L1, bfloat16 (1.0B parameters)", libs=("prunereg",))
 def one_billion(lib: str, quick: bool) -> dict[str, Any]:
     if not quick and memory.available() < ONE_BILLION_NEEDS:
-        return {"skipped": f"needs {ONE_BILLION_NEEDS / memory.GIB:.0f} GiB available, "
-                           f"{memory.available() / memory.GIB:.1f} GiB are"}
+        return {
+            "skipped": f"needs {ONE_BILLION_NEEDS / memory.GIB:.0f} GiB available, "
+            f"{memory.available() / memory.GIB:.1f} GiB are"
+        }
     return _global_case(60, 4096, "bfloat16", quick_shape=(4, 512))(lib, quick)
 
 
@@ -251,8 +265,12 @@ def _interleaved(steps: dict[str, Callable[[], object]], rounds: int) -> dict[st
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-@case("compile/forward", "compile", "compiled forward, 12 x (Linear(2048, 2048) + ReLU), batch 64, pruned 50 %",
-      libs=TOGETHER)
+@case(
+    "compile/forward",
+    "compile",
+    "compiled forward, 12 x (Linear(2048, 2048) + ReLU), batch 64, pruned 50 %",
+    libs=TOGETHER,
+)
 def compiled_forward(lib: str, quick: bool) -> dict[str, Any]:
     import torch
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -264,8 +282,9 @@ def compiled_forward(lib: str, quick: bool) -> dict[str, Any]:
         for function in compiled.values():
             for _ in range(3):
                 function(x)
-        result: dict[str, Any] = _interleaved({name: lambda f=f: f(x) for name, f in compiled.items()},
-                                              5 if quick else 25)
+        result: dict[str, Any] = _interleaved(
+            {name: lambda f=f: f(x) for name, f in compiled.items()}, 5 if quick else 25
+        )
     return result | {"graphs": {name: counter.frame_count for name, counter in counters.items()}}
 
 

@@ -11,6 +11,7 @@ its own; prunereg and torch run one after the other on the same machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -23,7 +24,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import memory  # noqa: E402
-from cases import CASES, TOGETHER  # noqa: E402
+from cases import CASES  # noqa: E402
 
 ROOT = HERE.parent
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
@@ -39,7 +40,7 @@ def run_case(name: str, lib: str, quick: bool) -> dict[str, Any]:
         return {"error": f"timed out after {TIMEOUT} s"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     return {"error": tail[:200]}
 
@@ -56,16 +57,23 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     total = 0
-    try:
-        total = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                         if line.startswith("MemTotal:"))) * 1024
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError, StopIteration):
+        total = (
+            int(
+                next(
+                    line.split()[1]
+                    for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("MemTotal:")
+                )
+            )
+            * 1024
+        )
     return {
         "cpu": f"{cpu}, {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads",
         "memory": f"{total / memory.GIB:.1f} GiB",
@@ -112,8 +120,9 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}x"
 
 
-def report(results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], loads: tuple[str, str],
-           quick: bool) -> str:
+def report(
+    results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], loads: tuple[str, str], quick: bool
+) -> str:
     lines = [
         "# Benchmarks",
         "",
@@ -129,7 +138,11 @@ def report(results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], 
         "(*weights*); *kept* is what is still resident after the call returned, same units.",
         "[performance.md](performance.md) explains where the differences come from.",
         "",
-        *(["**--quick: small sizes (the titles name the full ones); a smoke test, not figures.**", ""] if quick else []),
+        *(
+            ["**--quick: small sizes (the titles name the full ones); a smoke test, not figures.**", ""]
+            if quick
+            else []
+        ),
         "| machine | |",
         "|---|---|",
         *(f"| {key} | {value} |" for key, value in info.items()),
@@ -145,13 +158,24 @@ def report(results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], 
     return "\n".join(lines) + "\n"
 
 
-def _section(heading: str, columns: list[str], rows: list[str], intro: list[str] = (), notes: list[str] = ()) -> list[str]:
+def _section(
+    heading: str, columns: list[str], rows: list[str], intro: list[str] = (), notes: list[str] = ()
+) -> list[str]:
     """A Markdown section with one table; nothing when there are no rows."""
     if not rows:
         return []
-    return [f"## {heading}", "", *intro, *([""] if intro else []),
-            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *rows, "",
-            *notes, *([""] if notes else [])]
+    return [
+        f"## {heading}",
+        "",
+        *intro,
+        *([""] if intro else []),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *rows,
+        "",
+        *notes,
+        *([""] if notes else []),
+    ]
 
 
 def _group(results: dict[str, dict[str, dict[str, Any]]], group: str) -> list[tuple[str, dict[str, dict[str, Any]]]]:
@@ -171,8 +195,11 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         draws = by_lib.get("prunereg", {}).get("draws")
         if draws and "seconds" in by_lib.get("torch", {}):
             measured += f" (torch's own draws alone: {_ratio(by_lib['torch']['seconds'] / draws)})"
-        add(f"`{CASES[name].title}` compute_mask >= {need:g}x torch's speed", measured,
-            None if speed is None else speed >= need)
+        add(
+            f"`{CASES[name].title}` compute_mask >= {need:g}x torch's speed",
+            measured,
+            None if speed is None else speed >= need,
+        )
     for name, by_lib in _group(results, "global"):
         mine, theirs = by_lib.get("prunereg", {}), by_lib.get("torch", {})
         speed = _speedup(mine, theirs)
@@ -180,7 +207,7 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         if "peak" in mine:
             ratio = mine["peak"] / mine["weights"]
             add(f"global `{CASES[name].title}` peak increase <= 3x weights", f"{ratio:.2f}x", ratio <= 3)
-    for name, by_lib in _group(results, "forward"):
+    for _name, by_lib in _group(results, "forward"):
         forward = by_lib.get("together", {})
         if "removed" in forward:
             overhead = forward["prunereg"] / forward["removed"] - 1
@@ -191,12 +218,18 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             overhead = timed["prunereg"] / timed["removed"] - 1
             add("compiled pruned forward within 5 % of the compiled unpruned one", f"{overhead:+.1%}", overhead <= 0.05)
         if name == "compile/train_step" and "torch" in timed:
-            add("compiled training step no slower than with torch's pruning",
-                f"{timed['torch'] / timed['prunereg']:.2f}x torch's speed", timed["prunereg"] <= timed["torch"] * 1.05)
+            add(
+                "compiled training step no slower than with torch's pruning",
+                f"{timed['torch'] / timed['prunereg']:.2f}x torch's speed",
+                timed["prunereg"] <= timed["torch"] * 1.05,
+            )
         if "graphs" in timed:
             graphs = timed["graphs"]
-            add(f"`{name}` compiles no more graphs than torch's pruning",
-                f"{graphs['prunereg']} (torch: {graphs['torch']})", graphs["prunereg"] <= graphs["torch"])
+            add(
+                f"`{name}` compiles no more graphs than torch's pruning",
+                f"{graphs['prunereg']} (torch: {graphs['torch']})",
+                graphs["prunereg"] <= graphs["torch"],
+            )
     for name, by_lib in _group(results, "scale"):
         mine = by_lib.get("prunereg", {})
         add(f"`{CASES[name].title}` pruned globally on this machine", _times(mine), "seconds" in mine or None)
@@ -208,20 +241,26 @@ def _compute_mask_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[s
     for name, by_lib in _group(results, "compute_mask"):
         mine, theirs = by_lib.get("prunereg", {}), by_lib.get("torch", {})
         shape = "x".join(map(str, mine.get("shape", theirs.get("shape", []))))
-        rows.append(f"| {CASES[name].title} | {shape} | {_times(theirs)} | {_times(mine)} | "
-                    f"{_ratio(_speedup(mine, theirs))} | {_x_weights(theirs)} | {_x_weights(mine)} |")
+        rows.append(
+            f"| {CASES[name].title} | {shape} | {_times(theirs)} | {_times(mine)} | "
+            f"{_ratio(_speedup(mine, theirs))} | {_x_weights(theirs)} | {_x_weights(mine)} |"
+        )
     columns = ["method", "shape", "torch", "prunereg", "speedup", "peak, torch", "peak, prunereg"]
     draws = [
         f"{CASES[name].title}: {_seconds(by_lib['prunereg']['draws'])}"
         for name, by_lib in _group(results, "compute_mask")
         if "draws" in by_lib.get("prunereg", {})
     ]
-    notes = [
-        "random_unstructured gives torch's masks only by drawing torch's random numbers;",
-        f"`torch.rand_like` alone takes {'; '.join(draws)}. torch's time divided by that",
-        "is the highest speedup any implementation that keeps torch's masks can reach",
-        "(\"own draws alone\" in the targets above).",
-    ] if draws else []
+    notes = (
+        [
+            "random_unstructured gives torch's masks only by drawing torch's random numbers;",
+            f"`torch.rand_like` alone takes {'; '.join(draws)}. torch's time divided by that",
+            "is the highest speedup any implementation that keeps torch's masks can reach",
+            '("own draws alone" in the targets above).',
+        ]
+        if draws
+        else []
+    )
     return _section("compute_mask, amount 0.5", columns, rows, notes=notes)
 
 
@@ -234,22 +273,34 @@ def _global_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             rows.append(
                 f"| {CASES[name].title} | {params / 1e6:.1f}M | " if params else f"| {CASES[name].title} | - | "
             )
-            rows[-1] += (f"{_times(theirs) if theirs else 'cannot: see below' if group == 'scale' else '-'} | "
-                         f"{_times(mine)} | {_ratio(_speedup(mine, theirs))} | {_x_weights(theirs)} | "
-                         f"{_x_weights(mine)} | {_x_weights(theirs, 'retained')} | {_x_weights(mine, 'retained')} | "
-                         f"{_x_weights(mine, 'mask_bytes') if 'mask_bytes' in mine else '-'} |")
+            rows[-1] += (
+                f"{_times(theirs) if theirs else 'cannot: see below' if group == 'scale' else '-'} | "
+                f"{_times(mine)} | {_ratio(_speedup(mine, theirs))} | {_x_weights(theirs)} | "
+                f"{_x_weights(mine)} | {_x_weights(theirs, 'retained')} | {_x_weights(mine, 'retained')} | "
+                f"{_x_weights(mine, 'mask_bytes') if 'mask_bytes' in mine else '-'} |"
+            )
     bf16 = results.get("global/l1/50M/bfloat16", {}).get("torch", {})
     note = []
     if "peak" in bf16:
         ratio = bf16["peak"] / bf16["weights"]
         note = [
-            f"torch cannot prune the 1B-parameter bfloat16 stack on a 24 GiB machine: its concatenations",
+            "torch cannot prune the 1B-parameter bfloat16 stack on a 24 GiB machine: its concatenations",
             f"cost {ratio:.1f}x the weights' bytes at peak on the 50M bfloat16 stack above, so the 2.0 GB of",
             f"1B bfloat16 weights would need about {ratio * 2.0:.0f} GB more, on top of the weights themselves.",
             "",
         ]
-    columns = ["model", "parameters", "torch", "prunereg", "speedup", "peak, torch", "peak, prunereg",
-               "kept, torch", "kept, prunereg", "masks, prunereg"]
+    columns = [
+        "model",
+        "parameters",
+        "torch",
+        "prunereg",
+        "speedup",
+        "peak, torch",
+        "peak, prunereg",
+        "kept, torch",
+        "kept, prunereg",
+        "masks, prunereg",
+    ]
     notes = [
         "*masks* is the bytes of the mask buffers: 1x the weights by default (torch's layout), 0.25x for",
         "float32 with `prunereg.compact_masks()` (bool masks).",
@@ -267,8 +318,14 @@ def _forward_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             rows.append(f"| {CASES[name].title} | {_times(forward)} | | |")
             continue
         removed = forward["removed"]
-        for label, key in (("pruned by torch", "torch"), ("pruned by prunereg", "prunereg"), ("after remove", "removed")):
-            rows.append(f"| {CASES[name].title} | {label} | {_seconds(forward[key])} | {forward[key] / removed - 1:+.1%} |")
+        for label, key in (
+            ("pruned by torch", "torch"),
+            ("pruned by prunereg", "prunereg"),
+            ("after remove", "removed"),
+        ):
+            rows.append(
+                f"| {CASES[name].title} | {label} | {_seconds(forward[key])} | {forward[key] / removed - 1:+.1%} |"
+            )
     intro = ["Median of interleaved rounds; *overhead* is against the same model after `remove`."]
     return _section("Forward under torch.no_grad()", ["model", "weights", "forward", "overhead"], rows, intro)
 
@@ -284,16 +341,20 @@ def _compile_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             rows.append(f"| {CASES[name].title} | {_times(timed)} | | | |")
             continue
         for label, key in LABELS:
-            rows.append(f"| {CASES[name].title} | {label} | {_seconds(timed[key])} | "
-                        f"{timed[key] / timed['removed'] - 1:+.1%} | {timed['graphs'][key]} |")
-    intro = ["`torch.compile` (inductor); median of interleaved rounds after warm-up; *overhead* is against",
-             "the same model after `remove`; *graphs* is how many graphs dynamo compiled for it."]
+            rows.append(
+                f"| {CASES[name].title} | {label} | {_seconds(timed[key])} | "
+                f"{timed[key] / timed['removed'] - 1:+.1%} | {timed['graphs'][key]} |"
+            )
+    intro = [
+        "`torch.compile` (inductor); median of interleaved rounds after warm-up; *overhead* is against",
+        "the same model after `remove`; *graphs* is how many graphs dynamo compiled for it.",
+    ]
     return _section("torch.compile", ["case", "weights", "time", "overhead", "graphs"], rows, intro)
 
 
 def _cli_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     rows = []
-    for name, by_lib in _group(results, "cli"):
+    for _name, by_lib in _group(results, "cli"):
         for label, seconds in by_lib.get("together", {}).items():
             rows.append(f"| `{label}` | {seconds if isinstance(seconds, str) else _seconds(seconds)} |")
     return _section("Command line (wall time, median)", ["command", "time"], rows)

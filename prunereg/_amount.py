@@ -21,19 +21,13 @@ def validate_amount_init(amount: object) -> None:
     if (isinstance(amount, numbers.Integral) and cast(int, amount) < 0) or (
         not isinstance(amount, numbers.Integral) and not 0.0 <= float(amount) <= 1.0
     ):
-        raise ValueError(
-            f"amount={amount} should either be a float in the range [0, 1] "
-            "or a non-negative integer"
-        )
+        raise ValueError(f"amount={amount} should either be a float in the range [0, 1] or a non-negative integer")
 
 
 def validate_amount(amount: float, tensor_size: int) -> None:
     """Reject an absolute (integer) amount larger than the number of units to prune."""
     if isinstance(amount, numbers.Integral) and amount > tensor_size:
-        raise ValueError(
-            f"amount={amount} should be smaller than the number of parameters "
-            f"to prune={tensor_size}"
-        )
+        raise ValueError(f"amount={amount} should be smaller than the number of parameters to prune={tensor_size}")
 
 
 def nparams_to_prune(amount: numbers.Real, tensor_size: int) -> int:

@@ -65,9 +65,7 @@ def file_format(path: Path) -> str:
     """``"safetensors"`` or ``"torch"``, from the file name's suffix."""
     found = FORMATS.get(path.suffix.lower())
     if found is None:
-        raise CheckpointError(
-            f"unknown format of {quoted(path)}: expected a file ending in {', '.join(FORMATS)}"
-        )
+        raise CheckpointError(f"unknown format of {quoted(path)}: expected a file ending in {', '.join(FORMATS)}")
     return found
 
 

@@ -66,9 +66,7 @@ def _to_shards_of(tensor: torch.Tensor, reference: DTensor) -> DTensor:
 
     if is_dtensor(tensor):
         if tensor.device_mesh != reference.device_mesh:
-            raise ValueError(
-                f"tensor is on device mesh {tensor.device_mesh}, expected {reference.device_mesh}"
-            )
+            raise ValueError(f"tensor is on device mesh {tensor.device_mesh}, expected {reference.device_mesh}")
         if tuple(tensor.placements) == tuple(reference.placements):
             return tensor
         return tensor.redistribute(reference.device_mesh, reference.placements)
@@ -310,8 +308,7 @@ def _reject_strided(t: DTensor) -> None:
     for placement in t.placements:
         if placement.is_shard() and type(placement).__name__ != "Shard":
             raise NotImplementedError(
-                f"prunereg cannot prune a DTensor with placement {placement} "
-                "(only Shard and Replicate)"
+                f"prunereg cannot prune a DTensor with placement {placement} (only Shard and Replicate)"
             )
 
 
@@ -413,8 +410,7 @@ class ChannelSpan:
             return cls(None, [local_size], 0)
         if len(mesh_dims) > 1:
             raise NotImplementedError(
-                f"prunereg cannot prune channels along dim {dim}, sharded over several "
-                f"mesh dimensions ({t.placements})"
+                f"prunereg cannot prune channels along dim {dim}, sharded over several mesh dimensions ({t.placements})"
             )
         (mesh_dim,) = mesh_dims
         group = t.device_mesh.get_group(mesh_dim)
@@ -580,5 +576,3 @@ def _wrap(local: torch.Tensor, like: DTensor, shape: list[int] | None = None) ->
     size = like.shape if shape is None else torch.Size(shape)
     stride = like.stride() if shape is None else torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=size, stride=stride)
-
-

@@ -59,8 +59,7 @@ def global_unstructured(
     parameters = list(parameters)
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
         raise TypeError(
-            "global_unstructured(): pruning_method must be a BasePruningMethod subclass, "
-            f"got {pruning_method!r}"
+            f"global_unstructured(): pruning_method must be a BasePruningMethod subclass, got {pruning_method!r}"
         )
     method = pruning_method(**kwargs)
     method._tensor_name = "temp"
@@ -273,9 +272,7 @@ def _concatenated(
     """
     device = torch.device("meta") if meta else entries[0].scores.device
     dtype = _radix.promoted_dtype([e.scores for e in entries])
-    keeps = [
-        None if meta or e.old_mask is None else (e.old_mask.reshape(-1) == 1).to(device) for e in entries
-    ]
+    keeps = [None if meta or e.old_mask is None else (e.old_mask.reshape(-1) == 1).to(device) for e in entries]
     relevant = torch.cat(
         [
             (s if keep is None else s[keep])
@@ -348,4 +345,3 @@ def _scores_for(
             f"{tensor.numel()} entries like the parameter, got shape {tuple(scores.shape)}"
         )
     return scores.reshape(tensor.shape)
-

@@ -43,9 +43,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     """
     cls: type[BasePruningMethod] = registry().resolve(name)
     if together and cls.PRUNING_TYPE != "unstructured":
-        raise OfflinePruningError(
-            f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}"
-        )
+        raise OfflinePruningError(f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}")
     _check_arguments(name, cls, arguments)
     try:
         cls(**arguments)
@@ -168,9 +166,7 @@ def _apply(tensor: torch.Tensor, moved: torch.Tensor, mask: torch.Tensor) -> tup
     return pruned.to(tensor.device), (mask != 0).to(tensor.device).contiguous()
 
 
-def apply_masks(
-    model: nn.Module, masks: Mapping[str, torch.Tensor] | str | os.PathLike[str]
-) -> nn.Module:
+def apply_masks(model: nn.Module, masks: Mapping[str, torch.Tensor] | str | os.PathLike[str]) -> nn.Module:
     """Prune ``model`` with saved masks, so that training keeps pruned entries at zero.
 
     ``masks`` maps parameter names (``"encoder.0.weight"``) to masks of their
@@ -198,9 +194,7 @@ def apply_masks(
         if module is None or not isinstance(tensor, torch.Tensor):
             raise KeyError(f"the model has no tensor {name!r} to apply its mask to")
         if mask.shape != tensor.shape:
-            raise ValueError(
-                f"the mask for {name!r} has shape {list(mask.shape)}, the tensor {list(tensor.shape)}"
-            )
+            raise ValueError(f"the mask for {name!r} has shape {list(mask.shape)}, the tensor {list(tensor.shape)}")
         targets.append((name, mask))
         del tensor  # a reference left here would look like another holder to the tie check (a slow scan)
     # Named from the model, a tied parameter (GPT-2's wte and lm_head) is pruned everywhere it is used.

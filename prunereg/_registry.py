@@ -404,8 +404,7 @@ def _check_method_class(cls: object, info: MethodInfo) -> None:
         raise TypeError(f"{info.target!r} is not a {base_name} subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
-            f"registered as kind {info.kind!r} but the class has PRUNING_TYPE "
-            f"{getattr(cls, 'PRUNING_TYPE', None)!r}"
+            f"registered as kind {info.kind!r} but the class has PRUNING_TYPE {getattr(cls, 'PRUNING_TYPE', None)!r}"
         )
 
 

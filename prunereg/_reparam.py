@@ -81,9 +81,7 @@ class PruningHook(torch_prune.BasePruningMethod):
     def remove(self, module: nn.Module) -> None:
         """Make the pruning permanent: ``<name>`` becomes a plain parameter holding the pruned values."""
         if self._tensor_name is None:
-            raise AssertionError(
-                f"Module {module} has to be pruned before pruning can be removed"
-            )
+            raise AssertionError(f"Module {module} has to be pruned before pruning can be removed")
         make_permanent(self, module)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -150,8 +148,7 @@ def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: st
         return t
     if importance_scores.shape != t.shape:
         raise AssertionError(
-            f"importance_scores should have the same shape as {what}, "
-            f"got {importance_scores.shape} vs {t.shape}"
+            f"importance_scores should have the same shape as {what}, got {importance_scores.shape} vs {t.shape}"
         )
     return _distributed.to_layout_of(importance_scores, t)
 
@@ -277,8 +274,14 @@ def _stamp(orig: torch.Tensor, mask: torch.Tensor, pruned: torch.Tensor) -> tupl
     if orig.is_meta or orig.is_inference() or mask.is_inference() or pruned.is_inference():
         return None  # meta: nothing to save; inference tensors have no version counter
     return (
-        orig._version, orig.data_ptr(), orig.dtype, orig.device,
-        mask._version, mask.data_ptr(), mask.dtype, mask.device,
+        orig._version,
+        orig.data_ptr(),
+        orig.dtype,
+        orig.device,
+        mask._version,
+        mask.data_ptr(),
+        mask.dtype,
+        mask.device,
         pruned._version,
     )
 
@@ -342,9 +345,7 @@ def remove(module: nn.Module, name: str) -> nn.Module:
         hook.remove(module)
         del module._forward_pre_hooks[key]
         return module
-    raise ValueError(
-        f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed"
-    )
+    raise ValueError(f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed")
 
 
 def is_pruned(module: nn.Module) -> bool:

@@ -59,7 +59,6 @@ def uses_topk(numel: int, device: torch.device, dtype: torch.dtype) -> bool:
     return numel <= TOPK_CUTOFF.get(device.type, _DEFAULT_CUTOFF) or key_dtype(dtype) is None
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Collectives:
     """A selection spread over processes, each holding some of the entries (see :mod:`prunereg._radix`)."""
@@ -156,11 +155,7 @@ def prune_lowest(
         raise ValueError(f"default_mask has {default_mask.numel()} entries, the scores {flat.numel()}")
     dtype = flat.dtype
     low, high = _min_max(default_mask)
-    if (
-        flat.is_meta
-        or uses_topk(flat.numel(), flat.device, dtype)
-        or not (math.isfinite(low) and math.isfinite(high))
-    ):
+    if flat.is_meta or uses_topk(flat.numel(), flat.device, dtype) or not (math.isfinite(low) and math.isfinite(high)):
         return clear_selected(default_mask, select_k([scores], k, largest=largest, magnitude=magnitude)[0])
     all_ones = low == high == 1
     threshold, keys = _search([flat], k, dtype, largest=largest, magnitude=magnitude)
@@ -280,7 +275,6 @@ def _min_max(mask: torch.Tensor) -> tuple[float, float]:
 def _finite(mask: torch.Tensor) -> bool:
     """Whether every entry of ``mask`` is finite (then ``0 * entry == 0``)."""
     return all(map(math.isfinite, _min_max(mask)))
-
 
 
 def _select_by_topk(

@@ -47,6 +47,7 @@ __all__ = [
     "remove",
 ]
 
+
 def identity(module: nn.Module, name: str) -> nn.Module:
     """Reparametrize ``module.<name>`` without pruning any entry."""
     Identity.apply(module, name)

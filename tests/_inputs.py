@@ -16,9 +16,7 @@ FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 _EXACT_INTEGERS = {torch.float32: 2**24, torch.float64: 2**53, torch.float16: 2048, torch.bfloat16: 256}
 
 # Tensor shapes of 1 to 5 dims with at most 256 entries, so 1..n stays exact in bfloat16.
-shapes = st.lists(st.integers(1, 5), min_size=1, max_size=5).filter(
-    lambda s: torch.Size(s).numel() <= 256
-)
+shapes = st.lists(st.integers(1, 5), min_size=1, max_size=5).filter(lambda s: torch.Size(s).numel() <= 256)
 
 
 def distinct_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -78,7 +78,7 @@ def test_pattern_not_a_string() -> None:
 
 
 def test_pattern_must_match_sparsity() -> None:
-    with pytest.raises(ValueError, match="prunes 0.25 of the weights"):
+    with pytest.raises(ValueError, match=r"prunes 0\.25 of the weights"):
         KeepAll(sparsity=0.5, pattern="1:4")
 
 

@@ -49,8 +49,10 @@ def test_safetensors_round_trip_keeps_metadata_and_replaces_only_given(tmp_path:
     written = _checkpoint.read(out)
     assert written.metadata == {"note": "kept"}
     assert torch.equal(written.tensors["layer.weight"], torch.zeros(2, 3))
-    _assert_same({k: v for k, v in written.tensors.items() if k != "layer.weight"},
-                 {k: v for k, v in checkpoint.tensors.items() if k != "layer.weight"})
+    _assert_same(
+        {k: v for k, v in written.tensors.items() if k != "layer.weight"},
+        {k: v for k, v in checkpoint.tensors.items() if k != "layer.weight"},
+    )
 
 
 def test_torch_state_dict_keeps_order_type_and_metadata(tmp_path: Path) -> None:
@@ -95,8 +97,17 @@ def test_non_tensor_entries_of_a_state_dict_are_kept_but_not_tensors(tmp_path: P
     assert checkpoint.with_tensors({"w": torch.zeros(2, 2)})["version"] == 2
 
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool,
-          torch.float8_e4m3fn, torch.float8_e5m2]
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int8,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -81,8 +81,9 @@ def invoke(*args: object) -> Result:
     return CliRunner().invoke(main, [str(a) for a in args], prog_name="prunereg")
 
 
-def torch_reference(method: str, arguments: dict, seed: int, names: list[str], *, together: bool = False,
-                    device: str = "cpu") -> nn.Module:
+def torch_reference(
+    method: str, arguments: dict, seed: int, names: list[str], *, together: bool = False, device: str = "cpu"
+) -> nn.Module:
     """The model pruned by torch.nn.utils.prune, tensor by tensor in file order (or globally)."""
     model = make_model().to(device)
     pairs = [(model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in names]
@@ -125,8 +126,7 @@ def test_prune_equals_torch_for_every_builtin(tmp_path: Path, layout: str, metho
     path = write_checkpoint(tmp_path, layout, make_model())
     data = path.read_bytes()
     output, masks = tmp_path / f"out{path.suffix}", tmp_path / "masks.safetensors"
-    result = invoke("prune", path, output, "--method", method, *cli_arguments(arguments),
-                    "--seed", 7, "--masks", masks)
+    result = invoke("prune", path, output, "--method", method, *cli_arguments(arguments), "--seed", 7, "--masks", masks)
     assert result.exit_code == 0, result.stderr
     assert path.read_bytes() == data
     assert sorted(os.listdir(tmp_path)) == sorted([path.name, output.name, masks.name])  # no temporary left
@@ -163,20 +163,35 @@ def test_everything_around_the_tensors_is_kept(tmp_path: Path, layout: str) -> N
 def test_global_equals_torch_global_unstructured(tmp_path: Path, method: str, amount: str) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
     output, masks = tmp_path / "out.safetensors", tmp_path / "masks.safetensors"
-    result = invoke("prune", path, output, "--method", method, "--amount", amount, "--global",
-                    "--seed", 11, "--masks", masks)
+    result = invoke(
+        "prune", path, output, "--method", method, "--amount", amount, "--global", "--seed", 11, "--masks", masks
+    )
     assert result.exit_code == 0, result.stderr
     # safetensors files list tensors by name: conv, fc1, fc2
-    reference = torch_reference(method, {"amount": float(amount) if "." in amount else int(amount)}, 11,
-                                WEIGHTS, together=True)
+    reference = torch_reference(
+        method, {"amount": float(amount) if "." in amount else int(amount)}, 11, WEIGHTS, together=True
+    )
     assert_pruned_as_torch(output, masks, reference, WEIGHTS)
 
 
 def test_include_replaces_the_defaults_and_exclude_narrows(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "state_dict_pt", make_model())
     output = tmp_path / "out.pt"
-    result = invoke("prune", path, output, "--method", "l1_unstructured", "--amount", 0.5,
-                    "--include", "fc*", "--include", "conv.bias", "--exclude", "fc2.*")
+    result = invoke(
+        "prune",
+        path,
+        output,
+        "--method",
+        "l1_unstructured",
+        "--amount",
+        0.5,
+        "--include",
+        "fc*",
+        "--include",
+        "conv.bias",
+        "--exclude",
+        "fc2.*",
+    )
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("pruned 3 of ")
     names = ["conv.bias", "fc1.weight", "fc1.bias"]  # biases too: an --include names them
@@ -187,8 +202,9 @@ def test_device(tmp_path: Path, device: str) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
     output = tmp_path / "out.safetensors"
     arguments = {"amount": 0.5}
-    result = invoke("prune", path, output, "--method", "random_unstructured", "--amount", 0.5,
-                    "--seed", 5, "--device", device)
+    result = invoke(
+        "prune", path, output, "--method", "random_unstructured", "--amount", 0.5, "--seed", 5, "--device", device
+    )
     if device == "meta":
         assert result.exit_code == 1 and "cannot prune on the meta device" in result.stderr
         assert not output.exists()
@@ -212,11 +228,21 @@ def test_argument_values_are_parsed_as_numbers() -> None:
     from prunereg._cli.checkpoint import parse_value
 
     assert [parse_value(v) for v in ["2", "-1", "0.5", "1e-3", "inf", "-inf", "fro", "1.0", ""]] == [
-        2, -1, 0.5, 1e-3, math.inf, -math.inf, "fro", 1.0, ""]
+        2,
+        -1,
+        0.5,
+        1e-3,
+        math.inf,
+        -math.inf,
+        "fro",
+        1.0,
+        "",
+    ]
     assert isinstance(parse_value("1.0"), float) and isinstance(parse_value("1"), int)
 
 
 # Errors: each leaves INPUT byte-identical and no OUTPUT or temporary file behind.
+
 
 def _input_for(tmp_path: Path, kind: str) -> Path:
     if kind == "safetensors":
@@ -255,19 +281,57 @@ ERRORS = [
     ("truncated_safetensors", ["--amount", "0.5"], "cannot read '{input}' as safetensors: SafetensorError"),
     ("truncated_pt", ["--amount", "0.5"], "cannot read '{input}' as a torch file (truncated or not a torch file?)"),
     ("plain_pickle", ["--amount", "0.5"], "so its pickle was not run: Unsupported operand"),
-    ("onnx", ["--amount", "0.5"], "unknown format of '{input}': expected a file ending in .safetensors, .pt, .pth, .bin"),
-    ("pickle", ["--amount", "0.5"], "'{input}' holds objects that torch.load(weights_only=True) refuses to load, so its pickle was not run: Trying to load unsupported GLOBAL posix.system"),
-    ("safetensors", ["--method", "l1_unstuctured"], "no pruning method named 'l1_unstuctured'; did you mean 'l1_unstructured'"),
-    ("safetensors", ["--amount", "1.5"], "bad arguments for method 'l1_unstructured': amount=1.5 should either be a float in the range [0, 1] or a non-negative integer"),
+    (
+        "onnx",
+        ["--amount", "0.5"],
+        "unknown format of '{input}': expected a file ending in .safetensors, .pt, .pth, .bin",
+    ),
+    (
+        "pickle",
+        ["--amount", "0.5"],
+        "'{input}' holds objects that torch.load(weights_only=True) refuses to load, so its pickle was not run: "
+        "Trying to load unsupported GLOBAL posix.system",
+    ),
+    (
+        "safetensors",
+        ["--method", "l1_unstuctured"],
+        "no pruning method named 'l1_unstuctured'; did you mean 'l1_unstructured'",
+    ),
+    (
+        "safetensors",
+        ["--amount", "1.5"],
+        "bad arguments for method 'l1_unstructured': "
+        "amount=1.5 should either be a float in the range [0, 1] or a non-negative integer",
+    ),
     ("safetensors", ["--amount", "-2"], "amount=-2 should either be"),
     ("safetensors", ["--amount", "lots"], "Invalid type for amount: lots"),
-    ("safetensors", ["--amount", "500"], "cannot prune 'conv.weight' (shape [4, 3, 2, 2]): ValueError: amount=500 should be smaller"),
-    ("safetensors", ["--amount", "0.5", "--arg", "dim=0"], "method 'l1_unstructured' does not take argument 'dim' (it takes: amount)"),
-    ("pt", ["--method", "identity", "--amount", "0.5"], "method 'identity' does not take argument 'amount' (it takes: no arguments)"),
+    (
+        "safetensors",
+        ["--amount", "500"],
+        "cannot prune 'conv.weight' (shape [4, 3, 2, 2]): ValueError: amount=500 should be smaller",
+    ),
+    (
+        "safetensors",
+        ["--amount", "0.5", "--arg", "dim=0"],
+        "method 'l1_unstructured' does not take argument 'dim' (it takes: amount)",
+    ),
+    (
+        "pt",
+        ["--method", "identity", "--amount", "0.5"],
+        "method 'identity' does not take argument 'amount' (it takes: no arguments)",
+    ),
     ("pt", ["--method", "ln_structured", "--amount", "0.5"], "method 'ln_structured' needs argument 'n'"),
     ("pt", ["--method", "custom_from_mask"], "method 'custom_from_mask' needs a tensor for argument 'mask'"),
-    ("pt", ["--method", "ln_structured", "--amount", "0.5", "--arg", "n=2", "--global"], "global pruning needs an unstructured method; 'ln_structured' is structured"),
-    ("pt", ["--amount", "0.5", "--include", "norm.num*", "--include", "nothing.*"], "no tensor selected: of the 11 tensors, 10 not matched by --include, 1 not floating point"),
+    (
+        "pt",
+        ["--method", "ln_structured", "--amount", "0.5", "--arg", "n=2", "--global"],
+        "global pruning needs an unstructured method; 'ln_structured' is structured",
+    ),
+    (
+        "pt",
+        ["--amount", "0.5", "--include", "norm.num*", "--include", "nothing.*"],
+        "no tensor selected: of the 11 tensors, 10 not matched by --include, 1 not floating point",
+    ),
     ("pt", ["--amount", "0.5", "--device", "meta"], "cannot prune on the meta device"),
     ("pt", ["--amount", "0.5", "--device", "gpu0"], "unknown device 'gpu0'"),
     ("pt", ["--amount", "0.5", "--masks", "{dir}/masks.pt"], "MASKS_FILE '{dir}/masks.pt' must be a safetensors file"),
@@ -308,16 +372,24 @@ def test_existing_output_is_refused_without_force(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
     output = tmp_path / "out.safetensors"
     output.write_bytes(b"keep me")
-    assert_refused(tmp_path, ["prune", path, output, "--method", "identity"],
-                   f"OUTPUT '{output}' exists; pass --force to replace it")
+    assert_refused(
+        tmp_path,
+        ["prune", path, output, "--method", "identity"],
+        f"OUTPUT '{output}' exists; pass --force to replace it",
+    )
     masks = tmp_path / "masks.safetensors"
     masks.write_bytes(b"keep me too")
-    assert_refused(tmp_path, ["prune", path, tmp_path / "new.safetensors", "--method", "identity", "--masks", masks],
-                   f"MASKS_FILE '{masks}' exists; pass --force to replace it")
+    assert_refused(
+        tmp_path,
+        ["prune", path, tmp_path / "new.safetensors", "--method", "identity", "--masks", masks],
+        f"MASKS_FILE '{masks}' exists; pass --force to replace it",
+    )
 
 
 @pytest.mark.parametrize("way", ["same", "relative", "symlink", "symlinked_dir", "hardlink"])
-def test_output_equal_to_input_is_refused_even_with_force(tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_output_equal_to_input_is_refused_even_with_force(
+    tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
     if way == "same":
         output = path
@@ -334,19 +406,31 @@ def test_output_equal_to_input_is_refused_even_with_force(tmp_path: Path, way: s
     else:
         output = tmp_path / "hard.safetensors"
         os.link(path, output)
-    assert_refused(tmp_path, ["prune", path, output, "--method", "identity", "--force"],
-                   f"OUTPUT '{output}' is INPUT '{path}'; write the result to another file")
+    assert_refused(
+        tmp_path,
+        ["prune", path, output, "--method", "identity", "--force"],
+        f"OUTPUT '{output}' is INPUT '{path}'; write the result to another file",
+    )
 
 
 def test_other_output_problems(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
-    assert_refused(tmp_path, ["prune", path, tmp_path / "out.pt", "--method", "identity"],
-                   f"OUTPUT '{tmp_path}/out.pt' must be a safetensors file like INPUT")
-    assert_refused(tmp_path, ["prune", path, tmp_path / "no" / "out.safetensors", "--method", "identity"],
-                   f"the directory of OUTPUT '{tmp_path}/no/out.safetensors' does not exist")
+    assert_refused(
+        tmp_path,
+        ["prune", path, tmp_path / "out.pt", "--method", "identity"],
+        f"OUTPUT '{tmp_path}/out.pt' must be a safetensors file like INPUT",
+    )
+    assert_refused(
+        tmp_path,
+        ["prune", path, tmp_path / "no" / "out.safetensors", "--method", "identity"],
+        f"the directory of OUTPUT '{tmp_path}/no/out.safetensors' does not exist",
+    )
     (tmp_path / "dir.safetensors").mkdir()
-    assert_refused(tmp_path, ["prune", path, tmp_path / "dir.safetensors", "--method", "identity", "--force"],
-                   f"OUTPUT '{tmp_path}/dir.safetensors' is a directory")
+    assert_refused(
+        tmp_path,
+        ["prune", path, tmp_path / "dir.safetensors", "--method", "identity", "--force"],
+        f"OUTPUT '{tmp_path}/dir.safetensors' is a directory",
+    )
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,8 +444,11 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(_checkpoint, "save_safetensors", save_then_fail)
     masks = tmp_path / "masks.safetensors"
-    assert_refused(tmp_path, ["prune", path, tmp_path / "out.safetensors", "--method", "identity", "--masks", masks],
-                   f"cannot write MASKS_FILE '{masks}': the disk is full (No space left on device)")
+    assert_refused(
+        tmp_path,
+        ["prune", path, tmp_path / "out.safetensors", "--method", "identity", "--masks", masks],
+        f"cannot write MASKS_FILE '{masks}': the disk is full (No space left on device)",
+    )
 
 
 @pytest.mark.parametrize(
@@ -396,13 +483,17 @@ def test_debug_lets_the_error_through(tmp_path: Path) -> None:
 
 # report
 
+
 def small_file(directory: Path) -> Path:
     path = directory / "small.safetensors"
-    save_file({
-        "a.weight": torch.tensor([[0.0, 1.0], [2.0, 0.0]]),
-        "b.bias": torch.zeros(3, dtype=torch.float16),
-        "step": torch.tensor(5),
-    }, path)
+    save_file(
+        {
+            "a.weight": torch.tensor([[0.0, 1.0], [2.0, 0.0]]),
+            "b.bias": torch.zeros(3, dtype=torch.float16),
+            "step": torch.tensor(5),
+        },
+        path,
+    )
     return path
 
 
@@ -411,11 +502,13 @@ def test_report_table(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines()]
     assert rows[0] == ["NAME", "SHAPE", "DTYPE", "NUMEL", "ZEROS", "SPARSITY"]
-    assert sorted(rows[1:-1]) == sorted([
-        ["a.weight", "2x2", "float32", "4", "2", "50.0%", "[#####.....]"],
-        ["b.bias", "3", "float16", "3", "3", "100.0%", "[##########]"],
-        ["step", "scalar", "int64", "1", "0", "0.0%", "[..........]"],
-    ])
+    assert sorted(rows[1:-1]) == sorted(
+        [
+            ["a.weight", "2x2", "float32", "4", "2", "50.0%", "[#####.....]"],
+            ["b.bias", "3", "float16", "3", "3", "100.0%", "[##########]"],
+            ["step", "scalar", "int64", "1", "0", "0.0%", "[..........]"],
+        ]
+    )
     assert rows[-1] == ["total", "8", "5", "62.5%", "[######....]"]
     assert len({len(line.rstrip()) for line in result.stdout.splitlines()[1:]}) == 1  # aligned columns
 
@@ -426,7 +519,15 @@ def test_report_json(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert list(report) == ["tensors", "total"]
     assert sorted(report["tensors"], key=lambda row: row["name"]) == [
-        {"name": "a.weight", "shape": [2, 2], "dtype": "float32", "numel": 4, "zeros": 2, "sparsity": 0.5, "pruned_by": []},
+        {
+            "name": "a.weight",
+            "shape": [2, 2],
+            "dtype": "float32",
+            "numel": 4,
+            "zeros": 2,
+            "sparsity": 0.5,
+            "pruned_by": [],
+        },
         {"name": "b.bias", "shape": [3], "dtype": "float16", "numel": 3, "zeros": 3, "sparsity": 1.0, "pruned_by": []},
         {"name": "step", "shape": [], "dtype": "int64", "numel": 1, "zeros": 0, "sparsity": 0.0, "pruned_by": []},
     ]
@@ -438,14 +539,20 @@ def test_report_json(tmp_path: Path) -> None:
 def test_report_of_a_pruned_checkpoint_dict_and_its_masks(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "checkpoint_model", make_model())
     output, masks = tmp_path / "out.bin", tmp_path / "masks.safetensors"
-    assert invoke("prune", path, output, "--method", "l1_unstructured", "--amount", 0.5, "--masks", masks).exit_code == 0
+    assert (
+        invoke("prune", path, output, "--method", "l1_unstructured", "--amount", 0.5, "--masks", masks).exit_code == 0
+    )
     report = json.loads(invoke("report", output, "--json").stdout)
     assert [row["name"] for row in report["tensors"]] == list(make_model().state_dict())
     by_name = {row["name"]: row for row in report["tensors"]}
     assert by_name["fc1.weight"]["zeros"] == 36 and by_name["fc1.weight"]["sparsity"] == 0.5
     assert by_name["fc1.bias"]["zeros"] == 0
     mask_report = json.loads(invoke("report", masks, "--json").stdout)
-    assert {row["name"]: row["zeros"] for row in mask_report["tensors"]} == {"conv.weight": 24, "fc1.weight": 36, "fc2.weight": 15}
+    assert {row["name"]: row["zeros"] for row in mask_report["tensors"]} == {
+        "conv.weight": 24,
+        "fc1.weight": 36,
+        "fc2.weight": 15,
+    }
 
 
 def test_report_errors(tmp_path: Path) -> None:
@@ -462,6 +569,7 @@ def test_help_documents_exit_codes() -> None:
 
 
 # The installed command, as a user runs it.
+
 
 def run_script(*args: object, **streams: object) -> subprocess.CompletedProcess[str]:
     assert SCRIPT.exists(), f"the prunereg script is not installed next to {sys.executable}"
@@ -502,8 +610,17 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
     controller, terminal = pty.openpty()
     try:
-        done = run_script("prune", path, tmp_path / "out.safetensors", "--method", "l1_unstructured",
-                          "--amount", "0.5", stderr=terminal, stdout=subprocess.PIPE)
+        done = run_script(
+            "prune",
+            path,
+            tmp_path / "out.safetensors",
+            "--method",
+            "l1_unstructured",
+            "--amount",
+            "0.5",
+            stderr=terminal,
+            stdout=subprocess.PIPE,
+        )
         os.close(terminal)
         terminal = -1
         shown = b""

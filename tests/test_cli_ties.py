@@ -20,7 +20,7 @@ def _invoke(*args: object) -> Result:
 
 
 def _tied_model() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """An encoder tied to its decoder, as in a tied autoencoder (one tensor under two names), and a layer between them."""
+    """An encoder tied to its decoder (one tensor under two names), and a layer between them."""
     generator = torch.Generator().manual_seed(0)
     embedding, hidden = torch.randn(6, 4, generator=generator), torch.randn(4, 4, generator=generator)
     return embedding, hidden, {"encoder.weight": embedding, "hidden.weight": hidden, "decoder.weight": embedding}

@@ -80,9 +80,7 @@ def test_importance_scores_rank_instead_of_the_weights():
         (first, "weight"): torch.tensor([[4.0, 2, 1, 3], [-3, -1, -2, -4]]),
         (second, "weight"): torch.tensor([[0.0, 10, -0.2]]),
     }
-    global_unstructured(
-        [(first, "weight"), (second, "weight")], L1Unstructured, importance_scores=scores, amount=4
-    )
+    global_unstructured([(first, "weight"), (second, "weight")], L1Unstructured, importance_scores=scores, amount=4)
     assert torch.equal(first.weight_mask, torch.tensor([[1.0, 1, 0, 1], [1, 0, 1, 1]]))
     assert torch.equal(second.weight_mask, torch.tensor([[0.0, 1, 0]]))
 

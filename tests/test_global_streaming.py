@@ -55,12 +55,14 @@ def prune_both(method: str, amount, *, dtype=torch.float64, before=None, scores=
         before(prune, mine)
         before(torch_prune, theirs)
     torch.manual_seed(11)
-    torch_prune.global_unstructured(pairs(theirs), getattr(torch_prune, method), amount=amount,
-                                    importance_scores=scores(theirs) if scores else None)
+    torch_prune.global_unstructured(
+        pairs(theirs), getattr(torch_prune, method), amount=amount, importance_scores=scores(theirs) if scores else None
+    )
     torch_state = torch.get_rng_state()
     torch.manual_seed(11)
-    prune.global_unstructured(pairs(mine), getattr(prune, method), amount=amount,
-                              importance_scores=scores(mine) if scores else None)
+    prune.global_unstructured(
+        pairs(mine), getattr(prune, method), amount=amount, importance_scores=scores(mine) if scores else None
+    )
     assert torch.equal(torch.get_rng_state(), torch_state), "random draws differ from torch's"
     return mine, theirs
 

@@ -141,7 +141,10 @@ class ReturnsMask(BasePruningMethod):
 
 def module_state(module: nn.Module) -> tuple:
     return (
-        dict(module._parameters), dict(module._buffers), dict(module._forward_pre_hooks), dict(module.__dict__),
+        dict(module._parameters),
+        dict(module._buffers),
+        dict(module._forward_pre_hooks),
+        dict(module.__dict__),
     )
 
 

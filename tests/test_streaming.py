@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_only_the_block_being_pruned_holds_weights(tmp_path, monkeypatch):
     )
 
     class CountingBlocks(NormScore):
-        loaded_blocks: list[int] = []
+        loaded_blocks: ClassVar[list[int]] = []
 
         def prune_group(self, weights, statistics, sparsities):
             blocks = built[0].model.layers

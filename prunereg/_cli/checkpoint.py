@@ -13,7 +13,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +107,9 @@ def _show(held: Iterable[warnings.WarningMessage]) -> None:
 )
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave tensors whose name matches. Repeatable.")
 @click.option("--global", "together", is_flag=True, help="Prune the selected tensors together (unstructured methods).")
-@click.option("--device", default="cpu", show_default=True, metavar="DEVICE", help="Where masks are computed (cuda, cuda:1, ...).")
+@click.option(
+    "--device", default="cpu", show_default=True, metavar="DEVICE", help="Where masks are computed (cuda, cuda:1, ...)."
+)
 @click.option("--seed", type=int, metavar="N", help="Seed torch's generators first, for reproducible random methods.")
 @click.option(
     "--masks",
@@ -198,8 +200,12 @@ def prune_command(
         with cleanup_on_signals(), AtomicOutputs(replace=force) as outputs:
             outputs.stage("OUTPUT", output_path, lambda path: _checkpoint.save(checkpoint, replaced, path))
             if masks_path is not None:
-                provenance = {"format": "pt", "prunereg.method": method_name,
-                              "prunereg.arguments": json.dumps(arguments), "prunereg.global": str(together).lower()}
+                provenance = {
+                    "format": "pt",
+                    "prunereg.method": method_name,
+                    "prunereg.arguments": json.dumps(arguments),
+                    "prunereg.global": str(together).lower(),
+                }
                 save_masks = functools.partial(_checkpoint.save_safetensors, masks, metadata=provenance)
                 outputs.stage("MASKS_FILE", masks_path, save_masks)
     zeros = sum(_count_zeros(tensor) for tensor in pruned.values())
