@@ -13,7 +13,7 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from click.testing import CliRunner, Result
 from safetensors.torch import save_file
-from test_selection import ENCODER_MATRICES, minilm_like
+from test_file_selection import ENCODER_MATRICES, minilm_like
 from torch import nn
 from torch_reference import TORCH_CLASSES
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from prunereg._cli import main
-from prunereg._ties import first_names, tie, tied_names
+from prunereg._shared_storage import first_names, tie, tied_names
 
 
 def _invoke(*args: object) -> Result:

@@ -160,10 +160,10 @@ def prune_command(
             raise click.UsageError("give the amount once: --amount or --arg amount=..., not both")
         arguments = {"amount": parse_value(amount), **arguments}
     with _errors_in_one_line(debug):
-        from prunereg import _checkpoint, _offline, _ties
+        from prunereg import _checkpoint, _offline, _shared_storage
+        from prunereg._file_selection import select
         from prunereg._progress import progress
         from prunereg._pruned_state import PrunedState
-        from prunereg._selection import select
 
         if not dry_run:
             _check_paths(input_path, output_path, masks_path, force)
@@ -182,8 +182,8 @@ def prune_command(
             )
             click.echo("\n".join(selection.describe()))
             return
-        tied = _ties.tied_names(state.tensors)
-        selected = {name: state.tensors[name] for name in _ties.first_names(selection.selected, tied)}
+        tied = _shared_storage.tied_names(state.tensors)
+        selected = {name: state.tensors[name] for name in _shared_storage.first_names(selection.selected, tied)}
         results = _offline.prune(
             selected, make_method, together=together, device=compute_device, seed=seed, prior_masks=state.masks
         )
@@ -192,8 +192,8 @@ def prune_command(
             pruned[name] = tensor
             if masks_path is not None or name in state.pairs:
                 masks[name] = mask
-        _ties.tie(pruned, tied)
-        _ties.tie(masks, tied, copies=True)  # safetensors refuses shared tensors
+        _shared_storage.tie(pruned, tied)
+        _shared_storage.tie(masks, tied, copies=True)  # safetensors refuses shared tensors
         replaced = {}
         for name, tensor in pruned.items():
             replaced.update(state.stored_form(name, tensor, masks.get(name)))

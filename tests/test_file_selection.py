@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prunereg._selection import (
+from prunereg._file_selection import (
     EMBEDDING,
     EXCLUDED,
     FEW_DIMENSIONS,
