@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -380,8 +381,19 @@ def main() -> None:
     if output is None:
         print(text)
     else:
-        output.write_text(text)
+        kept = sections_written_elsewhere(output.read_text()) if output.exists() else []
+        output.write_text("\n".join([text.rstrip("\n"), *kept]) + "\n")
         print(f"wrote {output}", file=sys.stderr)
+
+
+def sections_written_elsewhere(old: str) -> list[str]:
+    """The ``## `` sections of ``old`` that another script fills between ``<!-- name -->`` markers.
+
+    benchmarks/llm.py writes its timings into this page too; rewriting the page
+    must not drop them.
+    """
+    sections = re.split(r"\n(?=## )", old)
+    return ["\n" + section.rstrip("\n") for section in sections[1:] if re.search(r"<!-- [\w-]+ -->", section)]
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_quick_run_writes_a_report(tmp_path: Path) -> None:
     output = tmp_path / "benchmarks.md"
+    kept = "## One-shot timings\n\n<!-- llm-time -->\n| written by benchmarks/llm.py |\n<!-- /llm-time -->\n"
+    output.write_text("# Benchmarks\n\n## An old table\n\nreplaced\n\n" + kept)
     subprocess.run(
         [
             sys.executable,
@@ -35,3 +37,4 @@ def test_quick_run_writes_a_report(tmp_path: Path) -> None:
     assert cells[1] == "512x512"
     assert cells[2].endswith("ms") and cells[3].endswith("ms") and cells[4].endswith("x")  # both libraries timed
     assert "| torch | " in report and "load average" in report
+    assert report.endswith("\n" + kept) and "## An old table" not in report  # another script's section survives
