@@ -21,6 +21,7 @@ from prunereg import _checkpoint
 
 pytestmark = pytest.mark.slow
 
+DEFAULT_CTRL_C = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
 GATED_PRUNEREG = """
 import os, sys, time
 from prunereg import _checkpoint
@@ -51,14 +52,15 @@ def _prune_args(path: Path, output: Path, amount: str) -> list[str]:
     return ["prune", str(path), str(output), "--method", "l1_unstructured", "--amount", amount]
 
 
-def _start_gated(args: list[str], control: Path) -> subprocess.Popen[str]:
+def _start_gated(args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
+    """``prunereg`` with ``args`` in a new process that waits after writing OUTPUT; ``setup`` runs first."""
     environment = {
         **os.environ,
         "PRUNEREG_TEST_WRITTEN": str(control / "written"),
         "PRUNEREG_TEST_GATE": str(control / "gate"),
     }
     return subprocess.Popen(
-        [sys.executable, "-c", GATED_PRUNEREG, *args],
+        [sys.executable, "-c", setup + GATED_PRUNEREG, *args],
         env=environment,
         text=True,
         stdout=subprocess.PIPE,
@@ -145,7 +147,9 @@ def test_a_termination_signal_during_the_write_removes_the_temporary(
 
 def test_ctrl_c_during_the_write_removes_the_temporary(tmp_path: Path, control: Path) -> None:
     path, output = _model(tmp_path), tmp_path / "out.pt"
-    run = _start_gated(_prune_args(path, output, "0.5"), control)
+    # A terminal's Ctrl-C meets Python's own handler; a test run started in the background
+    # (where the shell makes children ignore SIGINT) must not change that.
+    run = _start_gated(_prune_args(path, output, "0.5"), control, setup=DEFAULT_CTRL_C)
     try:
         _wait_until_written(run, control)
         run.send_signal(signal.SIGINT)
@@ -158,19 +162,8 @@ def test_ctrl_c_during_the_write_removes_the_temporary(tmp_path: Path, control: 
 
 def test_sighup_stays_ignored_under_nohup(tmp_path: Path, control: Path) -> None:
     path, output = _model(tmp_path), tmp_path / "out.pt"
-    environment_setup = "import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-    gated = GATED_PRUNEREG.replace("import os, sys, time\n", "import os, sys, time\n" + environment_setup)
-    environment = {
-        **os.environ,
-        "PRUNEREG_TEST_WRITTEN": str(control / "written"),
-        "PRUNEREG_TEST_GATE": str(control / "gate"),
-    }
-    run = subprocess.Popen(
-        [sys.executable, "-c", gated, *_prune_args(path, output, "0.5")],
-        env=environment,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    run = _start_gated(
+        _prune_args(path, output, "0.5"), control, setup="import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
     )
     try:
         _wait_until_written(run, control)

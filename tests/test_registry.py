@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -120,6 +121,15 @@ def test_a_load_that_exits_or_raises_keyboard_interrupt_is_a_failed_plugin(raise
     assert type(raised).__name__ in (registry.plugins["a"].error or "")
 
 
+@pytest.fixture
+def terminal_ctrl_c() -> Iterator[None]:
+    """Python's own Ctrl-C handler, as in a terminal (a test run started in the background ignores SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("terminal_ctrl_c")
 def test_the_users_ctrl_c_while_a_plugin_loads_still_stops_the_program() -> None:
     registry = registry_with_plugins("a")
 
