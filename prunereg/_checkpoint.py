@@ -24,6 +24,7 @@ import torch
 from prunereg._archive_check import check_torch_archive
 from prunereg._file_errors import CheckpointError, quoted
 from prunereg._input_file import check_regular, open_regular
+from prunereg._text import describe
 
 SAFETENSORS = "safetensors"
 TORCH = "torch"
@@ -133,16 +134,6 @@ def _refusal_reason(message: str) -> str:
     if not reasons:
         return "see --debug"
     return reasons[0].removeprefix("WeightsUnpickler error: ").split(". Please")[0]
-
-
-def describe(error: BaseException) -> str:
-    """``Type: first sentence of the message``: an error in one line, for messages that must stay short."""
-    lines = str(error).strip().splitlines()
-    if not lines:
-        return type(error).__name__
-    sentence_end = lines[0].find(". ")
-    first = lines[0] if sentence_end == -1 else lines[0][: sentence_end + 1]
-    return f"{type(error).__name__}: {first}"
 
 
 def save(checkpoint: Checkpoint, replaced: Mapping[str, torch.Tensor], path: str) -> None:

@@ -25,6 +25,7 @@ from prunereg._global import global_masks
 from prunereg._method import BasePruningMethod
 from prunereg._plugins import registry
 from prunereg._registry import constructor_parameters
+from prunereg._text import describe
 
 MethodFactory = Callable[[], BasePruningMethod]
 
@@ -88,7 +89,7 @@ def compute_device(spec: str) -> torch.device:
     try:
         torch.empty(1, device=device)
     except Exception as error:  # torch says "not compiled with CUDA", "invalid device ordinal", ...
-        raise OfflinePruningError(f"device {spec!r} is not available: {_checkpoint.describe(error)}") from error
+        raise OfflinePruningError(f"device {spec!r} is not available: {describe(error)}") from error
     return device
 
 
@@ -125,7 +126,7 @@ def prune(
                 mask = make_method().compute_mask(moved, torch.ones_like(moved))
         except Exception as error:  # the method's own complaint, tied to the tensor it is about
             raise OfflinePruningError(
-                f"cannot prune {name!r} (shape {list(tensor.shape)}): {_checkpoint.describe(error)}"
+                f"cannot prune {name!r} (shape {list(tensor.shape)}): {describe(error)}"
             ) from error
         yield name, *_apply(tensor, moved, mask)
 
@@ -153,9 +154,7 @@ def _prune_together(
     try:
         masks = global_masks(make_method(), moved, moved, old_masks)
     except Exception as error:
-        raise OfflinePruningError(
-            f"cannot prune the selected tensors together: {_checkpoint.describe(error)}"
-        ) from error
+        raise OfflinePruningError(f"cannot prune the selected tensors together: {describe(error)}") from error
     for (name, tensor), on_device, mask in zip(tensors.items(), moved, masks):
         yield name, *_apply(tensor, on_device, mask)
 

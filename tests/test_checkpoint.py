@@ -199,11 +199,6 @@ def test_a_file_that_is_no_dict(tmp_path: Path) -> None:
         _checkpoint.read(path)
 
 
-def test_describe_is_one_short_line() -> None:
-    assert _checkpoint.describe(EOFError()) == "EOFError"
-    assert _checkpoint.describe(RuntimeError("bad thing. More detail.\nline two")) == "RuntimeError: bad thing."
-
-
 def test_save_safetensors_writes_bool_masks(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     masks = {"a": torch.tensor([[True, False]]), "b": torch.ones(3, 1, dtype=torch.bool)}

@@ -58,3 +58,8 @@ class Hostile(Exception):
 )
 def test_describe_says_an_error_in_one_printable_line(error: BaseException, described: str) -> None:
     assert describe(error) == described
+
+
+def test_describe_is_one_short_line() -> None:
+    assert describe(EOFError()) == "EOFError"
+    assert describe(RuntimeError("bad thing. More detail.\nline two")) == "RuntimeError: bad thing."

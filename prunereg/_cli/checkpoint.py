@@ -70,8 +70,9 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
         _show(warning for warning in held if debug or issubclass(warning.category, PluginWarning))
         if debug or isinstance(error, click.ClickException):
             raise
-        from prunereg._checkpoint import CheckpointError, describe
+        from prunereg._checkpoint import CheckpointError
         from prunereg._offline import OfflinePruningError
+        from prunereg._text import describe
 
         if isinstance(error, (CheckpointError, OfflinePruningError, UnknownMethodError)):
             message = str(error).strip().splitlines()[0]
