@@ -196,43 +196,7 @@ def one_billion(lib: str, quick: bool) -> dict[str, Any]:
 # forward under no_grad -------------------------------------------------------------
 
 
-@case("forward/no_grad", "forward", "12 x (Linear(2048, 2048) + ReLU), batch 64, weights pruned 50 %", libs=TOGETHER)
-def forward(lib: str, quick: bool) -> dict[str, Any]:
-    import torch
-    import torch.nn.utils.prune as torch_prune
-    from torch import nn
-
-    import prunereg.prune as prunereg_prune
-
-    width, layers, batch = (256, 4, 16) if quick else (2048, 12, 64)
-    torch.manual_seed(0)
-    base = nn.Sequential(*[block for _ in range(layers) for block in (nn.Linear(width, width), nn.ReLU())])
-    models = {"prunereg": copy.deepcopy(base), "torch": copy.deepcopy(base), "removed": copy.deepcopy(base)}
-    for name, model in models.items():
-        prune = torch_prune if name == "torch" else prunereg_prune
-        for module in model:
-            if isinstance(module, nn.Linear):
-                prune.l1_unstructured(module, "weight", amount=0.5)
-                if name == "removed":
-                    prune.remove(module, "weight")
-    x = torch.randn(batch, width)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    with torch.no_grad():
-        for model in models.values():
-            for _ in range(3):
-                model(x)
-        for _ in range(5 if quick else 25):  # round robin: every model sees the same machine load
-            for name, model in models.items():
-                start = time.perf_counter()
-                model(x)
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()} | {"rounds": len(times["torch"])}
-
-
-# torch.compile ----------------------------------------------------------------------
-
-
-def _compile_models(quick: bool) -> tuple[dict[str, Any], Any]:
+def _pruned_mlps(quick: bool) -> tuple[dict[str, Any], Any]:
     """The MLP pruned by prunereg, by torch, and pruned then ``remove``d (the unpruned cost); and an input."""
     import torch
     import torch.nn.utils.prune as torch_prune
@@ -252,6 +216,27 @@ def _compile_models(quick: bool) -> tuple[dict[str, Any], Any]:
                 if name == "removed":
                     prune.remove(module, "weight")
     return models, torch.randn(batch, width)
+
+
+@case("forward/no_grad", "forward", "12 x (Linear(2048, 2048) + ReLU), batch 64, weights pruned 50 %", libs=TOGETHER)
+def forward(lib: str, quick: bool) -> dict[str, Any]:
+    import torch
+
+    models, x = _pruned_mlps(quick)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    with torch.no_grad():
+        for model in models.values():
+            for _ in range(3):
+                model(x)
+        for _ in range(5 if quick else 25):  # round robin: every model sees the same machine load
+            for name, model in models.items():
+                start = time.perf_counter()
+                model(x)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()} | {"rounds": len(times["torch"])}
+
+
+# torch.compile ----------------------------------------------------------------------
 
 
 def _interleaved(steps: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -275,7 +260,7 @@ def compiled_forward(lib: str, quick: bool) -> dict[str, Any]:
     import torch
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    models, x = _compile_models(quick)
+    models, x = _pruned_mlps(quick)
     counters = {name: CompileCounterWithBackend("inductor") for name in models}
     compiled = {name: torch.compile(model, backend=counters[name]) for name, model in models.items()}
     with torch.no_grad():
@@ -293,7 +278,7 @@ def compiled_train_step(lib: str, quick: bool) -> dict[str, Any]:
     import torch
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    models, x = _compile_models(quick)
+    models, x = _pruned_mlps(quick)
     counters = {name: CompileCounterWithBackend("inductor") for name in models}
     steps = {}
     for name, model in models.items():
