@@ -26,6 +26,7 @@ from prunereg._blocks import find_blocks, in_features, is_conv1d, prunable_layer
 from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
 from prunereg._capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
 from prunereg._oneshot_report import LayerReport, OneShotReport, Timings
+from prunereg._precision import check_matmul_precision, matmul_precision
 from prunereg._progress import progress as progress_bar
 from prunereg._statistics import GroupRecorder
 
@@ -64,6 +65,7 @@ def oneshot(
     blocks: str | None = None,
     batch_size: int = 16,
     permanent: bool = True,
+    matmul_precision: str = "medium",
     progress: bool | None = None,
     **method_options: Any,
 ) -> OneShotReport:
@@ -91,6 +93,12 @@ def oneshot(
     :func:`prunereg.remove` makes permanent later. ``progress`` draws a bar per
     block on stderr (default: when stderr is a terminal).
 
+    ``matmul_precision`` is torch's float32 matmul precision for the calibration
+    forwards only (``"medium"``: bfloat16 products with float32 sums where the
+    hardware has them, TF32 on GPUs; ``"highest"``: all float32, bit for bit
+    what a plain float32 loop gives). The statistics and the pruning itself always
+    run in full float32; ``docs/llm.md`` measures the difference.
+
     Arguments are checked before anything changes; the model is left in the
     train/eval mode it was in.
     """
@@ -107,6 +115,7 @@ def oneshot(
         blocks=blocks,
         batch_size=batch_size,
         permanent=permanent,
+        matmul_precision=matmul_precision,
         method_options=method_options,
     )
     return job.run(InMemory(), progress=progress)
@@ -127,6 +136,7 @@ class OneShotJob:
     owl_threshold: float
     owl_lambda: float
     permanent: bool
+    matmul_precision: str
 
     @classmethod
     def prepare(
@@ -144,6 +154,7 @@ class OneShotJob:
         blocks: str | None,
         batch_size: int,
         permanent: bool,
+        matmul_precision: str,
         method_options: dict[str, Any],
     ) -> OneShotJob:
         """Check every argument and build the method; nothing in ``model`` changes."""
@@ -155,6 +166,7 @@ class OneShotJob:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if owl_threshold <= 0 or owl_lambda < 0:
             raise ValueError(f"owl_threshold must be > 0 and owl_lambda >= 0, got {owl_threshold!r} and {owl_lambda!r}")
+        check_matmul_precision(matmul_precision)
         instance, name = _build_method(method, sparsity, pattern, method_options)
         if allocation == "owl" and instance.pattern is not None:
             raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
@@ -168,7 +180,7 @@ class OneShotJob:
             raise ValueError("calibration holds no token ids")
         return cls(
             model, instance, name, blocks_path, block_list, layer_names, batches,
-            allocation, float(owl_threshold), float(owl_lambda), permanent,
+            allocation, float(owl_threshold), float(owl_lambda), permanent, matmul_precision,
         )  # fmt: skip
 
     def run(self, weights: BlockWeights, *, progress: bool | None = None) -> OneShotReport:
@@ -181,6 +193,7 @@ class OneShotJob:
             allocation=self.allocation,
             n_tokens=0,
             permanent=self.permanent,
+            matmul_precision=self.matmul_precision,
         )
         with _calibration_mode(self.model):
             sparsities = [self.method.sparsity] * len(self.blocks)
@@ -202,7 +215,8 @@ class OneShotJob:
 
     def _capture(self, timings: Timings) -> BlockInputs:
         start = time.perf_counter()
-        inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
+        with matmul_precision(self.matmul_precision):
+            inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
         timings.capture += time.perf_counter() - start
         return inputs
 
@@ -224,12 +238,11 @@ class OneShotJob:
             )
             report.unpruned.extend(full_names)
         start = time.perf_counter()
-        report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
+        with matmul_precision("highest"):
+            report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
         del groups  # the statistics (Hessians) are not needed for the forward below
         timings.pruning += time.perf_counter() - start
-        start = time.perf_counter()
-        advance(block, inputs)
-        timings.forward += time.perf_counter() - start
+        self._advance(block, inputs, timings)
         loading = time.perf_counter()
         weights.done(index, block, pruned=True)
         timings.loading += time.perf_counter() - loading
@@ -269,7 +282,7 @@ class OneShotJob:
                     layer_weights.append(weight_matrix(block.get_submodule(name)).detach().float())
                     layer_statistics.append(statistics)
             ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.owl_threshold)))
-            advance(block, inputs)
+            self._advance(block, inputs, scratch)
             weights.done(index, block, pruned=False)
         return ratios
 
@@ -278,13 +291,21 @@ class OneShotJob:
     ) -> list[tuple[list[str], LayerStatistics]]:
         """Run the calibration batches through ``block`` and return each input group's statistics."""
         start = time.perf_counter()
-        with GroupRecorder({name: block.get_submodule(name) for name in names}, needs) as recorder:
+        layers = {name: block.get_submodule(name) for name in names}
+        with GroupRecorder(layers, needs) as recorder, matmul_precision(self.matmul_precision):
             for batch in range(len(inputs)):
                 with recorder.batch():
                     call_block(block, inputs, batch)
         timings.statistics += recorder.seconds
         timings.forward += time.perf_counter() - start - recorder.seconds
         return recorder.group_statistics()
+
+    def _advance(self, block: nn.Module, inputs: BlockInputs, timings: Timings) -> None:
+        """Replace ``inputs`` by ``block``'s outputs on them."""
+        start = time.perf_counter()
+        with matmul_precision(self.matmul_precision):
+            advance(block, inputs)
+        timings.forward += time.perf_counter() - start
 
 
 # -- checks -------------------------------------------------------------------------------

@@ -52,6 +52,8 @@ class OneShotReport:
     allocation: str
     n_tokens: int
     permanent: bool
+    matmul_precision: str = "highest"
+    """torch's float32 matmul precision of the calibration forwards."""
     layers: list[LayerReport] = field(default_factory=list)
     block_sparsities: list[float] = field(default_factory=list)
     outlier_ratios: list[float] | None = None

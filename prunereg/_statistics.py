@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._calibrated import LayerStatistics
+from prunereg._precision import matmul_precision
 
 
 class RunningStatistics:
@@ -42,7 +43,8 @@ class RunningStatistics:
             # A running mean of 2 x x^T, as SparseGPT's reference keeps it: the scale stays that of one token.
             if self.hessian is None:
                 self.hessian = torch.zeros(tokens.shape[1], tokens.shape[1], dtype=torch.float32, device=x.device)
-            self.hessian.addmm_(tokens.T, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
+            with matmul_precision("highest"):  # the forwards around this hook may run with faster products
+                self.hessian.addmm_(tokens.T, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
 
     def result(self) -> LayerStatistics:
         return LayerStatistics(self.n_tokens, self.input_sq_norms, self.hessian)

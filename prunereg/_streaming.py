@@ -160,6 +160,7 @@ def oneshot_folder(
     layers: Sequence[str] | None = None,
     blocks: str | None = None,
     batch_size: int = 16,
+    matmul_precision: str = "medium",
     progress: bool | None = None,
     **method_options: Any,
 ) -> OneShotReport:
@@ -190,7 +191,7 @@ def oneshot_folder(
     job = OneShotJob.prepare(
         model, method, calibration=calibration, sparsity=sparsity, pattern=pattern, allocation=allocation,
         owl_threshold=owl_threshold, owl_lambda=owl_lambda, layers=layers, blocks=blocks_path, batch_size=batch_size,
-        permanent=True, method_options=method_options,
+        permanent=True, matmul_precision=matmul_precision, method_options=method_options,
     )  # fmt: skip
     output.mkdir(parents=True, exist_ok=True)
     report = job.run(streamed, progress=progress)

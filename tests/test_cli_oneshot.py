@@ -50,11 +50,16 @@ def test_the_pruned_folder_loads_with_from_pretrained_and_perplexity_is_printed(
 
 def test_json_report_pattern_and_method_options(folder):
     result = CliRunner().invoke(
-        main, _args(folder, "--method", "sparsegpt", "--pattern", "2:4", "-o", "blocksize=8", "--json")
-    )
+        main,
+        _args(
+            folder, "--method", "sparsegpt", "--pattern", "2:4", "-o", "blocksize=8", "--matmul-precision", "highest",
+            "--json",
+        ),
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert (report["method"], report["pattern"], report["perplexity_before"]) == ("sparsegpt", "2:4", None)
+    assert report["matmul_precision"] == "highest"
     assert report["n_tokens"] == 128 and len(report["layers"]) == 14
     pruned = AutoModelForCausalLM.from_pretrained(folder / "pruned")
     weight = pruned.get_parameter("model.layers.0.mlp.up_proj.weight")
@@ -82,6 +87,7 @@ def test_streaming_writes_the_same_model(folder):
         (["-o", "nonsense"], "is not KEY=VALUE"),
         (["-o", "blocksize=8"], "blocksize"),
         (["--stream", "--dtype", "bfloat16"], "--stream keeps the checkpoint's dtype"),
+        (["--matmul-precision", "low"], "'low' is not one of 'highest', 'high', 'medium'"),
     ],
 )
 def test_bad_arguments_give_one_line_errors_and_write_nothing(folder, extra, message):

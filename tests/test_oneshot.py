@@ -47,7 +47,7 @@ def test_each_block_is_pruned_from_the_outputs_of_the_pruned_blocks_before_it():
     dense, ids = tiny_llama(layers=3), calibration_ids(6, 16)
     expected = _pruned_weights(_reference_llama_loop(copy.deepcopy(dense), ids, 0.5))
     model = copy.deepcopy(dense)
-    prunereg.oneshot(model, NormScore(0.5), calibration=ids, batch_size=4)
+    prunereg.oneshot(model, NormScore(0.5), calibration=ids, batch_size=4, matmul_precision="highest")
     for name, weight in _pruned_weights(model).items():
         assert torch.equal(weight == 0, expected[name] == 0), name
         assert torch.allclose(weight, expected[name]), name
@@ -61,10 +61,45 @@ def test_each_block_is_pruned_from_the_outputs_of_the_pruned_blocks_before_it():
 def test_an_iterable_of_batches_gives_the_same_result_as_one_tensor():
     ids = calibration_ids(6, 16)
     one, batched = tiny_llama(), tiny_llama()
-    prunereg.oneshot(one, NormScore(0.5), calibration=ids, batch_size=6)
-    prunereg.oneshot(batched, NormScore(0.5), calibration=[ids[:2], ids[2:5], ids[5]])
+    prunereg.oneshot(one, NormScore(0.5), calibration=ids, batch_size=6, matmul_precision="highest")
+    prunereg.oneshot(batched, NormScore(0.5), calibration=[ids[:2], ids[2:5], ids[5]], matmul_precision="highest")
     for (name, a), b in zip(_pruned_weights(one).items(), _pruned_weights(batched).values(), strict=True):
         assert torch.equal(a == 0, b == 0), name
+
+
+class _PrecisionSpy(NormScore):
+    """NormScore that notes torch's float32 matmul precision whenever it prunes a group."""
+
+    def __init__(self, sparsity: float) -> None:
+        super().__init__(sparsity)
+        self.precisions: set[str] = set()
+
+    def prune_group(self, weights, statistics, sparsities):
+        self.precisions.add(torch.get_float32_matmul_precision())
+        return super().prune_group(weights, statistics, sparsities)
+
+
+def test_only_the_calibration_forwards_run_at_the_requested_matmul_precision():
+    model, method, seen = tiny_llama(layers=2), _PrecisionSpy(0.5), set()
+    model.model.layers[1].register_forward_hook(lambda *_: seen.add(torch.get_float32_matmul_precision()))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        prunereg.oneshot(model, method, calibration=calibration_ids(2, 8), allocation="owl")
+        assert torch.get_float32_matmul_precision() == "high"  # the caller's setting, restored
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == {"medium"} and method.precisions == {"highest"}
+
+
+def test_medium_matmul_precision_prunes_almost_exactly_the_weights_highest_does():
+    dense, ids = tiny_llama(layers=3), calibration_ids(6, 16)
+    fast, exact = copy.deepcopy(dense), copy.deepcopy(dense)
+    prunereg.oneshot(fast, NormScore(0.5), calibration=ids)
+    prunereg.oneshot(exact, NormScore(0.5), calibration=ids, matmul_precision="highest")
+    fast_masks, exact_masks = _pruned_weights(fast), _pruned_weights(exact)
+    agreement = [(fast_masks[n] == 0).eq(exact_masks[n] == 0).float().mean().item() for n in exact_masks]
+    assert min(agreement) > 0.97
 
 
 def test_the_method_gets_float32_weights_of_one_input_group_and_the_statistics_it_needs():
@@ -154,6 +189,7 @@ def test_train_mode_is_restored():
         ({"blocks": "model.nowhere"}, ValueError, "does not name"),
         ({"layers": ["*.nothing"]}, ValueError, "match no Linear layer"),
         ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"matmul_precision": "low"}, ValueError, "matmul_precision must be one of"),
         ({"sparsity": 0.3}, ValueError, "come from the instance"),
         ({"method": NormScore(0.6, pattern="3:5")}, ValueError, "divisible by 5"),
     ],

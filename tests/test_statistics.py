@@ -31,6 +31,22 @@ def test_running_statistics_equal_the_formulas_over_all_tokens(batches, width, d
     assert torch.allclose(result.hessian.double(), 2 / n * tokens.T @ tokens, rtol=1e-5, atol=1e-5)
 
 
+def test_the_hessian_is_summed_in_full_float32_even_inside_faster_forwards():
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+    exact = RunningStatistics({"hessian"})
+    exact.add(x)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        inside = RunningStatistics({"hessian"})
+        inside.add(x)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert torch.equal(inside.result().hessian, exact.result().hessian)
+
+
 def test_only_the_statistics_asked_for_are_gathered():
     running = RunningStatistics({"input_sq_norms"})
     running.add(torch.ones(2, 3))

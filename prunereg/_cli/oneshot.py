@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from prunereg._cli.app import main
+from prunereg._precision import MATMUL_PRECISIONS
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -39,6 +40,13 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 @click.option("--samples", type=click.IntRange(min=1), default=64, show_default=True, help="Calibration samples.")
 @click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens per sample.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Samples per forward.")
+@click.option(
+    "--matmul-precision",
+    type=click.Choice(MATMUL_PRECISIONS),
+    default="medium",
+    show_default=True,
+    help="float32 matmul precision of the calibration forwards; statistics and pruning always run in full float32.",
+)
 @click.option(
     "--option",
     "-o",
@@ -81,6 +89,7 @@ def oneshot_command(
     samples: int,
     seq_len: int,
     batch_size: int,
+    matmul_precision: str,
     options: tuple[str, ...],
     dtype: str,
     stream: bool,
@@ -112,7 +121,8 @@ def oneshot_command(
     eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
     arguments: dict[str, Any] = {
         "calibration": ids, "sparsity": sparsity, "pattern": pattern, "allocation": allocation,
-        "owl_threshold": owl_threshold, "owl_lambda": owl_lambda, "batch_size": batch_size, **method_options,
+        "owl_threshold": owl_threshold, "owl_lambda": owl_lambda, "batch_size": batch_size,
+        "matmul_precision": matmul_precision, **method_options,
     }  # fmt: skip
 
     def load(folder: Path) -> Any:
