@@ -10,6 +10,7 @@ import torch.nn.utils.prune as torch_prune
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prunereg_llm.magnitude import Magnitude
+from prunereg_llm.selection import lowest_per_row
 from prunereg_llm.sparsegpt import SparseGPT, obs_sweep, upper_cholesky_of_inverse
 from prunereg_llm.wanda import Wanda
 
@@ -158,6 +159,21 @@ def test_wanda_per_row_matches_explicit_sort(rows: int, columns: int, sparsity: 
     expected = pruned_per_row_reference(weight.abs() * stats.input_sq_norms.sqrt(), sparsity)
     assert torch.equal(result.mask, ~expected)
     assert torch.equal(result.weight, weight * result.mask)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    columns=st.integers(1, 24),
+    sparsity=st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.7, 0.95]),
+    levels=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_per_row_selection_breaks_ties_by_position(
+    rows: int, columns: int, sparsity: float, levels: int, seed: int
+) -> None:
+    scores = torch.randint(0, levels, (rows, columns), generator=torch.Generator().manual_seed(seed)).float()
+    assert torch.equal(lowest_per_row(scores, sparsity), pruned_per_row_reference(scores, sparsity))
 
 
 @settings(max_examples=25, deadline=None)
