@@ -8,6 +8,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+#: Positions whose loss is computed in one step (a ``POSITIONS_PER_STEP x vocabulary`` buffer).
+POSITIONS_PER_STEP = 128
+
 
 def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: int = 1) -> float:
     """``exp`` of the mean next-token negative log-likelihood over non-overlapping windows of ``ids``.
@@ -56,11 +59,17 @@ def _same_length_batches(windows: list[Tensor]) -> list[Tensor]:
 
 
 def _window_nll(model: nn.Module, batch: Tensor) -> tuple[float, int]:
-    """Summed next-token NLL of a ``[batch, length]`` window batch, and how many tokens it predicted."""
+    """Summed next-token NLL of a ``[batch, length]`` window batch, and how many tokens it predicted.
+
+    The loss is taken over contiguous row blocks of :data:`POSITIONS_PER_STEP`
+    positions of one window at a time: its ``log_softmax`` then needs a small
+    buffer, not another copy of the whole batch's logits.
+    """
     output = model(batch)
     logits = getattr(output, "logits", output)
-    predictions = logits[:, :-1].transpose(1, 2)  # [batch, vocabulary, positions]: a view, no copy
-    if predictions.dtype != torch.float32:
-        predictions = predictions.float()
-    targets = batch[:, 1:]
-    return functional.cross_entropy(predictions, targets, reduction="sum").item(), targets.numel()
+    total = 0.0
+    for window_logits, window in zip(logits, batch, strict=True):
+        predictions, targets = window_logits[:-1], window[1:]  # [positions, vocabulary]: contiguous views
+        for rows, labels in zip(predictions.split(POSITIONS_PER_STEP), targets.split(POSITIONS_PER_STEP), strict=True):
+            total += functional.cross_entropy(rows.float(), labels, reduction="sum").item()
+    return total, batch[:, 1:].numel()
