@@ -177,17 +177,25 @@ def load(cache: Path) -> tuple[Any, Any, Any]:
 # -- one configuration ------------------------------------------------------------------------
 
 
-def memory_status(field: str) -> int:
-    """A ``Vm*`` line of ``/proc/self/status`` in bytes (Linux)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def memory_status(field: str) -> int | None:
+    """A ``Vm*`` line of ``/proc/self/status`` in bytes, or None where there is none (not Linux)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise LookupError(f"{field} is not in /proc/self/status")
+    return None
 
 
-def reset_peak_rss() -> None:
-    """Start the kernel's resident high-water mark (``VmHWM``) again from the current size."""
-    Path("/proc/self/clear_refs").write_text("5")
+def reset_peak_rss() -> bool:
+    """Start the kernel's resident high-water mark (``VmHWM``) again from the current size, if allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, Any]:
@@ -199,7 +207,7 @@ def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, An
     torch.set_num_threads(threads)
     model, calibration, evaluation = load(cache)
     result: dict[str, Any] = {"name": config.name, "loaded_rss": memory_status("VmRSS")}
-    reset_peak_rss()
+    peak_was_reset = reset_peak_rss()
     if config.method is not None:
         start = time.perf_counter()
         report = prunereg.oneshot(
@@ -218,7 +226,8 @@ def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, An
         if report.outlier_ratios is not None:
             result["outlier_ratios"] = report.outlier_ratios
             result["block_sparsities"] = report.block_sparsities
-        result["pruning_peak_rss"] = memory_status("VmHWM")
+        if peak_was_reset:
+            result["pruning_peak_rss"] = memory_status("VmHWM")
     # One window at a time: a batch of windows' logits (49152-token vocabulary) would dominate the peak.
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=EVALUATION[2], batch_size=1)
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -320,7 +329,7 @@ def time_table(results: dict[str, dict[str, Any]]) -> str:
     for name, result in results.items():
         if "timings" in result:
             cells = [f"{result['timings'][phase]:.1f}" for phase in phases]
-            cells += [f"{result[key] / 1e9:.2f}" if key in result else "-" for key in memory]
+            cells += [f"{result[key] / 1e9:.2f}" if result.get(key) else "-" for key in memory]
             lines.append(f"| {name} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
