@@ -7,6 +7,8 @@ set through the block, gathers the :class:`LayerStatistics` the method asks for
 gate/up), and hands each group to :meth:`CalibratedMethod.prune_group`, which
 returns every layer's new weight and mask. A group is pruned together so that
 shared work (one Hessian inverse, one sweep over the stacked rows) is done once.
+A method that asks for no statistics gets no forwards at all: each layer is a
+group of its own, with ``n_tokens`` 0.
 """
 
 from __future__ import annotations

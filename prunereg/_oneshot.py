@@ -202,8 +202,9 @@ class OneShotJob:
                 report.outlier_ratios = self._outlier_ratios(weights, progress)
                 sparsities = _owl_sparsities(report.outlier_ratios, self.method.sparsity, self.owl_lambda)
                 report.timings.outlier_pass = time.perf_counter() - outlier_start
-            inputs = self._capture(report.timings)
-            report.n_tokens = inputs.n_tokens
+            # A method that reads no statistics needs no forwards: its layers prune straight from their weights.
+            inputs = self._capture(report.timings) if self.method.STATISTICS else None
+            report.n_tokens = inputs.n_tokens if inputs is not None else 0
             report.block_sparsities = sparsities
             label = f"{self.method_name} {self.blocks_path}"
             for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
@@ -221,15 +222,21 @@ class OneShotJob:
         return inputs
 
     def _prune_block(
-        self, index: int, inputs: BlockInputs, sparsity: float, weights: BlockWeights, report: OneShotReport
+        self, index: int, inputs: BlockInputs | None, sparsity: float, weights: BlockWeights, report: OneShotReport
     ) -> None:
-        """Prune block ``index`` from its statistics over ``inputs``, then advance ``inputs`` past it."""
+        """Prune block ``index`` from its statistics over ``inputs``, then advance ``inputs`` past it.
+
+        Without ``inputs`` (a method that needs no statistics) each layer is a group of its own.
+        """
         timings = report.timings
         block = self.blocks[index]
         loading = time.perf_counter()
         weights.fetch(index, block)
         timings.loading += time.perf_counter() - loading
-        groups = self._gather(block, self.layer_names[index], self.method.STATISTICS, inputs, timings)
+        if inputs is None:
+            groups = [([name], LayerStatistics(n_tokens=0)) for name in self.layer_names[index]]
+        else:
+            groups = self._gather(block, self.layer_names[index], self.method.STATISTICS, inputs, timings)
         uncalled = set(self.layer_names[index]).difference(*(names for names, _ in groups))
         if uncalled:  # an expert of a mixture that no calibration token was routed to, say
             full_names = sorted(f"{self.blocks_path}.{index}.{name}" for name in uncalled)
@@ -242,7 +249,8 @@ class OneShotJob:
             report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
         del groups  # the statistics (Hessians) are not needed for the forward below
         timings.pruning += time.perf_counter() - start
-        self._advance(block, inputs, timings)
+        if inputs is not None:
+            self._advance(block, inputs, timings)
         loading = time.perf_counter()
         weights.done(index, block, pruned=True)
         timings.loading += time.perf_counter() - loading
