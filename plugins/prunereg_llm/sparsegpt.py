@@ -131,20 +131,23 @@ def _sweep_block(
     """Prune one block of columns in order, updating the block's later columns; return the scaled errors.
 
     ``block`` (``[columns, rows]``) ends pruned and updated; with a pattern, ``block_pruned``
-    is filled here, M columns at a time, from the weights as updated so far.
+    is filled here, M columns at a time, from the weights as updated so far. Two tensor
+    operations per column: the error of its pruned weights, and its update of the later
+    columns. Column i is final once swept (only later columns are updated), so the pruned
+    weights are zeroed once, at the end.
     """
     diagonal = block_factor.diagonal()
-    prune_scale = block_pruned.to(block.dtype)
+    error_scale = block_pruned / diagonal[:, None]  # 1 / U_ii where pruned, 0 where kept
     errors = torch.empty_like(block)
     for i in range(block.shape[0]):
         if n_m is not None and i % n_m[1] == 0:
             group = slice(i, i + n_m[1])
             saliency = (block[group] / diagonal[group, None]).square_()
             block_pruned[group] = lowest_n_of_m(saliency.t(), *n_m).t()
-            prune_scale[group] = block_pruned[group].to(block.dtype)
-        error = torch.mul(block[i], prune_scale[i], out=errors[i]).div_(diagonal[i])
-        block[i + 1 :].addmm_(block_factor[i, i + 1 :, None], error[None], alpha=-1)
-        block[i].masked_fill_(block_pruned[i], 0)
+            torch.div(block_pruned[group], diagonal[group, None], out=error_scale[group])
+        torch.mul(block[i], error_scale[i], out=errors[i])
+        block[i + 1 :].addmm_(block_factor[i, i + 1 :, None], errors[i, None], alpha=-1)
+    block.masked_fill_(block_pruned, 0)
     return errors
 
 
