@@ -44,10 +44,32 @@ class RunningStatistics:
             if self.hessian is None:
                 self.hessian = torch.zeros(tokens.shape[1], tokens.shape[1], dtype=torch.float32, device=x.device)
             with matmul_precision("highest"):  # the forwards around this hook may run with faster products
-                self.hessian.addmm_(tokens.T, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
+                add_upper_gram(self.hessian, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
 
     def result(self) -> LayerStatistics:
-        return LayerStatistics(self.n_tokens, self.input_sq_norms, self.hessian)
+        hessian = None
+        if self.hessian is not None:  # only its upper triangle is summed: mirror it
+            hessian = torch.triu(self.hessian)
+            hessian += torch.triu(self.hessian, diagonal=1).T
+        return LayerStatistics(self.n_tokens, self.input_sq_norms, hessian)
+
+
+#: Side of the square tiles in which :func:`add_upper_gram` sums a Gram matrix.
+GRAM_TILE = 256
+
+
+def add_upper_gram(gram: Tensor, x: Tensor, *, beta: float, alpha: float) -> None:
+    """``gram = beta * gram + alpha * x^T x`` on the tiles on and above the diagonal; the others are left alone.
+
+    ``x^T x`` is symmetric, so a quarter to a half of its products (per the width)
+    need not be computed; the lower tiles are filled from the upper ones once, at the end.
+    """
+    width = x.shape[1]
+    for row in range(0, width, GRAM_TILE):
+        rows = slice(row, row + GRAM_TILE)
+        for column in range(row, width, GRAM_TILE):
+            columns = slice(column, column + GRAM_TILE)
+            gram[rows, columns].addmm_(x[:, rows].T, x[:, columns], beta=beta, alpha=alpha)
 
 
 class LastGroupRecorded(Exception):

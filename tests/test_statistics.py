@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prunereg._statistics import GroupRecorder, RunningStatistics
+from prunereg._statistics import GRAM_TILE, GroupRecorder, RunningStatistics
 
 
 @settings(max_examples=25, deadline=None)
@@ -29,6 +29,19 @@ def test_running_statistics_equal_the_formulas_over_all_tokens(batches, width, d
     assert result.input_sq_norms.dtype == result.hessian.dtype == torch.float32
     assert torch.allclose(result.input_sq_norms.double(), (tokens**2).sum(0), rtol=1e-5, atol=1e-5)
     assert torch.allclose(result.hessian.double(), 2 / n * tokens.T @ tokens, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [GRAM_TILE - 1, GRAM_TILE, GRAM_TILE + 1, 2 * GRAM_TILE + 88])
+def test_a_hessian_wider_than_a_tile_is_summed_by_upper_tiles_and_comes_out_symmetric(width):
+    torch.manual_seed(0)
+    batches = [torch.randn(3, 40, width), torch.randn(1, 17, width)]
+    running = RunningStatistics({"hessian"})
+    for x in batches:
+        running.add(x)
+    hessian = running.result().hessian
+    tokens = torch.cat([x.reshape(-1, width) for x in batches]).double()
+    assert torch.equal(hessian, hessian.T)
+    assert torch.allclose(hessian.double(), 2 / tokens.shape[0] * tokens.T @ tokens, rtol=1e-5, atol=1e-5)
 
 
 def test_the_hessian_is_summed_in_full_float32_even_inside_faster_forwards():
