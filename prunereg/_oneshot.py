@@ -63,7 +63,7 @@ def oneshot(
     owl_lambda: float = 0.08,
     layers: Sequence[str] | None = None,
     blocks: str | None = None,
-    batch_size: int = 16,
+    batch_size: int = 2,
     permanent: bool = True,
     matmul_precision: str = "medium",
     progress: bool | None = None,
@@ -249,7 +249,7 @@ class OneShotJob:
             report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
         del groups  # the statistics (Hessians) are not needed for the forward below
         timings.pruning += time.perf_counter() - start
-        if inputs is not None:
+        if inputs is not None and index + 1 < len(self.blocks):  # the last block's outputs feed nothing
             self._advance(block, inputs, timings)
         loading = time.perf_counter()
         weights.done(index, block, pruned=True)
@@ -290,7 +290,8 @@ class OneShotJob:
                     layer_weights.append(weight_matrix(block.get_submodule(name)).detach().float())
                     layer_statistics.append(statistics)
             ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.owl_threshold)))
-            self._advance(block, inputs, scratch)
+            if index + 1 < len(self.blocks):
+                self._advance(block, inputs, scratch)
             weights.done(index, block, pruned=False)
         return ratios
 

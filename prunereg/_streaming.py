@@ -159,7 +159,7 @@ def oneshot_folder(
     owl_lambda: float = 0.08,
     layers: Sequence[str] | None = None,
     blocks: str | None = None,
-    batch_size: int = 16,
+    batch_size: int = 2,
     matmul_precision: str = "medium",
     progress: bool | None = None,
     **method_options: Any,

@@ -39,7 +39,7 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 @click.option("--owl-lambda", type=float, default=0.08, show_default=True, help="OWL's sparsity range lambda.")
 @click.option("--samples", type=click.IntRange(min=1), default=64, show_default=True, help="Calibration samples.")
 @click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens per sample.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True, help="Samples per forward.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=2, show_default=True, help="Samples per forward.")
 @click.option(
     "--matmul-precision",
     type=click.Choice(MATMUL_PRECISIONS),
