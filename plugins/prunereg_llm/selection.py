@@ -30,7 +30,9 @@ def lowest_per_row(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
     pruned = scores < threshold
     missing = k - pruned.sum(dim=1, keepdim=True)
     at_threshold = scores == threshold
-    return pruned.logical_or_(at_threshold.logical_and_(at_threshold.cumsum(dim=1) <= missing))
+    if not torch.equal(at_threshold.sum(dim=1, keepdim=True), missing):  # ties at a threshold: leftmost first
+        at_threshold.logical_and_(at_threshold.cumsum(dim=1) <= missing)
+    return pruned.logical_or_(at_threshold)
 
 
 def lowest_overall(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
