@@ -74,7 +74,13 @@ CONFIGS = [
     Config("wanda-70-owl", "wanda", 0.7, allocation="owl"),
     Config("sparsegpt-70", "sparsegpt", 0.7),
     Config("sparsegpt-70-owl", "sparsegpt", 0.7, allocation="owl"),
+    # The same runs with all-float32 calibration forwards, to show what the default "medium" precision changes.
+    Config("wanda-50-highest", "wanda", 0.5, options={"matmul_precision": "highest"}),
+    Config("sparsegpt-50-highest", "sparsegpt", 0.5, options={"matmul_precision": "highest"}),
+    Config("wanda-70-highest", "wanda", 0.7, options={"matmul_precision": "highest"}),
+    Config("wanda-70-owl-highest", "wanda", 0.7, allocation="owl", options={"matmul_precision": "highest"}),
 ]
+HIGHEST = "-highest"
 BY_NAME = {config.name: config for config in CONFIGS}
 
 # The issue's perplexity bands (three reference implementations and reruns); prunereg may land inside or below,
@@ -271,6 +277,22 @@ def quality_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def precision_table(results: dict[str, dict[str, Any]]) -> str:
+    """Perplexity and time with the calibration forwards at matmul precision "medium" (default) and "highest"."""
+    lines = [
+        "| configuration | ppl, medium (default) | ppl, highest | time, medium | time, highest |",
+        "|---|---|---|---|---|",
+    ]
+    for name in BY_NAME:
+        fast, exact = results.get(name.removesuffix(HIGHEST)), results.get(name)
+        if name.endswith(HIGHEST) and fast and exact:
+            lines.append(
+                f"| {name.removesuffix(HIGHEST)} | {fast['perplexity']:.2f} | {exact['perplexity']:.2f} "
+                f"| {fast['seconds']:.1f} s | {exact['seconds']:.1f} s |"
+            )
+    return "\n".join(lines)
+
+
 def targets_table(results: dict[str, dict[str, Any]]) -> str:
     """Each quality target of the issue, measured and met or not."""
     lines = ["| target | measured | met |", "|---|---|---|"]
@@ -377,7 +399,7 @@ def main() -> None:
                 args.json.write_text(json.dumps(results, indent=2))
     results = {name: results[name] for name in BY_NAME if name in results}
     about = machine(load_before, os.getloadavg(), args.threads, args.jobs)
-    quality = f"{quality_table(results)}\n\n{targets_table(results)}"
+    quality = f"{quality_table(results)}\n\n{targets_table(results)}\n\n{precision_table(results)}"
     split = time_table(results)
     print(f"{quality}\n\n{split}\n\n{about}")
     if args.write_docs:
