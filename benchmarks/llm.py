@@ -81,7 +81,19 @@ CONFIGS = [
     Config("wanda-70-owl-highest", "wanda", 0.7, allocation="owl", options={"matmul_precision": "highest"}),
 ]
 HIGHEST = "-highest"
-BY_NAME = {config.name: config for config in CONFIGS}
+# OWL's sensitivity to its two knobs, Wanda at 70 %: run with --only (not part of the default run).
+OWL_GRID = [(threshold, lam) for threshold in (3.0, 5.0) for lam in (0.02, 0.04, 0.08, 0.12)]
+GRID_CONFIGS = [
+    Config(
+        f"wanda-70-owl-m{threshold:g}-l{lam:g}",
+        "wanda",
+        0.7,
+        allocation="owl",
+        options={"owl_threshold": threshold, "owl_lambda": lam},
+    )
+    for threshold, lam in OWL_GRID
+]
+BY_NAME = {config.name: config for config in CONFIGS + GRID_CONFIGS}
 
 # The issue's perplexity bands (three reference implementations and reruns); prunereg may land inside or below,
 # at most 2 % above the upper end.
@@ -293,6 +305,23 @@ def precision_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def owl_grid_table(results: dict[str, dict[str, Any]]) -> str:
+    """Wanda at 70 % with OWL, perplexity per outlier threshold M (rows) and lambda (columns)."""
+    thresholds = sorted({threshold for threshold, _ in OWL_GRID})
+    lambdas = sorted({lam for _, lam in OWL_GRID})
+    lines = ["| M \\ lambda | " + " | ".join(f"{lam:g}" for lam in lambdas) + " |", "|---|" + "---|" * len(lambdas)]
+    for threshold in thresholds:
+        cells = []
+        for lam in lambdas:
+            result = results.get(f"wanda-70-owl-m{threshold:g}-l{lam:g}")
+            cells.append(f"{result['perplexity']:.2f}" if result else "-")
+        lines.append(f"| {threshold:g} | {' | '.join(cells)} |")
+    uniform = results.get("wanda-70")
+    if uniform:
+        lines.append(f"\nWanda at 70 %, uniform: {uniform['perplexity']:.2f}.")
+    return "\n".join(lines)
+
+
 def targets_table(results: dict[str, dict[str, Any]]) -> str:
     """Each quality target of the issue, measured and met or not."""
     lines = ["| target | measured | met |", "|---|---|---|"]
@@ -388,7 +417,7 @@ def main() -> None:
     prepare(args.cache)
     load_before = os.getloadavg()
     results = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
-    todo = [BY_NAME[name] for name in args.only or list(BY_NAME) if name not in results]
+    todo = [BY_NAME[name] for name in args.only or [config.name for config in CONFIGS] if name not in results]
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         runs = {pool.submit(run_in_subprocess, config, args.cache, args.threads): config for config in todo}
         for run in concurrent.futures.as_completed(runs):
@@ -397,11 +426,13 @@ def main() -> None:
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=2))
+    grid_results = any(config.name in results for config in GRID_CONFIGS)
     results = {name: results[name] for name in BY_NAME if name in results}
     about = machine(load_before, os.getloadavg(), args.threads, args.jobs)
     quality = f"{quality_table(results)}\n\n{targets_table(results)}\n\n{precision_table(results)}"
     split = time_table(results)
-    print(f"{quality}\n\n{split}\n\n{about}")
+    grid = f"\n\n{owl_grid_table(results)}" if grid_results else ""
+    print(f"{quality}{grid}\n\n{split}\n\n{about}")
     if args.write_docs:
         command = "python benchmarks/llm.py --write-docs"
         replace_between(
@@ -410,6 +441,8 @@ def main() -> None:
         replace_between(
             ROOT / "docs" / "benchmarks.md", "llm-time", f"{split}\n\n{about}", "## One-shot pruning of SmolLM2-135M"
         )
+        if grid_results:
+            replace_between(ROOT / "docs" / "llm.md", "owl-grid", f"{owl_grid_table(results)}\n\n{about}", "### OWL")
 
 
 if __name__ == "__main__":
