@@ -67,29 +67,44 @@ def test_an_iterable_of_batches_gives_the_same_result_as_one_tensor():
         assert torch.equal(a == 0, b == 0), name
 
 
+def _backend_precisions() -> tuple[str, str]:
+    """torch's float32 matmul precision per backend: (CUDA, oneDNN)."""
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
+
+
 class _PrecisionSpy(NormScore):
     """NormScore that notes torch's float32 matmul precision whenever it prunes a group."""
 
     def __init__(self, sparsity: float) -> None:
         super().__init__(sparsity)
-        self.precisions: set[str] = set()
+        self.precisions: set[tuple[str, str]] = set()
 
     def prune_group(self, weights, statistics, sparsities):
-        self.precisions.add(torch.get_float32_matmul_precision())
+        self.precisions.add(_backend_precisions())
         return super().prune_group(weights, statistics, sparsities)
 
 
-def test_only_the_calibration_forwards_run_at_the_requested_matmul_precision():
+@pytest.fixture
+def restore_precision():
+    before = _backend_precisions()
+    yield
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = before
+
+
+def test_only_the_calibration_forwards_run_at_the_requested_matmul_precision(restore_precision):
     model, method, seen = tiny_llama(layers=2), _PrecisionSpy(0.5), set()
-    model.model.layers[1].register_forward_hook(lambda *_: seen.add(torch.get_float32_matmul_precision()))
-    before = torch.get_float32_matmul_precision()
+    model.model.layers[1].register_forward_hook(lambda *_: seen.add(_backend_precisions()))
+    # Set through torch's per-backend interface, a mix its legacy getter refuses to read.
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = "tf32", "ieee"
+    prunereg.oneshot(model, method, calibration=calibration_ids(2, 8), allocation="owl")
+    assert _backend_precisions() == ("tf32", "ieee")  # the caller's setting, restored exactly
+    assert seen == {("tf32", "bf16")} and method.precisions == {("ieee", "ieee")}
+
+
+def test_a_legacy_precision_setting_is_restored_too(restore_precision):
     torch.set_float32_matmul_precision("high")
-    try:
-        prunereg.oneshot(model, method, calibration=calibration_ids(2, 8), allocation="owl")
-        assert torch.get_float32_matmul_precision() == "high"  # the caller's setting, restored
-    finally:
-        torch.set_float32_matmul_precision(before)
-    assert seen == {"medium"} and method.precisions == {"highest"}
+    prunereg.oneshot(tiny_llama(layers=1), NormScore(0.5), calibration=calibration_ids(2, 8))
+    assert torch.get_float32_matmul_precision() == "high"
 
 
 def test_medium_matmul_precision_prunes_almost_exactly_the_weights_highest_does():
@@ -203,6 +218,7 @@ def test_train_mode_is_restored():
         ({"layers": ["*.nothing"]}, ValueError, "match no Linear layer"),
         ({"batch_size": 0}, ValueError, "batch_size"),
         ({"matmul_precision": "low"}, ValueError, "matmul_precision must be one of"),
+        ({"matmul_precision": None}, TypeError, "matmul_precision must be a string"),
         ({"sparsity": 0.3}, ValueError, "come from the instance"),
         ({"method": NormScore(0.6, pattern="3:5")}, ValueError, "divisible by 5"),
     ],
