@@ -47,11 +47,10 @@ class RunningStatistics:
                 add_upper_gram(self.hessian, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
 
     def result(self) -> LayerStatistics:
-        hessian = None
-        if self.hessian is not None:  # only its upper triangle is summed: mirror it
-            hessian = torch.triu(self.hessian)
-            hessian += torch.triu(self.hessian, diagonal=1).T
-        return LayerStatistics(self.n_tokens, self.input_sq_norms, hessian)
+        """The statistics so far; the Hessian is the running tensor itself, its lower tiles filled in place."""
+        if self.hessian is not None:
+            mirror_upper_gram(self.hessian)
+        return LayerStatistics(self.n_tokens, self.input_sq_norms, self.hessian)
 
 
 #: Side of the square tiles in which :func:`add_upper_gram` sums a Gram matrix.
@@ -70,6 +69,22 @@ def add_upper_gram(gram: Tensor, x: Tensor, *, beta: float, alpha: float) -> Non
         for column in range(row, width, GRAM_TILE):
             columns = slice(column, column + GRAM_TILE)
             gram[rows, columns].addmm_(x[:, rows].T, x[:, columns], beta=beta, alpha=alpha)
+
+
+def mirror_upper_gram(gram: Tensor) -> None:
+    """Fill the tiles below the diagonal of a Gram matrix that :func:`add_upper_gram` summed, in place.
+
+    Tile by tile, so that no second full-size matrix is ever allocated (a wide MLP's
+    Hessian is gigabytes); the diagonal tiles are made exactly symmetric as well.
+    """
+    width = gram.shape[0]
+    for row in range(0, width, GRAM_TILE):
+        rows = slice(row, row + GRAM_TILE)
+        diagonal = gram[rows, rows]
+        diagonal.copy_(diagonal.triu() + diagonal.triu(diagonal=1).T)
+        for column in range(row + GRAM_TILE, width, GRAM_TILE):
+            columns = slice(column, column + GRAM_TILE)
+            gram[columns, rows].copy_(gram[rows, columns].T)
 
 
 class LastGroupRecorded(Exception):

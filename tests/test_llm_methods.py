@@ -161,6 +161,14 @@ def test_wanda_per_row_matches_explicit_sort(rows: int, columns: int, sparsity: 
     assert torch.equal(result.weight, weight * result.mask)
 
 
+def test_per_row_selection_ranks_nan_highest_and_still_prunes_k_per_row() -> None:
+    scores = torch.tensor([[float("nan"), 1.0, float("nan"), 0.5], [float("nan")] * 4, [3.0, float("nan"), 2.0, 1.0]])
+    for sparsity in (0.25, 0.5, 0.75, 1.0):
+        pruned = lowest_per_row(scores, sparsity)
+        assert torch.equal(pruned, pruned_per_row_reference(scores.nan_to_num(nan=float("inf")), sparsity))
+        assert pruned.sum(dim=1).tolist() == [round(4 * sparsity)] * 3
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     rows=st.integers(1, 6),

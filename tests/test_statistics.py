@@ -42,6 +42,7 @@ def test_a_hessian_wider_than_a_tile_is_summed_by_upper_tiles_and_comes_out_symm
     tokens = torch.cat([x.reshape(-1, width) for x in batches]).double()
     assert torch.equal(hessian, hessian.T)
     assert torch.allclose(hessian.double(), 2 / tokens.shape[0] * tokens.T @ tokens, rtol=1e-5, atol=1e-5)
+    assert torch.equal(running.result().hessian, hessian)  # asking twice gives the same matrix
 
 
 def test_the_hessian_is_summed_in_full_float32_even_inside_faster_forwards():

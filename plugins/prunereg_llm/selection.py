@@ -22,11 +22,15 @@ def lowest_per_row(scores: torch.Tensor, sparsity: float) -> torch.Tensor:
 
     Each row's k-th lowest score is found without sorting the row (about twice as
     fast); entries equal to it are taken in position order until the row has k.
+    NaN ranks above every number, as in a sort.
     """
     k = count_for(sparsity, scores.shape[1])
     if not k:
         return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
     threshold = scores.kthvalue(k, dim=1, keepdim=True).values
+    if threshold.isnan().any():  # NaN compares false with everything: sort, which ranks NaN highest
+        lowest = torch.sort(scores, dim=1, stable=True).indices[:, :k]
+        return torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(1, lowest, True)
     pruned = scores < threshold
     missing = k - pruned.sum(dim=1, keepdim=True)
     at_threshold = scores == threshold
