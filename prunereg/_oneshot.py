@@ -204,7 +204,8 @@ class OneShotJob:
                 report.timings.outlier_pass = time.perf_counter() - outlier_start
             # A method that reads no statistics needs no forwards: its layers prune straight from their weights.
             inputs = self._capture(report.timings) if self.method.STATISTICS else None
-            report.n_tokens = inputs.n_tokens if inputs is not None else 0
+            if inputs is not None or self.allocation == "owl":  # OWL's outlier pass reads the data in any case
+                report.n_tokens = sum(batch.numel() for batch in self.batches)
             report.block_sparsities = sparsities
             label = f"{self.method_name} {self.blocks_path}"
             for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):

@@ -78,7 +78,7 @@ class OneShotReport:
         lines = [
             f"{self.method}: {len(self.layers)} layers in {len(self.block_sparsities)} blocks pruned to {shape}, "
             f"{self.overall_sparsity:.2%} zeros overall, "
-            + (f"from {self.n_tokens} calibration tokens" if self.n_tokens else "without calibration forwards"),
+            + (f"from {self.n_tokens} calibration tokens" if self.n_tokens else "without calibration data"),
             f"time {timings.total:.1f} s: capture {timings.capture:.1f}, forwards {timings.forward:.1f}, "
             f"statistics {timings.statistics:.1f}, pruning {timings.pruning:.1f}, "
             f"outlier pass {timings.outlier_pass:.1f}, loading {timings.loading:.1f}",

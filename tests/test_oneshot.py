@@ -122,12 +122,13 @@ def test_a_method_without_statistics_runs_no_calibration_forward():
     model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
     expected = copy.deepcopy(model)
     report = prunereg.oneshot(model, "magnitude", calibration=calibration_ids(2, 8), sparsity=0.5)
-    assert calls == [] and report.n_tokens == 0 and "without calibration forwards" in str(report)
+    assert calls == [] and report.n_tokens == 0 and "without calibration data" in str(report)
     for name, weight in _pruned_weights(model).items():
         dense = expected.get_parameter(name)
         assert torch.equal(weight == 0, score_prune(dense, dense.abs(), 0.5).weight == 0), name
     owl = prunereg.oneshot(tiny_llama(layers=2), "magnitude", calibration=calibration_ids(2, 8), allocation="owl")
     assert owl.outlier_ratios is not None and len(set(owl.block_sparsities)) == 2  # the outlier pass still reads data
+    assert owl.n_tokens == 16 and "from 16 calibration tokens" in str(owl)
 
 
 def test_the_method_gets_float32_weights_of_one_input_group_and_the_statistics_it_needs():
