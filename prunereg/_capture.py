@@ -31,10 +31,6 @@ class BlockInputs:
     def __len__(self) -> int:
         return len(self.hidden)
 
-    @property
-    def n_tokens(self) -> int:
-        return sum(h.shape[:-1].numel() for h in self.hidden)
-
 
 def capture_first_block_inputs(model: nn.Module, first_block: nn.Module, batches: Iterable[Tensor]) -> BlockInputs:
     """Run each batch of token ids through ``model`` up to ``first_block`` and keep the block's arguments."""

@@ -195,7 +195,8 @@ class OneShotJob:
             permanent=self.permanent,
             matmul_precision=self.matmul_precision,
         )
-        with _calibration_mode(self.model):
+        # The forwards run at the requested precision; statistics and pruning step up to "highest" themselves.
+        with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
             sparsities = [self.method.sparsity] * len(self.blocks)
             if self.allocation == "owl":
                 outlier_start = time.perf_counter()
@@ -217,8 +218,7 @@ class OneShotJob:
 
     def _capture(self, timings: Timings) -> BlockInputs:
         start = time.perf_counter()
-        with matmul_precision(self.matmul_precision):
-            inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
+        inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
         timings.capture += time.perf_counter() - start
         return inputs
 
@@ -301,8 +301,7 @@ class OneShotJob:
     ) -> list[tuple[list[str], LayerStatistics]]:
         """Run the calibration batches through ``block`` and return each input group's statistics."""
         start = time.perf_counter()
-        layers = {name: block.get_submodule(name) for name in names}
-        with GroupRecorder(layers, needs) as recorder, matmul_precision(self.matmul_precision):
+        with GroupRecorder({name: block.get_submodule(name) for name in names}, needs) as recorder:
             for batch in range(len(inputs)):
                 with recorder.batch():
                     call_block(block, inputs, batch)
@@ -313,8 +312,7 @@ class OneShotJob:
     def _advance(self, block: nn.Module, inputs: BlockInputs, timings: Timings) -> None:
         """Replace ``inputs`` by ``block``'s outputs on them."""
         start = time.perf_counter()
-        with matmul_precision(self.matmul_precision):
-            advance(block, inputs)
+        advance(block, inputs)
         timings.forward += time.perf_counter() - start
 
 
