@@ -117,6 +117,14 @@ def test_medium_matmul_precision_prunes_almost_exactly_the_weights_highest_does(
     assert min(agreement) > 0.97
 
 
+def test_the_last_block_runs_once_per_batch_its_outputs_feed_nothing():
+    model, calls = tiny_llama(layers=2), {0: 0, 1: 0}
+    for index, block in enumerate(model.model.layers):
+        block.register_forward_pre_hook(lambda *_, index=index: calls.__setitem__(index, calls[index] + 1))
+    prunereg.oneshot(model, NormScore(0.5), calibration=calibration_ids(6, 8), batch_size=2)
+    assert calls == {0: 9, 1: 3}  # capture, statistics and propagation; statistics only
+
+
 def test_a_method_without_statistics_runs_no_calibration_forward():
     model, calls = tiny_llama(layers=2), []
     model.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
