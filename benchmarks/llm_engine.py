@@ -15,7 +15,7 @@ at its default ``"medium"`` (bfloat16 products in the calibration forwards,
 where the hardware has them). The share of masks that agree with the loop's is
 reported: batching and summation order flip a few near-ties, and SparseGPT's
 reference prunes one weight more per column block (its threshold is ``<=`` the
-k-th smallest). ``tests/test_llm_engine_benchmark.py`` holds the loops to the
+k-th smallest). ``tests/project/test_llm_engine_benchmark.py`` holds the loops to the
 engine on a tiny model, where Wanda's masks are equal.
 """
 

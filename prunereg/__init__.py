@@ -11,23 +11,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from prunereg._calibrated import CalibratedMethod, LayerStatistics, PrunedWeight
-    from prunereg._compact import compact_masks
-    from prunereg._global import global_unstructured
-    from prunereg._hookspec import hookimpl
-    from prunereg._huggingface import from_pretrained, save_pretrained
-    from prunereg._method import BasePruningMethod, PruningContainer
-    from prunereg._offline import apply_masks
-    from prunereg._oneshot import oneshot
-    from prunereg._oneshot_report import OneShotReport
-    from prunereg._perplexity import perplexity
-    from prunereg._registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
-    from prunereg._reparam import is_pruned
-    from prunereg._serialization import safe_globals
-    from prunereg._state_dict import load_state_dict
-    from prunereg._streaming import oneshot_folder
-    from prunereg._summary import Summary, TensorSummary, summary
-    from prunereg._tied import remove
+    from prunereg._core.compact import compact_masks
+    from prunereg._core.global_pruning import global_unstructured
+    from prunereg._core.method import BasePruningMethod, PruningContainer
+    from prunereg._core.reparam import is_pruned
+    from prunereg._core.tied import remove
+    from prunereg._files.offline import apply_masks
+    from prunereg._models.huggingface import from_pretrained, save_pretrained
+    from prunereg._models.serialization import safe_globals
+    from prunereg._models.state_dict import load_state_dict
+    from prunereg._models.summary import Summary, TensorSummary, summary
+    from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight
+    from prunereg._oneshot.engine import oneshot
+    from prunereg._oneshot.perplexity import perplexity
+    from prunereg._oneshot.report import OneShotReport
+    from prunereg._oneshot.streaming import oneshot_folder
+    from prunereg._plugins.hookspec import hookimpl
+    from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
 
 __version__ = "0.1.0"
 
@@ -66,33 +66,33 @@ __all__ = [
 ]
 
 _LAZY = {
-    "BasePruningMethod": "prunereg._method",
-    "CalibratedMethod": "prunereg._calibrated",
-    "LayerStatistics": "prunereg._calibrated",
-    "MethodInfo": "prunereg._registry",
-    "OneShotReport": "prunereg._oneshot_report",
-    "PluginError": "prunereg._registry",
-    "PluginInfo": "prunereg._registry",
-    "PluginWarning": "prunereg._registry",
-    "PrunedWeight": "prunereg._calibrated",
-    "PruningContainer": "prunereg._method",
-    "Summary": "prunereg._summary",
-    "TensorSummary": "prunereg._summary",
-    "UnknownMethodError": "prunereg._registry",
-    "apply_masks": "prunereg._offline",
-    "compact_masks": "prunereg._compact",
-    "from_pretrained": "prunereg._huggingface",
-    "global_unstructured": "prunereg._global",
-    "hookimpl": "prunereg._hookspec",
-    "is_pruned": "prunereg._reparam",
-    "load_state_dict": "prunereg._state_dict",
-    "oneshot": "prunereg._oneshot",
-    "oneshot_folder": "prunereg._streaming",
-    "perplexity": "prunereg._perplexity",
-    "remove": "prunereg._tied",
-    "safe_globals": "prunereg._serialization",
-    "save_pretrained": "prunereg._huggingface",
-    "summary": "prunereg._summary",
+    "BasePruningMethod": "prunereg._core.method",
+    "CalibratedMethod": "prunereg._oneshot.contract",
+    "LayerStatistics": "prunereg._oneshot.contract",
+    "MethodInfo": "prunereg._plugins.registry",
+    "OneShotReport": "prunereg._oneshot.report",
+    "PluginError": "prunereg._plugins.registry",
+    "PluginInfo": "prunereg._plugins.registry",
+    "PluginWarning": "prunereg._plugins.registry",
+    "PrunedWeight": "prunereg._oneshot.contract",
+    "PruningContainer": "prunereg._core.method",
+    "Summary": "prunereg._models.summary",
+    "TensorSummary": "prunereg._models.summary",
+    "UnknownMethodError": "prunereg._plugins.registry",
+    "apply_masks": "prunereg._files.offline",
+    "compact_masks": "prunereg._core.compact",
+    "from_pretrained": "prunereg._models.huggingface",
+    "global_unstructured": "prunereg._core.global_pruning",
+    "hookimpl": "prunereg._plugins.hookspec",
+    "is_pruned": "prunereg._core.reparam",
+    "load_state_dict": "prunereg._models.state_dict",
+    "oneshot": "prunereg._oneshot.engine",
+    "oneshot_folder": "prunereg._oneshot.streaming",
+    "perplexity": "prunereg._oneshot.perplexity",
+    "remove": "prunereg._core.tied",
+    "safe_globals": "prunereg._models.serialization",
+    "save_pretrained": "prunereg._models.huggingface",
+    "summary": "prunereg._models.summary",
 }
 
 _Class = TypeVar("_Class", bound=type)
@@ -119,21 +119,21 @@ def get(name: str) -> type[BasePruningMethod]:
     Raises :class:`UnknownMethodError` (a ``LookupError``) naming the closest
     matches, or saying why a registered method's class could not be imported.
     """
-    from prunereg._plugins import registry
+    from prunereg._plugins.loading import registry
 
     return registry().resolve(name)
 
 
 def info(name: str) -> MethodInfo:
     """What the registry knows of ``name`` without importing its class: kind, summary, package."""
-    from prunereg._plugins import registry
+    from prunereg._plugins.loading import registry
 
     return registry().info(name)
 
 
 def list_methods(kind: str | None = None) -> list[str]:
     """The names of all registered pruning methods (of one ``kind`` if given), sorted."""
-    from prunereg._plugins import registry
+    from prunereg._plugins.loading import registry
 
     return registry().names(kind)
 
@@ -159,7 +159,7 @@ def register(
     """
 
     def decorate(cls: _Class) -> _Class:
-        from prunereg._plugins import register_local
+        from prunereg._plugins.loading import register_local
 
         first_doc_line = (cls.__doc__ or "").strip().splitlines()[:1]
         register_local(

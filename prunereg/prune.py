@@ -12,18 +12,19 @@ import numbers
 import torch
 from torch import nn
 
+from prunereg._core.custom import CustomFromMask
+from prunereg._core.global_pruning import global_unstructured
+from prunereg._core.method import BasePruningMethod, PruningContainer
+from prunereg._core.reparam import is_pruned
+from prunereg._core.tied import remove
+from prunereg._distributed.channels import channel_norms as _compute_norm
+
 # torch's private helpers, which torch's own tests (and some user code) call.
-from prunereg._amount import nparams_to_prune as _compute_nparams_toprune
-from prunereg._amount import validate_amount as _validate_pruning_amount
-from prunereg._amount import validate_amount_init as _validate_pruning_amount_init
-from prunereg._amount import validate_dim as _validate_pruning_dim
-from prunereg._amount import validate_structured as _validate_structured_pruning
-from prunereg._custom import CustomFromMask
-from prunereg._distributed import channel_norms as _compute_norm
-from prunereg._global import global_unstructured
-from prunereg._method import BasePruningMethod, PruningContainer
-from prunereg._reparam import is_pruned
-from prunereg._tied import remove
+from prunereg._selection.amount import nparams_to_prune as _compute_nparams_toprune
+from prunereg._selection.amount import validate_amount as _validate_pruning_amount
+from prunereg._selection.amount import validate_amount_init as _validate_pruning_amount_init
+from prunereg._selection.amount import validate_dim as _validate_pruning_dim
+from prunereg._selection.amount import validate_structured as _validate_structured_pruning
 from prunereg_builtins.structured import LnStructured, RandomStructured
 from prunereg_builtins.unstructured import Identity, L1Unstructured, RandomUnstructured
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 import prunereg
-from prunereg._calibrated_testing import check_calibrated_method
-from prunereg._registry import MASK_KINDS, constructor_parameters
+from prunereg._oneshot.conformance import check_calibrated_method
+from prunereg._plugins.registry import MASK_KINDS, constructor_parameters
 
 __all__ = ["check_calibrated_method", "check_pruning_method"]
 

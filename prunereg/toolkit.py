@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import numbers
 
-from prunereg._amount import nparams_to_prune, validate_amount, validate_amount_init
-from prunereg._amount import validate_dim as check_dim
-from prunereg._amount import validate_structured as check_structured
-from prunereg._custom import CustomFromMask
-from prunereg._distributed import channel_mask, channel_norms, prune_lowest, rand_like, select_k, to_layout_of
-from prunereg._reparam import all_or_nothing
-from prunereg._select import clear_selected as prune_where
-from prunereg._select import keep_highest_per_row, top_indices
+from prunereg._core.custom import CustomFromMask
+from prunereg._core.reparam import all_or_nothing
+from prunereg._distributed.channels import channel_mask, channel_norms
+from prunereg._distributed.draws import rand_like
+from prunereg._distributed.layout import to_layout_of
+from prunereg._distributed.select import prune_lowest, select_k
+from prunereg._selection.amount import nparams_to_prune, validate_amount, validate_amount_init
+from prunereg._selection.amount import validate_dim as check_dim
+from prunereg._selection.amount import validate_structured as check_structured
+from prunereg._selection.select import clear_selected as prune_where
+from prunereg._selection.select import keep_highest_per_row, top_indices
 
 __all__ = [
     "CustomFromMask",

@@ -24,7 +24,7 @@ def device(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def fresh_registry() -> Iterator[None]:
     """The process-wide registry loads anew in the test and is forgotten after it."""
-    from prunereg import _plugins
+    from prunereg._plugins import loading as _plugins
 
     _plugins.reset()
     yield

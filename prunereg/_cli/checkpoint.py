@@ -61,7 +61,7 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
     the one line that says what went wrong. prunereg's warnings about plugins
     are shown either way: they may say why a method is missing.
     """
-    from prunereg._registry import PluginWarning, UnknownMethodError
+    from prunereg._plugins.registry import PluginWarning, UnknownMethodError
 
     try:
         with warnings.catch_warnings(record=True) as held:
@@ -70,8 +70,8 @@ def _errors_in_one_line(debug: bool) -> Iterator[None]:
         _show(warning for warning in held if debug or issubclass(warning.category, PluginWarning))
         if debug or isinstance(error, click.ClickException):
             raise
-        from prunereg._checkpoint import CheckpointError
-        from prunereg._offline import OfflinePruningError
+        from prunereg._files.checkpoint import CheckpointError
+        from prunereg._files.offline import OfflinePruningError
         from prunereg._text import describe
 
         if isinstance(error, (CheckpointError, OfflinePruningError, UnknownMethodError)):
@@ -161,15 +161,16 @@ def prune_command(
             raise click.UsageError("give the amount once: --amount or --arg amount=..., not both")
         arguments = {"amount": parse_value(amount), **arguments}
     with _errors_in_one_line(debug):
-        from prunereg import _checkpoint, _offline, _shared_storage
-        from prunereg._file_selection import select
+        from prunereg._files import checkpoint as _checkpoint
+        from prunereg._files import offline, shared_storage
+        from prunereg._files.pruned_state import PrunedState
+        from prunereg._files.selection import select
         from prunereg._progress import progress
-        from prunereg._pruned_state import PrunedState
 
         if not dry_run:
             _check_paths(input_path, output_path, masks_path, force)
-        make_method = _offline.method_factory(method_name, arguments, together=together)
-        compute_device = _offline.compute_device(device)
+        make_method = offline.method_factory(method_name, arguments, together=together)
+        compute_device = offline.compute_device(device)
         checkpoint = _checkpoint.read(input_path)
         state = PrunedState.of(checkpoint.tensors)
         selection = select(state.tensors, include, exclude)
@@ -183,9 +184,9 @@ def prune_command(
             )
             click.echo("\n".join(selection.describe()))
             return
-        tied = _shared_storage.tied_names(state.tensors)
-        selected = {name: state.tensors[name] for name in _shared_storage.first_names(selection.selected, tied)}
-        results = _offline.prune(
+        tied = shared_storage.tied_names(state.tensors)
+        selected = {name: state.tensors[name] for name in shared_storage.first_names(selection.selected, tied)}
+        results = offline.prune(
             selected, make_method, together=together, device=compute_device, seed=seed, prior_masks=state.masks
         )
         pruned, masks = {}, {}
@@ -193,8 +194,8 @@ def prune_command(
             pruned[name] = tensor
             if masks_path is not None or name in state.pairs:
                 masks[name] = mask
-        _shared_storage.tie(pruned, tied)
-        _shared_storage.tie(masks, tied, copies=True)  # safetensors refuses shared tensors
+        shared_storage.tie(pruned, tied)
+        shared_storage.tie(masks, tied, copies=True)  # safetensors refuses shared tensors
         replaced = {}
         for name, tensor in pruned.items():
             replaced.update(state.stored_form(name, tensor, masks.get(name)))
@@ -222,7 +223,7 @@ def prune_command(
 
 def _check_paths(input_path: Path, output_path: Path, masks_path: Path | None, force: bool) -> None:
     """Refuse, before any work, to write over INPUT, over an existing file without --force, or the wrong format."""
-    from prunereg._checkpoint import SAFETENSORS, file_format, quoted
+    from prunereg._files.checkpoint import SAFETENSORS, file_format, quoted
 
     input_format = file_format(input_path)
     targets = [("OUTPUT", output_path, input_format)]
@@ -275,7 +276,7 @@ def _note_unprunable(tensors: dict[str, torch.Tensor]) -> None:
 
 def _unprunable(tensors: dict[str, torch.Tensor]) -> str | None:
     """The float8-like tensors, which pruning cannot compute with, described in a few words; None if there are none."""
-    from prunereg._dtypes import describe_unprunable, unprunable_floats
+    from prunereg._files.dtypes import describe_unprunable, unprunable_floats
 
     found = unprunable_floats(tensors)
     return describe_unprunable(found) if found else None
@@ -292,10 +293,10 @@ def report_command(file: Path, as_json: bool, debug: bool) -> None:
     the model uses, <name> (their product), marked as pruned by its mask.
     """
     with _errors_in_one_line(debug):
-        from prunereg import _checkpoint
+        from prunereg._files import checkpoint as _checkpoint
+        from prunereg._files.pruned_state import PrunedState
+        from prunereg._models.summary import Summary, tensor_summary
         from prunereg._progress import progress
-        from prunereg._pruned_state import PrunedState
-        from prunereg._summary import Summary, tensor_summary
 
         state = PrunedState.of(_checkpoint.read(file).tensors)
         items = progress(

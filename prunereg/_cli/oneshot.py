@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._precision import MATMUL_PRECISIONS
+from prunereg._oneshot.precision import MATMUL_PRECISIONS
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prunereg._file_errors import CheckpointError, quoted
+from prunereg._files.errors import CheckpointError, quoted
 
 TEMPORARY_PREFIX = ".prunereg-"
 TEMPORARY_SUFFIX = ".tmp"

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._registry import KINDS, constructor_parameters
+from prunereg._plugins.registry import KINDS, constructor_parameters
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
-    from prunereg._registry import Registry
+    from prunereg._plugins.registry import Registry
 
 
 @main.command("list")
@@ -71,7 +71,7 @@ def plugins_command(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 def info_command(name: str, as_json: bool) -> None:
     """Describe the method NAME (or PLUGIN:NAME): summary, kind, package, docstring, parameters."""
-    from prunereg._registry import PluginError, PluginWarning, UnknownMethodError
+    from prunereg._plugins.registry import PluginError, PluginWarning, UnknownMethodError
 
     registry = _loaded_registry()
     try:
@@ -146,7 +146,7 @@ def _shell_path(directory: Path) -> str:
 
 def _loaded_registry() -> Registry:
     """The registry, its load problems echoed to stderr (never raised: the command still answers)."""
-    from prunereg._plugins import loaded_registry
+    from prunereg._plugins.loading import loaded_registry
 
     registry = loaded_registry()
     _echo_problems(registry.problems)

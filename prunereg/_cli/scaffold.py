@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prunereg import __version__
-from prunereg._registry import MAX_NAME_LENGTH
+from prunereg._plugins.registry import MAX_NAME_LENGTH
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable

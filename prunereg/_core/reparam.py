@@ -1,0 +1,357 @@
+"""The reparametrization: ``<name>_orig`` parameter, ``<name>_mask`` buffer, forward pre-hook.
+
+Pruning ``module.<name>`` moves the Parameter object itself to ``<name>_orig``
+(so optimizers keep working), stores the mask as the buffer ``<name>_mask`` and
+sets ``module.<name> = orig * mask`` now and before every forward. Every change
+to a module here is all-or-nothing: on any error the module is left exactly as
+it was, hooks, parameters and buffers included.
+
+:class:`PruningHook` owns the tensor name: it is the forward pre-hook, and every
+pruning method (:class:`prunereg.BasePruningMethod`) is one. It subclasses
+torch's ``BasePruningMethod``, so torch's ``is_pruned`` and ``remove`` (and
+Lightning's ``ModelPruning``) take prunereg's methods and modules; the other
+way round, every function here also sees the hooks ``torch.nn.utils.prune``
+installed, so prunereg's ``is_pruned``, ``remove`` and re-pruning work on
+modules torch pruned. Which mask to
+install is the methods' business (:mod:`prunereg._core.method`); this module only
+installs it, keeps ``module.<name>`` current and takes it away again.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.nn.utils.prune as torch_prune
+
+from prunereg._distributed import layout
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class PruningHook(torch_prune.BasePruningMethod):
+    """The forward pre-hook that keeps ``module.<name>`` equal to ``<name>_orig * <name>_mask``.
+
+    Before every forward it recomputes the product, except with autograd off
+    when neither tensor changed since the last time (then ``<name>`` already
+    holds that product, and a no_grad forward costs what the unpruned model's does).
+    Traced by ``torch.compile`` or ``torch.export`` it is the plain product:
+    the change detection reads version counters and data pointers, which
+    tracing cannot follow.
+    """
+
+    _tensor_name: str
+    _param_order: tuple[str, ...] | None  # the module's parameter order before the first pruning
+    # What module.<name> was made of, and when (see set_pruned_tensor); never pickled.
+    _refs: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor], weakref.ref[torch.Tensor]]
+    _stamp: tuple[object, ...] | None
+    _shared_with: tuple[str, ...]  # a tied parameter's names, when pruned together (prunereg._core.tied)
+    _shared_as: str  # this hook's own name among them
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        name = self._tensor_name
+        if name + "_orig" not in module._parameters and name + "_mask" not in module._buffers:
+            # quantize_dynamic copies the hooks of the modules it replaces onto the
+            # new ones, which were built from the pruned tensor and hold no mask.
+            return
+        if torch.compiler.is_compiling():
+            setattr(module, name, self.apply_mask(module))
+            return
+        # With autograd on, the product must be recomputed: it links <name> to
+        # <name>_orig in this forward's graph.
+        if torch.is_grad_enabled() or not pruned_tensor_is_current(self, module):
+            set_pruned_tensor(self, module)
+
+    def apply_mask(self, module: nn.Module) -> torch.Tensor:
+        """The pruned tensor, ``<name>_orig * <name>_mask``, in the original's dtype."""
+        if self._tensor_name is None:
+            raise AssertionError(f"Module {module} has to be pruned")
+        mask = getattr(module, self._tensor_name + "_mask")
+        orig = getattr(module, self._tensor_name + "_orig")
+        if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
+            return orig * mask
+        return mask.to(dtype=orig.dtype) * orig
+
+    def remove(self, module: nn.Module) -> None:
+        """Make the pruning permanent: ``<name>`` becomes a plain parameter holding the pruned values."""
+        if self._tensor_name is None:
+            raise AssertionError(f"Module {module} has to be pruned before pruning can be removed")
+        make_permanent(self, module)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_refs", None)
+        state.pop("_stamp", None)
+        return state
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PruningHook:
+        # torch's methods make deepcopy of a pruned module fail (pytorch#37322).
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__getstate__(), memo))
+        memoize_pruned_tensor(self, copied, memo)
+        return copied
+
+
+def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
+    """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``, torch's included."""
+    return [
+        (key, cast(PruningHook, hook))  # torch's own hooks are used through the same attributes
+        for key, hook in module._forward_pre_hooks.items()
+        if isinstance(hook, torch_prune.BasePruningMethod) and hook._tensor_name == name
+    ]
+
+
+def check_prunable(module: nn.Module, name: str) -> None:
+    """Refuse to prune ``module.<name>`` for the first time unless it is a Parameter (torch's error)."""
+    orig = getattr(module, name)
+    if not pruning_hooks(module, name) and not isinstance(orig, torch.nn.Parameter):
+        raise TypeError(
+            f"cannot assign '{torch.typename(orig)}' object to parameter "
+            f"'{name}_orig' (torch.nn.Parameter or None required)"
+        )
+
+
+def install(module: nn.Module, name: str, hook: PruningHook, mask: torch.Tensor) -> None:
+    """Make ``hook`` the one pruning hook of ``module.<name>``, with ``mask`` as ``<name>_mask``.
+
+    The first pruning moves the parameter to ``<name>_orig``; a later one
+    replaces the earlier hook (``hook`` then holds its history). Call
+    :func:`check_prunable` first.
+    """
+    first = not pruning_hooks(module, name)
+    with all_or_nothing([(module, name)]):
+        if first:
+            orig = module._parameters[name]
+            hook._param_order = _parameter_order(module, name)
+            module.register_parameter(name + "_orig", orig)
+            del module._parameters[name]
+        else:
+            for key, old in pruning_hooks(module, name):
+                if old is not hook:
+                    hook._param_order = getattr(old, "_param_order", None)
+                del module._forward_pre_hooks[key]
+        module.register_buffer(name + "_mask", mask)
+        set_pruned_tensor(hook, module)
+        module.register_forward_pre_hook(hook)
+
+
+def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: str) -> torch.Tensor:
+    """What to rank ``t``'s entries by: ``importance_scores`` of ``t``'s shape, laid out like ``t``, or ``t``."""
+    if importance_scores is None:
+        return t
+    if importance_scores.shape != t.shape:
+        raise AssertionError(
+            f"importance_scores should have the same shape as {what}, got {importance_scores.shape} vs {t.shape}"
+        )
+    return layout.to_layout_of(importance_scores, t)
+
+
+@contextmanager
+def all_or_nothing(tensors: list[tuple[nn.Module, str]]) -> Iterator[None]:
+    """Undo every pruning change made to these ``(module, name)`` tensors if the block raises."""
+    snapshots = [_Snapshot(module, name) for module, name in tensors]
+    opened = _open_snapshots.set(_open_snapshots.get() + tuple(snapshots))
+    try:
+        yield
+    except BaseException:
+        for snapshot in reversed(snapshots):
+            snapshot.restore()
+        raise
+    finally:
+        _open_snapshots.reset(opened)
+
+
+def snapshot_parameters() -> list[dict[str, torch.nn.Parameter | None]]:
+    """The copies of ``_parameters`` that the :func:`all_or_nothing` blocks now open hold.
+
+    They reference the parameters too, which :mod:`prunereg._core.tied` must not
+    take for another module sharing them.
+    """
+    return [snapshot.parameters for snapshot in _open_snapshots.get()]
+
+
+class _Snapshot:
+    """What pruning may change on one module for one tensor name."""
+
+    def __init__(self, module: nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+        self.parameters = dict(module._parameters)
+        self.buffers = dict(module._buffers)
+        self.hooks = dict(module._forward_pre_hooks)
+        self.attribute = module.__dict__.get(name, _MISSING)
+        self.hook_states = [(h, dict(h.__dict__)) for _, h in pruning_hooks(module, name)]
+
+    def restore(self) -> None:
+        module = self.module
+        _refill(module._parameters, self.parameters)
+        _refill(module._buffers, self.buffers)
+        _refill(module._forward_pre_hooks, self.hooks)
+        if self.attribute is _MISSING:
+            module.__dict__.pop(self.name, None)
+        else:
+            module.__dict__[self.name] = self.attribute
+        for hook, state in self.hook_states:
+            _refill(hook.__dict__, state)
+
+
+_MISSING = object()
+_open_snapshots: ContextVar[tuple[_Snapshot, ...]] = ContextVar("prunereg_open_snapshots", default=())
+
+
+def _refill(target: dict[Any, Any], content: dict[Any, Any]) -> None:
+    target.clear()
+    target.update(content)
+
+
+def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
+    """The parameter names of ``module`` in their order before any of them was pruned.
+
+    Pruning moves ``<name>_orig`` to the end of ``_parameters`` (as torch does,
+    so state_dict keys match); ``remove`` uses this order to put ``<name>`` back
+    in its place. Other pruned tensors of the module remember the order from
+    before they moved.
+    """
+    for hook in module._forward_pre_hooks.values():
+        order = getattr(hook, "_param_order", None)
+        if isinstance(hook, torch_prune.BasePruningMethod) and order is not None and name in order:
+            return order
+    return tuple(module._parameters)
+
+
+def set_pruned_tensor(method: PruningHook, module: nn.Module) -> None:
+    """Set ``module.<name>`` to the pruned tensor, remembering what it was made of."""
+    name = method._tensor_name
+    if name in module._parameters:
+        layout.refuse_gathered_parameter(module, name)
+    pruned = method.apply_mask(module)
+    setattr(module, name, pruned)
+    orig, mask = orig_and_mask(module, name)
+    method._refs = (weakref.ref(orig), weakref.ref(mask), weakref.ref(pruned))
+    method._stamp = _stamp(orig, mask, pruned)
+
+
+def pruned_tensor_is_current(method: PruningHook, module: nn.Module) -> bool:
+    """Whether ``module.<name>`` still is ``orig * mask`` as :func:`set_pruned_tensor` left it.
+
+    True only if none of the three tensors was replaced, changed in place
+    (version counters), given new data (``.data =``, ``.to()``) or a new dtype
+    or device since then. The forward pre-hook then skips the multiplication.
+    """
+    stamp = method.__dict__.get("_stamp")
+    if stamp is None:
+        return False
+    name = method._tensor_name
+    orig, mask, pruned = (ref() for ref in method._refs)
+    return (
+        orig is module._parameters.get(name + "_orig")
+        and mask is module._buffers.get(name + "_mask")
+        and pruned is module.__dict__.get(name)
+        and orig is not None
+        and mask is not None
+        and pruned is not None
+        and _stamp(orig, mask, pruned) == stamp
+    )
+
+
+def orig_and_mask(module: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``<name>_orig`` and ``<name>_mask`` of a pruned ``module``."""
+    orig, mask = module._parameters[name + "_orig"], module._buffers[name + "_mask"]
+    if orig is None or mask is None:
+        raise RuntimeError(f"{type(module).__name__}.{name} is pruned but {name}_orig or {name}_mask is None")
+    return orig, mask
+
+
+def _stamp(orig: torch.Tensor, mask: torch.Tensor, pruned: torch.Tensor) -> tuple[object, ...] | None:
+    """What changes when any of the three tensors changes; None where that cannot be told."""
+    if orig.is_meta or orig.is_inference() or mask.is_inference() or pruned.is_inference():
+        return None  # meta: nothing to save; inference tensors have no version counter
+    return (
+        orig._version,
+        orig.data_ptr(),
+        orig.dtype,
+        orig.device,
+        mask._version,
+        mask.data_ptr(),
+        mask.dtype,
+        mask.device,
+        pruned._version,
+    )
+
+
+def make_permanent(method: PruningHook, module: nn.Module) -> None:
+    """Write the pruned values into the original Parameter and drop the reparametrization.
+
+    Unlike torch, the parameter returns to its place in ``named_parameters()``
+    and keeps its memory format (a channels_last weight stays channels_last).
+    """
+    name = method._tensor_name
+    weight = method.apply_mask(module).detach()
+    if hasattr(module, name):
+        delattr(module, name)
+    orig, _ = orig_and_mask(module, name)
+    layout.assign_values(orig, weight)
+    del module._parameters[name + "_orig"]
+    del module._buffers[name + "_mask"]
+    setattr(module, name, orig)
+    _restore_place(module._parameters, name, getattr(method, "_param_order", None))
+
+
+def _restore_place(mapping: dict[str, Any], key: str, order: tuple[str, ...] | None) -> None:
+    """Move ``key`` before the first parameter that followed it in ``order``."""
+    if order is None or key not in order:
+        return
+    followers = set(order[order.index(key) + 1 :])
+    items = [(k, v) for k, v in mapping.items() if k != key]
+    position = next((i for i, (k, _) in enumerate(items) if k in followers), len(items))
+    items.insert(position, (key, mapping[key]))
+    _refill(mapping, dict(items))
+
+
+def memoize_pruned_tensor(method: PruningHook, copied: PruningHook, memo: dict[int, Any]) -> None:
+    """Teach ``copy.deepcopy`` how to copy the non-leaf tensor ``module.<name>``.
+
+    deepcopy copies a module's parameters and buffers before its hooks, so the
+    copies of ``<name>_orig`` and ``<name>_mask`` are in ``memo`` by now: the
+    copy of the pruned tensor is recomputed from them, and keeps its autograd
+    link to the copied parameter.
+    """
+    refs = getattr(method, "_refs", None)
+    if refs is None:
+        return
+    orig, mask, pruned = (ref() for ref in refs)
+    if pruned is None or pruned.is_leaf or id(pruned) in memo:
+        return
+    orig_copy = memo.get(id(orig)) if orig is not None else None
+    mask_copy = memo.get(id(mask)) if mask is not None else None
+    if orig_copy is not None and mask_copy is not None:
+        pruned_copy = mask_copy.to(dtype=orig_copy.dtype) * orig_copy
+        copied._refs = (weakref.ref(orig_copy), weakref.ref(mask_copy), weakref.ref(pruned_copy))
+    else:
+        pruned_copy = pruned.detach().clone()
+    memo[id(pruned)] = pruned_copy
+
+
+def remove(module: nn.Module, name: str) -> nn.Module:
+    """Make the pruning of ``module.<name>`` permanent and remove its hook."""
+    for key, hook in pruning_hooks(module, name):
+        hook.remove(module)
+        del module._forward_pre_hooks[key]
+        return module
+    raise ValueError(f"Parameter '{name}' of module {module} has to be pruned before pruning can be removed")
+
+
+def is_pruned(module: nn.Module) -> bool:
+    """Whether ``module`` or any of its submodules carries a pruning hook (prunereg's or torch's)."""
+    return any(
+        isinstance(hook, torch_prune.BasePruningMethod)
+        for submodule in module.modules()
+        for hook in submodule._forward_pre_hooks.values()
+    )

@@ -1,0 +1,154 @@
+"""Saving and loading pruned Hugging Face models without losing a pruned weight.
+
+``model.save_pretrained`` of a pruned model writes ``<name>_orig`` and
+``<name>_mask``; ``from_pretrained`` of that folder calls them unexpected and
+initialises every pruned weight at random, with a warning only. Here:
+
+- :func:`save_pretrained` writes the folder any transformers install loads
+  with the pruned values (plain ``<name>`` keys), and the masks beside it in
+  ``prunereg_masks.safetensors``;
+- :func:`from_pretrained` loads such a folder and prunes the model again with
+  those masks, so fine-tuning goes on with the pruning kept. It also restores a
+  folder written by a plain ``save_pretrained`` of a pruned model.
+
+Only the models' own ``save_pretrained``/``from_pretrained`` are called:
+transformers is not imported here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from prunereg._core import reparam
+from prunereg._core import tied as _tied
+from prunereg._core.custom import CustomFromMask
+
+MASKS_FILE = "prunereg_masks.safetensors"
+"""The file :func:`save_pretrained` writes the masks to, beside the model's weights."""
+
+
+def save_pretrained(model: nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
+    """``model.save_pretrained(save_directory, **kwargs)`` with the pruned values, and the masks beside them.
+
+    Plain ``from_pretrained`` loads the folder with every pruned weight as
+    pruned; :func:`from_pretrained` also restores the masks. The model itself
+    is not changed. A parameter pruned in one module but used unpruned by
+    another (a tied embedding pruned through its head only) is refused with a
+    ``ValueError`` naming both, as the saved folder could not hold both values.
+    """
+    refuse_divergent_ties(model)
+    plain, masks = _plain_state_and_masks(model)
+    model.save_pretrained(save_directory, state_dict=plain, **kwargs)  # type: ignore[operator]
+    path = Path(save_directory) / MASKS_FILE
+    if masks:
+        safetensors.torch.save_file({name: mask.contiguous() for name, mask in masks.items()}, str(path))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwargs: Any) -> nn.Module:
+    """``model_class.from_pretrained(pretrained, **kwargs)``, pruned again as it was saved.
+
+    The masks come from :data:`MASKS_FILE` (written by :func:`save_pretrained`),
+    or from the ``<name>_orig``/``<name>_mask`` tensors a plain
+    ``save_pretrained`` of a pruned model wrote; those load as the pruned
+    values, never as random ones. Each mask is applied with ``custom_from_mask``
+    from the model, so tied parameters are pruned everywhere they are used.
+    """
+    folder = Path(pretrained)
+    masks: dict[str, torch.Tensor] = {}
+    if _has_pruned_keys(folder):
+        state = {}
+        for file in _weight_files(folder):
+            state.update(safetensors.torch.load_file(str(file)))
+        state, masks = _split_pruned(state)
+        # transformers takes a state dict only in place of a folder, so the config comes separately.
+        config = kwargs.pop("config", None) or model_class.config_class.from_pretrained(pretrained)
+        model = model_class.from_pretrained(None, config=config, state_dict=state, **kwargs)
+    else:
+        model = model_class.from_pretrained(pretrained, **kwargs)
+    if (folder / MASKS_FILE).is_file():
+        masks.update(safetensors.torch.load_file(str(folder / MASKS_FILE)))
+    for name, mask in masks.items():
+        site = _tied.resolve(model, name)
+        if not reparam.pruning_hooks(site.module, site.name):  # a tied parameter is pruned with its group
+            CustomFromMask.apply(model, name, mask.to(getattr(site.module, site.name).device))
+    return model
+
+
+def refuse_divergent_ties(model: nn.Module) -> None:
+    """Raise ``ValueError`` if a parameter is pruned where one module holds it and unpruned where another does."""
+    pruned: dict[int, str] = {}
+    plain: dict[int, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        site = _tied.resolve(model, name)
+        base = site.name.removesuffix("_orig")
+        if site.name.endswith("_orig") and reparam.pruning_hooks(site.module, base):
+            pruned.setdefault(id(parameter), name.removesuffix("_orig"))
+        else:
+            plain.setdefault(id(parameter), name)
+    for key in pruned.keys() & plain.keys():
+        raise ValueError(
+            f"{pruned[key]} is pruned but {plain[key]}, which shares its parameter, is not: prune it from the "
+            f"model so both are, e.g. prune.l1_unstructured(model, {pruned[key]!r}, ...)"
+        )
+
+
+def _plain_state_and_masks(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The state dict with every pruned tensor under its own name, and one mask per pruned parameter.
+
+    Tied members get the same product tensor (so transformers sees them tied)
+    and one mask entry between them.
+    """
+    state = model.state_dict()
+    masks: dict[str, torch.Tensor] = {}
+    products: dict[int, torch.Tensor] = {}
+    for name, module, hook in _pruned_tensors(model):
+        orig = module._parameters[hook._tensor_name + "_orig"]
+        mask = module.get_buffer(hook._tensor_name + "_mask")
+        product = products.get(id(orig))
+        if product is None:
+            product = products[id(orig)] = hook.apply_mask(module).detach()
+            masks[name] = mask.detach()
+        state[name] = product
+        state.pop(name + "_orig", None)
+        state.pop(name + "_mask", None)
+    return state, masks
+
+
+def _pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, torch.nn.utils.prune.BasePruningMethod]]:
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, torch.nn.utils.prune.BasePruningMethod):
+                yield (f"{prefix}." if prefix else "") + hook._tensor_name, module, hook
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.glob("*.safetensors") if path.name != MASKS_FILE)
+
+
+def _has_pruned_keys(folder: Path) -> bool:
+    for file in _weight_files(folder):
+        with safetensors.safe_open(str(file), "pt") as handle:
+            if any(key.endswith("_orig") for key in handle.keys()):  # noqa: SIM118  # safe_open has no __iter__
+                return True
+    return False
+
+
+def _split_pruned(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``state`` with ``<name>_orig``/``<name>_mask`` pairs turned into ``<name> = orig * mask``, and the masks."""
+    masks = {}
+    for key in [key for key in state if key.endswith("_orig")]:
+        name = key.removesuffix("_orig")
+        if name + "_mask" in state:
+            orig, mask = state.pop(key), state.pop(name + "_mask")
+            state[name] = mask.to(orig.dtype) * orig
+            masks[name] = mask
+    return state, masks

@@ -1,0 +1,56 @@
+"""Moving state dicts between pruned and unpruned models of one architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+import torch
+import torch.nn.utils.prune as torch_prune
+from torch import nn
+
+from prunereg._core.reparam import PruningHook, set_pruned_tensor
+
+
+def load_state_dict(
+    model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True, assign: bool = False
+) -> Any:
+    """``model.load_state_dict`` that also accepts the other side of pruning.
+
+    - A pruned state dict (``w_orig`` and ``w_mask``) loads into an unpruned
+      model: ``w`` receives ``w_orig * w_mask``.
+    - An unpruned state dict (``w``) loads into a pruned model: ``w_orig``
+      receives ``w`` and the model keeps its masks.
+
+    Keys already in the model's form load as usual. Afterwards every pruned
+    ``module.<name>`` is recomputed, so it is never stale. Returns what
+    ``load_state_dict`` returns; ``strict`` and ``assign`` mean what they mean
+    there (``assign=True`` fills a model built on the meta device).
+    """
+    translated = dict(state_dict)
+    pruned = []
+    for prefix, module in model.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, torch_prune.BasePruningMethod):  # torch's own hooks too
+                pruned.append((module, cast(PruningHook, hook)))
+                _to_pruned(translated, dot + hook._tensor_name, module._buffers[hook._tensor_name + "_mask"])
+        for name in module._parameters:
+            _to_unpruned(translated, dot + name)
+    result = model.load_state_dict(translated, strict=strict, assign=assign)
+    for module, hook in pruned:
+        set_pruned_tensor(hook, module)
+    return result
+
+
+def _to_pruned(state: dict[str, torch.Tensor], key: str, model_mask: torch.Tensor) -> None:
+    if key in state and key + "_orig" not in state:
+        state[key + "_orig"] = state.pop(key)
+        state.setdefault(key + "_mask", model_mask)
+
+
+def _to_unpruned(state: dict[str, torch.Tensor], key: str) -> None:
+    orig, mask = state.get(key + "_orig"), state.get(key + "_mask")
+    if key not in state and orig is not None and mask is not None:
+        state[key] = mask.to(dtype=orig.dtype) * orig
+        del state[key + "_orig"], state[key + "_mask"]

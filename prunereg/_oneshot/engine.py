@@ -1,0 +1,440 @@
+"""One-shot pruning of a causal language model, block by block, from a little calibration data.
+
+The engine follows the sequential loop of the SparseGPT and Wanda references:
+capture the first block's inputs for the calibration set, then for each block
+gather the statistics its layers need (forward hooks, once per input group),
+prune the layers, and run the block again on its pruned weights to produce the
+next block's inputs. Memory: the weights plus one block's calibration
+activations. Where the weights live is a :class:`BlockWeights` (in memory here;
+streamed from a safetensors folder by :mod:`prunereg._oneshot.streaming`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from prunereg._oneshot.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
+from prunereg._oneshot.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
+from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
+from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
+from prunereg._oneshot.report import LayerReport, OneShotReport, Timings
+from prunereg._oneshot.statistics import GroupRecorder
+from prunereg._progress import progress as progress_bar
+
+ALLOCATIONS = ("uniform", "owl")
+
+
+class BlockWeights(Protocol):
+    """Where the blocks' weights are: :meth:`fetch` fills block ``index`` before it runs, :meth:`done` after."""
+
+    def fetch(self, index: int, block: nn.Module) -> None: ...
+
+    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None: ...
+
+
+class InMemory:
+    """The whole model is in memory already: nothing to fetch, nothing to write."""
+
+    def fetch(self, index: int, block: nn.Module) -> None:
+        pass
+
+    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
+        pass
+
+
+def oneshot(
+    model: nn.Module,
+    method: str | CalibratedMethod,
+    *,
+    calibration: Tensor | Iterable[Tensor],
+    sparsity: float | None = None,
+    pattern: str | None = None,
+    allocation: str = "uniform",
+    owl_threshold: float = 5.0,
+    owl_lambda: float = 0.08,
+    layers: Sequence[str] | None = None,
+    blocks: str | None = None,
+    batch_size: int = 2,
+    permanent: bool = True,
+    matmul_precision: str = "medium",
+    progress: bool | None = None,
+    **method_options: Any,
+) -> OneShotReport:
+    """Prune a causal language model in place, block by block, with a calibrated method.
+
+    ``method`` is a registered name of kind ``calibrated`` (``"wanda"``,
+    ``"sparsegpt"``, ``"magnitude"``), with ``method_options`` passed to its
+    constructor, or a configured :class:`prunereg.CalibratedMethod` instance.
+    ``calibration`` holds token ids: a LongTensor ``[n_samples, seq_len]`` (run in
+    batches of ``batch_size`` samples) or an iterable of such batches.
+
+    ``sparsity`` is the share of each layer's weights pruned (default 0.5, or N/M
+    with a ``pattern`` such as ``"2:4"``). ``allocation="owl"`` gives each block
+    its own sparsity around that target from its outlier ratio (Yin et al. 2024:
+    ``owl_threshold`` is the paper's M, ``owl_lambda`` its lambda).
+
+    Every ``nn.Linear`` (GPT-2: ``Conv1D``) inside the decoder blocks is pruned, or
+    those whose full name matches one of the ``layers`` glob patterns; embeddings
+    and the output head never. ``blocks`` names the ``nn.ModuleList`` of decoder
+    blocks for an architecture prunereg does not know (see ``prunereg._oneshot.blocks``).
+
+    ``permanent=True`` (the default) leaves plain weights with exact zeros, ready
+    for ``save_pretrained``; ``permanent=False`` also installs prunereg's
+    reparametrization (``weight_orig``, ``weight_mask``), which
+    :func:`prunereg.remove` makes permanent later. ``progress`` draws a bar per
+    block on stderr (default: when stderr is a terminal).
+
+    ``matmul_precision`` is torch's float32 matmul precision for the calibration
+    forwards only (``"medium"``: bfloat16 products with float32 sums where the
+    hardware has them, TF32 on GPUs; ``"highest"``: all float32, bit for bit
+    what a plain float32 loop gives). The statistics and the pruning itself always
+    run in full float32; ``docs/llm.md`` measures the difference.
+
+    Arguments are checked before anything changes; the model is left in the
+    train/eval mode it was in.
+    """
+    job = OneShotJob.prepare(
+        model,
+        method,
+        calibration=calibration,
+        sparsity=sparsity,
+        pattern=pattern,
+        allocation=allocation,
+        owl_threshold=owl_threshold,
+        owl_lambda=owl_lambda,
+        layers=layers,
+        blocks=blocks,
+        batch_size=batch_size,
+        permanent=permanent,
+        matmul_precision=matmul_precision,
+        method_options=method_options,
+    )
+    return job.run(InMemory(), progress=progress)
+
+
+@dataclass
+class OneShotJob:
+    """A checked one-shot request: the method, the blocks and their layers, the calibration batches."""
+
+    model: nn.Module
+    method: CalibratedMethod
+    method_name: str
+    blocks_path: str
+    blocks: nn.ModuleList
+    layer_names: list[list[str]]
+    batches: list[Tensor]
+    allocation: str
+    owl_threshold: float
+    owl_lambda: float
+    permanent: bool
+    matmul_precision: str
+
+    @classmethod
+    def prepare(
+        cls,
+        model: nn.Module,
+        method: str | CalibratedMethod,
+        *,
+        calibration: Tensor | Iterable[Tensor],
+        sparsity: float | None,
+        pattern: str | None,
+        allocation: str,
+        owl_threshold: float,
+        owl_lambda: float,
+        layers: Sequence[str] | None,
+        blocks: str | None,
+        batch_size: int,
+        permanent: bool,
+        matmul_precision: str,
+        method_options: dict[str, Any],
+    ) -> OneShotJob:
+        """Check every argument and build the method; nothing in ``model`` changes."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {allocation!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if owl_threshold <= 0 or owl_lambda < 0:
+            raise ValueError(f"owl_threshold must be > 0 and owl_lambda >= 0, got {owl_threshold!r} and {owl_lambda!r}")
+        check_matmul_precision(matmul_precision)
+        instance, name = _build_method(method, sparsity, pattern, method_options)
+        if allocation == "owl" and instance.pattern is not None:
+            raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
+        blocks_path, block_list = find_blocks(model, blocks)
+        layer_names = _select_layers(blocks_path, block_list, layers)
+        _check_layers(block_list, layer_names, instance)
+        _check_not_reparametrized(model)
+        device = _input_device(model)
+        batches = list(batches_of(calibration, batch_size, device))
+        if not batches:
+            raise ValueError("calibration holds no token ids")
+        return cls(
+            model, instance, name, blocks_path, block_list, layer_names, batches,
+            allocation, float(owl_threshold), float(owl_lambda), permanent, matmul_precision,
+        )  # fmt: skip
+
+    def run(self, weights: BlockWeights, *, progress: bool | None = None) -> OneShotReport:
+        """Prune every block in turn, its weights fetched from and handed back to ``weights``."""
+        start = time.perf_counter()
+        report = OneShotReport(
+            method=self.method_name,
+            sparsity=self.method.sparsity,
+            pattern=self.method.pattern,
+            allocation=self.allocation,
+            n_tokens=0,
+            permanent=self.permanent,
+            matmul_precision=self.matmul_precision,
+        )
+        # The forwards run at the requested precision; statistics and pruning step up to "highest" themselves.
+        with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
+            sparsities = [self.method.sparsity] * len(self.blocks)
+            if self.allocation == "owl":
+                outlier_start = time.perf_counter()
+                report.outlier_ratios = self._outlier_ratios(weights, progress)
+                sparsities = _owl_sparsities(report.outlier_ratios, self.method.sparsity, self.owl_lambda)
+                report.timings.outlier_pass = time.perf_counter() - outlier_start
+            # A method that reads no statistics needs no forwards: its layers prune straight from their weights.
+            inputs = self._capture(report.timings) if self.method.STATISTICS else None
+            if inputs is not None or self.allocation == "owl":  # OWL's outlier pass reads the data in any case
+                report.n_tokens = sum(batch.numel() for batch in self.batches)
+            report.block_sparsities = sparsities
+            label = f"{self.method_name} {self.blocks_path}"
+            for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
+                self._prune_block(index, inputs, sparsities[index], weights, report)
+        report.timings.total = time.perf_counter() - start
+        return report
+
+    # -- the passes ------------------------------------------------------------------
+
+    def _capture(self, timings: Timings) -> BlockInputs:
+        start = time.perf_counter()
+        inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
+        timings.capture += time.perf_counter() - start
+        return inputs
+
+    def _prune_block(
+        self, index: int, inputs: BlockInputs | None, sparsity: float, weights: BlockWeights, report: OneShotReport
+    ) -> None:
+        """Prune block ``index`` from its statistics over ``inputs``, then advance ``inputs`` past it.
+
+        Without ``inputs`` (a method that needs no statistics) each layer is a group of its own.
+        """
+        timings = report.timings
+        block = self.blocks[index]
+        loading = time.perf_counter()
+        weights.fetch(index, block)
+        timings.loading += time.perf_counter() - loading
+        if inputs is None:
+            groups = [([name], LayerStatistics(n_tokens=0)) for name in self.layer_names[index]]
+        else:
+            groups = self._gather(block, self.layer_names[index], self.method.STATISTICS, inputs, timings)
+        uncalled = set(self.layer_names[index]).difference(*(names for names, _ in groups))
+        if uncalled:  # an expert of a mixture that no calibration token was routed to, say
+            full_names = sorted(f"{self.blocks_path}.{index}.{name}" for name in uncalled)
+            warnings.warn(
+                f"no calibration input reached {', '.join(full_names)}; left dense", RuntimeWarning, stacklevel=4
+            )
+            report.unpruned.extend(full_names)
+        start = time.perf_counter()
+        with matmul_precision("highest"):
+            report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
+        del groups  # the statistics (Hessians) are not needed for the forward below
+        timings.pruning += time.perf_counter() - start
+        if inputs is not None and index + 1 < len(self.blocks):  # the last block's outputs feed nothing
+            self._advance(block, inputs, timings)
+        loading = time.perf_counter()
+        weights.done(index, block, pruned=True)
+        timings.loading += time.perf_counter() - loading
+
+    def _prune_groups(
+        self, prefix: str, block: nn.Module, groups: list[tuple[list[str], LayerStatistics]], sparsity: float
+    ) -> list[LayerReport]:
+        """Hand each input group to the method and write its results into the layers."""
+        reports = []
+        for names, statistics in groups:
+            layers = [block.get_submodule(name) for name in names]
+            weights = [weight_matrix(layer).detach().float() for layer in layers]
+            pruned = self.method.prune_group(weights, statistics, [sparsity] * len(layers))
+            if len(pruned) != len(layers):
+                raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(layers)} layers")
+            for name, layer, result in zip(names, layers, pruned, strict=True):
+                _write_back(layer, result, permanent=self.permanent)
+                rows, columns = result.mask.shape
+                reached = 1.0 - result.mask.float().mean().item()
+                reports.append(LayerReport(f"{prefix}.{name}", (rows, columns), sparsity, reached))
+        return reports
+
+    def _outlier_ratios(self, weights: BlockWeights, progress: bool | None) -> list[float]:
+        """OWL's first pass: each block's outlier ratio, from the dense model's Wanda scores."""
+        from prunereg._oneshot.allocation import outlier_ratio
+
+        scratch = Timings()
+        inputs = self._capture(scratch)
+        ratios = []
+        for index in progress_bar(range(len(self.blocks)), label="outlier ratios", enabled=progress):
+            block = self.blocks[index]
+            weights.fetch(index, block)
+            groups = self._gather(block, self.layer_names[index], {"input_sq_norms"}, inputs, scratch)
+            layer_weights, layer_statistics = [], []
+            for names, statistics in groups:
+                for name in names:
+                    layer_weights.append(weight_matrix(block.get_submodule(name)).detach().float())
+                    layer_statistics.append(statistics)
+            ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.owl_threshold)))
+            if index + 1 < len(self.blocks):
+                self._advance(block, inputs, scratch)
+            weights.done(index, block, pruned=False)
+        return ratios
+
+    def _gather(
+        self, block: nn.Module, names: list[str], needs: Iterable[str], inputs: BlockInputs, timings: Timings
+    ) -> list[tuple[list[str], LayerStatistics]]:
+        """Run the calibration batches through ``block`` and return each input group's statistics."""
+        start = time.perf_counter()
+        with GroupRecorder({name: block.get_submodule(name) for name in names}, needs) as recorder:
+            for batch in range(len(inputs)):
+                with recorder.batch():
+                    call_block(block, inputs, batch)
+        timings.statistics += recorder.seconds
+        timings.forward += time.perf_counter() - start - recorder.seconds
+        return recorder.group_statistics()
+
+    def _advance(self, block: nn.Module, inputs: BlockInputs, timings: Timings) -> None:
+        """Replace ``inputs`` by ``block``'s outputs on them."""
+        start = time.perf_counter()
+        advance(block, inputs)
+        timings.forward += time.perf_counter() - start
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+def _build_method(
+    method: str | CalibratedMethod, sparsity: float | None, pattern: str | None, options: dict[str, Any]
+) -> tuple[CalibratedMethod, str]:
+    if isinstance(method, CalibratedMethod):
+        if options:
+            raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
+        if (sparsity is not None and not _close(sparsity, method.sparsity)) or pattern not in (None, method.pattern):
+            raise ValueError(
+                f"sparsity and pattern come from the instance {method!r}; leave them out or make them match"
+            )
+        return method, type(method).__name__
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a registered name or a CalibratedMethod instance, not {type(method).__name__}")
+    from prunereg._plugins.loading import registry
+
+    cls = registry().resolve(method)
+    if not (isinstance(cls, type) and issubclass(cls, CalibratedMethod)):
+        raise TypeError(
+            f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; oneshot needs a calibrated one "
+            f"({', '.join(registry().names('calibrated')) or 'none installed'})"
+        )
+    if sparsity is None:
+        sparsity = 0.5
+        if pattern is not None:
+            n, m = parse_pattern(pattern)
+            sparsity = n / m
+    check_sparsity(sparsity)
+    return cls(sparsity=sparsity, pattern=pattern, **options), method
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(float(a) - float(b)) < 1e-9
+
+
+def _select_layers(blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[str] | None) -> list[list[str]]:
+    """Per block, the names (relative to the block) of the layers to prune."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    selected = []
+    used: set[str] = set()
+    for index, block in enumerate(blocks):
+        names = []
+        for name in prunable_layers(block):
+            full_name = f"{blocks_path}.{index}.{name}"
+            matching = [p for p in patterns or () if fnmatch.fnmatchcase(full_name, p)]
+            used.update(matching)
+            if patterns is None or matching:
+                names.append(name)
+        selected.append(names)
+    unused = [p for p in patterns or () if p not in used]
+    if unused:
+        raise ValueError(f"layers {unused} match no Linear layer in {blocks_path}.*")
+    if not any(selected):
+        raise ValueError(f"no Linear layers to prune in {blocks_path}")
+    return selected
+
+
+def _check_layers(blocks: nn.ModuleList, layer_names: list[list[str]], method: CalibratedMethod) -> None:
+    for block, names in zip(blocks, layer_names, strict=True):
+        for name in names:
+            layer = block.get_submodule(name)
+            if not layer.weight.dtype.is_floating_point:
+                raise TypeError(f"layer {name} has {layer.weight.dtype} weights; oneshot prunes floating-point ones")
+            if method.n_m is not None and in_features(layer) % method.n_m[1]:
+                raise ValueError(
+                    f"pattern {method.pattern!r} needs in_features divisible by {method.n_m[1]}, "
+                    f"but {name} has {in_features(layer)}"
+                )
+
+
+def _check_not_reparametrized(model: nn.Module) -> None:
+    from prunereg._core.reparam import is_pruned
+
+    if is_pruned(model):
+        raise ValueError("the model is already pruned (reparametrized); make that permanent with prunereg.remove first")
+
+
+def _input_device(model: nn.Module) -> torch.device:
+    get_input_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_input_embeddings() if callable(get_input_embeddings) else None
+    if isinstance(embeddings, nn.Module):
+        for parameter in embeddings.parameters():
+            return parameter.device
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
+# -- doing --------------------------------------------------------------------------------
+
+
+def _owl_sparsities(ratios: list[float], target: float, lam: float) -> list[float]:
+    from prunereg._oneshot.allocation import owl_sparsities
+
+    return [float(s) for s in owl_sparsities(ratios, target, lam)]
+
+
+def _write_back(layer: nn.Module, result: PrunedWeight, *, permanent: bool) -> None:
+    """Put the pruned weight into the layer's own Parameter, in its layout and dtype."""
+    mask = result.mask.T if is_conv1d(layer) else result.mask
+    with torch.no_grad():
+        weight_matrix(layer).copy_(result.weight)
+    if not permanent:
+        from prunereg._core.custom import CustomFromMask
+
+        CustomFromMask.apply(layer, "weight", mask)
+
+
+@contextlib.contextmanager
+def _calibration_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd for the run; each module's own train/eval flag restored after."""
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for module, training in modes.items():
+            module.training = training

@@ -1,0 +1,199 @@
+"""One-shot pruning of a Hugging Face model folder one decoder block at a time, for models larger than RAM.
+
+The model is built empty (parameters on the meta device, buffers real), the
+weights outside the blocks (embeddings, final norm, head) are loaded, and then
+each block is read from the folder's safetensors files, pruned, written to the
+output folder as its own shard and emptied again. Peak memory: the weights
+outside the blocks, one block, and one block's calibration activations. The
+output folder holds the other files of the input folder (config, tokenizer) and
+an index, so ``from_pretrained`` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunereg._oneshot.blocks import find_blocks
+from prunereg._oneshot.contract import CalibratedMethod
+from prunereg._oneshot.engine import OneShotJob
+from prunereg._oneshot.report import OneShotReport
+
+INDEX_NAME = "model.safetensors.index.json"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+
+
+class CheckpointReader:
+    """The tensors of a folder's safetensors files, read one at a time (the files stay closed in between)."""
+
+    def __init__(self, folder: Path) -> None:
+        index = folder / INDEX_NAME
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            self.files = {key: folder / name for key, name in weight_map.items()}
+        else:
+            single = folder / "model.safetensors"
+            if not single.is_file():
+                raise FileNotFoundError(f"{folder} has neither {INDEX_NAME} nor model.safetensors")
+            self.files = {key: single for key in _keys_of(single)}
+
+    def read(self, keys: Iterable[str]) -> dict[str, Tensor]:
+        """The tensors named ``keys``, each file opened once."""
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = {}
+        for key in keys:
+            by_file.setdefault(self.files[key], []).append(key)
+        tensors = {}
+        for path, names in by_file.items():
+            with safe_open(str(path), framework="pt") as handle:
+                for name in names:
+                    tensors[name] = handle.get_tensor(name)
+        return tensors
+
+
+def _keys_of(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return list(handle.keys())
+
+
+class StreamedBlocks:
+    """Block weights fetched from a checkpoint folder and, once pruned, written as one shard per block."""
+
+    def __init__(self, model: nn.Module, reader: CheckpointReader, blocks_path: str, output: Path, n_blocks: int):
+        self.reader = reader
+        self.blocks_path = blocks_path
+        self.output = output
+        self.n_shards = n_blocks + 1  # one per block, and one for the rest
+        self.weight_map: dict[str, str] = {}
+        self.total_size = 0
+        self.names = _checkpoint_names(model, reader.files)
+
+    def fetch(self, index: int, block: nn.Module) -> None:
+        prefix = f"{self.blocks_path}.{index}."
+        wanted = {name[len(prefix) :]: key for name, key in self.names.items() if name.startswith(prefix)}
+        tensors = self.reader.read(wanted.values())
+        state = {local: tensors[key] for local, key in wanted.items()}
+        missing = [name for name, _ in block.named_parameters() if name not in state]
+        if missing:
+            raise KeyError(f"the checkpoint has no weights for {prefix}{missing[0]} (and {len(missing) - 1} more)")
+        block.load_state_dict(state, strict=False, assign=True)
+
+    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
+        if pruned:
+            prefix = f"{self.blocks_path}.{index}."
+            self._write(index, {self.names[prefix + name]: t for name, t in block.state_dict().items()
+                                if prefix + name in self.names})  # fmt: skip
+        _empty(block)
+
+    def finish(self, rest: Sequence[str], source: Path) -> None:
+        """Write the weights outside the blocks unchanged, the index, and the folder's other files."""
+        self._write(self.n_shards - 1, self.reader.read(rest))
+        index = {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(self.weight_map.items()))}
+        (self.output / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        for path in sorted(source.iterdir()):
+            if path.is_file() and path.name != INDEX_NAME and not path.name.endswith(_WEIGHT_SUFFIXES):
+                shutil.copy2(path, self.output / path.name)
+
+    def _write(self, shard: int, tensors: dict[str, Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        name = f"model-{shard + 1:05d}-of-{self.n_shards:05d}.safetensors"
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(self.output / name), metadata={"format": "pt"})
+        for key, tensor in tensors.items():
+            self.weight_map[key] = name
+            self.total_size += tensor.numel() * tensor.element_size()
+
+
+def _checkpoint_names(model: nn.Module, checkpoint_keys: Iterable[str]) -> dict[str, str]:
+    """Model state-dict name -> checkpoint key; checkpoints may leave out the base model's prefix (GPT-2)."""
+    model_names = set(model.state_dict())
+    prefix = getattr(model, "base_model_prefix", "")
+    names = {}
+    for key in checkpoint_keys:
+        if key in model_names:
+            names[key] = key
+        elif prefix and f"{prefix}.{key}" in model_names:
+            names[f"{prefix}.{key}"] = key
+    return names
+
+
+def _empty(module: nn.Module) -> None:
+    """Give the module's parameters back: each becomes a meta tensor of the same shape and dtype."""
+    for submodule in module.modules():
+        for name, parameter in list(submodule._parameters.items()):
+            if parameter is not None:
+                meta = torch.empty_like(parameter, device="meta")
+                submodule._parameters[name] = nn.Parameter(meta, requires_grad=parameter.requires_grad)
+
+
+def empty_model(folder: Path) -> nn.Module:
+    """The folder's causal LM with every parameter on the meta device and its buffers computed for real."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config)
+    return model.eval()
+
+
+def oneshot_folder(
+    model_dir: str | Path,
+    output_dir: str | Path,
+    method: str | CalibratedMethod,
+    *,
+    calibration: Tensor | Iterable[Tensor],
+    sparsity: float | None = None,
+    pattern: str | None = None,
+    allocation: str = "uniform",
+    owl_threshold: float = 5.0,
+    owl_lambda: float = 0.08,
+    layers: Sequence[str] | None = None,
+    blocks: str | None = None,
+    batch_size: int = 2,
+    matmul_precision: str = "medium",
+    progress: bool | None = None,
+    **method_options: Any,
+) -> OneShotReport:
+    """Prune the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
+
+    Arguments as :func:`prunereg.oneshot`; the weights in ``model_dir`` must be
+    safetensors files (``model.safetensors`` or a sharded index). ``output_dir``
+    (created; it must not hold files yet) gets the pruned weights, one shard per
+    block, and the folder's other files, so ``from_pretrained(output_dir)``
+    loads the pruned model. The pruning is permanent (plain weights with zeros).
+    """
+    source, output = Path(model_dir), Path(output_dir)
+    if output.exists() and any(output.iterdir()):
+        raise FileExistsError(f"{output} is not empty; name a new or empty folder")
+    if output.resolve() == source.resolve():
+        raise ValueError("output_dir must differ from model_dir")
+    reader = CheckpointReader(source)
+    model = empty_model(source)
+    blocks_path, block_list = find_blocks(model, blocks)
+    streamed = StreamedBlocks(model, reader, blocks_path, output, len(block_list))
+    rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
+    tensors = reader.read(rest.values())
+    model.load_state_dict({name: tensors[key] for name, key in rest.items()}, strict=False, assign=True)
+    del tensors
+    tie_weights = getattr(model, "tie_weights", None)
+    if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
+        tie_weights()
+    job = OneShotJob.prepare(
+        model, method, calibration=calibration, sparsity=sparsity, pattern=pattern, allocation=allocation,
+        owl_threshold=owl_threshold, owl_lambda=owl_lambda, layers=layers, blocks=blocks_path, batch_size=batch_size,
+        permanent=True, matmul_precision=matmul_precision, method_options=method_options,
+    )  # fmt: skip
+    output.mkdir(parents=True, exist_ok=True)
+    report = job.run(streamed, progress=progress)
+    streamed.finish(list(rest.values()), source)
+    return report

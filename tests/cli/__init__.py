@@ -1,0 +1,1 @@
+"""The command line, through click's CliRunner and as real subprocesses."""

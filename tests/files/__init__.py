@@ -1,0 +1,1 @@
+"""Model files: reading, checking and pruning them without the model's code."""

@@ -1,0 +1,110 @@
+"""prunereg.oneshot_folder: block-by-block pruning of a safetensors folder equals pruning the loaded model."""
+
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+import pytest
+import torch
+
+import prunereg
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from transformers import AutoModelForCausalLM
+
+from tests.support.tiny_lm import calibration_ids, tiny_gpt2, tiny_llama, tiny_opt
+
+
+def _load(folder):
+    return AutoModelForCausalLM.from_pretrained(folder).eval()
+
+
+@pytest.mark.parametrize(
+    ("build", "method", "options"),
+    [(tiny_llama, "wanda", {}), (tiny_llama, "sparsegpt", {"pattern": "2:4"}), (tiny_gpt2, "sparsegpt", {}),
+     (tiny_opt, "wanda", {"allocation": "owl", "sparsity": 0.6})],
+)  # fmt: skip
+def test_streamed_pruning_equals_pruning_the_model_in_memory(tmp_path, build, method, options):
+    build().save_pretrained(tmp_path / "dense", max_shard_size="20KB")  # several shards, blocks across them
+    ids = calibration_ids(4, 16)
+    report = prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", method, calibration=ids, **options)
+    in_memory = _load(tmp_path / "dense")
+    expected = prunereg.oneshot(in_memory, method, calibration=ids, **options)
+    streamed = _load(tmp_path / "pruned")
+    for (name, a), b in zip(streamed.state_dict().items(), in_memory.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert [(r.name, r.sparsity) for r in report.layers] == [(r.name, r.sparsity) for r in expected.layers]
+    assert report.block_sparsities == expected.block_sparsities and report.timings.loading > 0
+
+
+def test_the_output_folder_has_one_shard_per_block_an_index_and_the_other_files(tmp_path):
+    tiny_llama(layers=3).save_pretrained(tmp_path / "dense")
+    (tmp_path / "dense" / "tokenizer.json").write_text("{}")
+    prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", "magnitude", calibration=calibration_ids(2, 8))
+    names = sorted(p.name for p in (tmp_path / "pruned").iterdir())
+    shards = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    assert names == sorted(["config.json", "generation_config.json", "tokenizer.json",
+                            "model.safetensors.index.json", *shards])  # fmt: skip
+    index = json.loads((tmp_path / "pruned" / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["model.layers.1.mlp.up_proj.weight"] == shards[1]
+    assert index["weight_map"]["lm_head.weight"] == shards[3]
+
+
+def test_bad_folders_are_refused_before_anything_is_written(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
+        prunereg.oneshot_folder(tmp_path / "empty", tmp_path / "out", "wanda", calibration=calibration_ids(2, 8))
+    tiny_llama().save_pretrained(tmp_path / "dense")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "busy", "wanda", calibration=calibration_ids(2, 8))
+    with pytest.raises(ValueError, match="sparsity"):
+        prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "out", "wanda", calibration=calibration_ids(2, 8),
+                                sparsity=1.5)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_only_the_block_being_pruned_holds_weights(tmp_path, monkeypatch):
+    import prunereg._oneshot.streaming as streaming
+    from tests.support.tiny_lm import NormScore
+
+    tiny_llama(layers=3).save_pretrained(tmp_path / "dense")
+    built = []
+    monkeypatch.setattr(
+        streaming, "empty_model", lambda folder, build=streaming.empty_model: built.append(build(folder)) or built[0]
+    )
+
+    class CountingBlocks(NormScore):
+        loaded_blocks: ClassVar[list[int]] = []
+
+        def prune_group(self, weights, statistics, sparsities):
+            blocks = built[0].model.layers
+            self.loaded_blocks.append(sum(not block.mlp.up_proj.weight.is_meta for block in blocks))
+            return super().prune_group(weights, statistics, sparsities)
+
+    method = CountingBlocks(0.5)
+    prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", method, calibration=calibration_ids(2, 8))
+    assert method.loaded_blocks == [1] * 12  # 4 groups in each of 3 blocks
+    assert all(block.mlp.up_proj.weight.is_meta for block in built[0].model.layers)
+
+
+@pytest.mark.slow
+def test_the_streaming_benchmark_runs_under_its_cap(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "llm_streaming.py"
+    completed = subprocess.run(
+        [sys.executable, str(script), "--layers", "2", "--hidden", "256", "--intermediate", "512", "--vocab", "1000",
+         "--heads", "4", "--budget", "4", "--folder", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    row = next(line for line in completed.stdout.splitlines() if line.startswith("| prunereg.oneshot_folder"))
+    assert "| 50.0% zeros |" in row
+    assert (tmp_path / "pruned" / "model.safetensors.index.json").is_file()

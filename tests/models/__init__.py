@@ -1,0 +1,1 @@
+"""Whole pruned models: state dicts, summaries, Hugging Face folders."""

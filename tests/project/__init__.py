@@ -1,0 +1,1 @@
+"""The project itself: docs examples, the layering, the reliability promises, the benchmarks."""

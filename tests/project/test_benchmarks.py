@@ -1,0 +1,40 @@
+"""The benchmark runner still runs: one small case end to end, in its own processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_run_writes_a_report(tmp_path: Path) -> None:
+    output = tmp_path / "benchmarks.md"
+    kept = "## One-shot timings\n\n<!-- llm-time -->\n| written by benchmarks/llm.py |\n<!-- /llm-time -->\n"
+    output.write_text("# Benchmarks\n\n## An old table\n\nreplaced\n\n" + kept)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--quick",
+            "--only",
+            "compute_mask/l1_unstructured/float32",
+            "--output",
+            str(output),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = output.read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| l1_unstructured float32 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1] == "512x512"
+    assert cells[2].endswith("ms") and cells[3].endswith("ms") and cells[4].endswith("x")  # both libraries timed
+    assert "| torch | " in report and "load average" in report
+    assert report.endswith("\n" + kept) and "## An old table" not in report  # another script's section survives

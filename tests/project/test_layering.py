@@ -1,0 +1,90 @@
+"""The layering of docs/architecture.md: import-linter's contracts, no import cycle, plugins on the public API.
+
+grimp (import-linter's graph) reads every import: at the top of a module,
+inside functions and under ``TYPE_CHECKING``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+grimp = pytest.importorskip("grimp")
+importlinter_cli = pytest.importorskip("importlinter.cli")
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRIB_SOURCES = sorted(ROOT.glob("contrib/*/src"))
+PUBLIC = {"prunereg", "prunereg.toolkit", "prunereg.testing"}
+
+
+def test_import_linter_contracts_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    assert importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0
+
+
+def test_no_import_cycle_anywhere() -> None:
+    graph = grimp.build_graph("prunereg", "prunereg_builtins", "prunereg_llm", cache_dir=None)
+    cycles = [
+        [importer, *chain]
+        for importer in sorted(graph.modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(importer))
+        if (chain := graph.find_shortest_chain(imported, importer)) is not None
+    ]
+    assert not cycles, f"import cycle: {' -> '.join(cycles[0])}"
+
+
+@pytest.mark.parametrize("source", CONTRIB_SOURCES, ids=lambda path: path.parent.name)
+def test_contrib_plugins_import_only_public_modules(source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(source))
+    packages = [path.name for path in source.iterdir() if (path / "__init__.py").exists()]
+    graph = grimp.build_graph(*packages, "prunereg", cache_dir=None)
+    private = sorted(
+        (importer, imported)
+        for package in packages
+        for importer in graph.find_descendants(package) | {package}
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if imported.split(".")[0] == "prunereg" and imported not in PUBLIC
+    )
+    assert not private, f"{private[0][0]} imports the private module {private[0][1]}"
+
+
+CORE_WITHOUT_BUILTINS = """
+import sys
+import torch
+from torch import nn
+import prunereg
+from prunereg import toolkit
+
+
+@prunereg.register("halve", summary="Prune the smaller half")
+class Halve(prunereg.BasePruningMethod):
+    PRUNING_TYPE = "unstructured"
+    RANKED_BY = "magnitude"
+
+    def __init__(self, amount=0.5):
+        self.amount = amount
+
+    def compute_mask(self, t, default_mask):
+        return toolkit.prune_lowest(t, toolkit.count_to_prune(self.amount, t.numel()), default_mask, magnitude=True)
+
+
+net = nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 2))
+prunereg.global_unstructured([(net[0], "weight"), (net[1], "weight")], prunereg.get("halve"))
+prunereg.apply_masks(net, {"0.bias": torch.tensor([1.0, 0.0, 1.0, 1.0])})
+assert int((net[0].bias == 0).sum()) >= 1 and prunereg.is_pruned(net)
+assert "prunereg_builtins" not in sys.modules, "the core imported the built-in plugin"
+"""
+
+
+def test_the_core_prunes_without_the_builtin_plugin(tmp_path: Path) -> None:
+    """Global pruning and apply_masks need no built-in method: blocked, the plugin is never imported."""
+    import os
+    import subprocess
+
+    environment = {**os.environ, "PRUNEREG_BLOCK_PLUGINS": "builtins", "PRUNEREG_STRICT_PLUGINS": "0"}
+    script = tmp_path / "core_only.py"
+    script.write_text(CORE_WITHOUT_BUILTINS)
+    result = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
