@@ -10,6 +10,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from prunereg import _legacy
+
 if TYPE_CHECKING:
     from prunereg._core.compact import compact_masks
     from prunereg._core.global_pruning import global_unstructured
@@ -96,6 +98,8 @@ _LAZY = {
 }
 
 _Class = TypeVar("_Class", bound=type)
+
+_legacy.install()  # pickles of pruned models written by prunereg 0.1 keep loading
 
 
 def __getattr__(name: str) -> Any:

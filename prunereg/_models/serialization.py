@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import torch
 
+from prunereg import _legacy
+
 
 @contextlib.contextmanager
 def safe_globals(*classes: type) -> Iterator[None]:
@@ -23,7 +25,10 @@ def safe_globals(*classes: type) -> Iterator[None]:
     Method classes are plain data (their attributes are numbers, strings and
     tensors); nothing they define runs while unpickling.
     """
-    with torch.serialization.safe_globals([*_method_classes(), *classes]):
+    allowed = _method_classes()
+    # A model pickled by prunereg 0.1 names some of these classes by their old module paths.
+    renamed = [(cls, name) for cls in allowed for name in _legacy.old_names(cls)]
+    with torch.serialization.safe_globals([*allowed, *renamed, *classes]):
         yield
 
 
