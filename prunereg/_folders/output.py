@@ -149,7 +149,7 @@ class AtomicFolder:
                 raise
             return
         _delete(staging)
-        if isinstance(error, Exception) and _system_error(error) in _DISK_FULL:
+        if isinstance(error, Exception) and not isinstance(error, _CannotWrite) and _system_error(error) in _DISK_FULL:
             raise self._cannot_write(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from error
 
     # -- placing ------------------------------------------------------------------------
@@ -218,9 +218,13 @@ class AtomicFolder:
         return _os_error(code, f"cannot write {self._named()}: {reason}")
 
 
+class _CannotWrite(OSError):
+    """This module's own ``OSError``: its text is the whole message (no ``[Errno N]`` in front)."""
+
+
 def _os_error(code: int | None, message: str) -> OSError:
-    """An ``OSError`` with ``errno`` ``code`` whose text is ``message`` alone (no ``[Errno N]`` in front)."""
-    error = OSError(message)
+    """An ``OSError`` with ``errno`` ``code`` whose text is ``message`` alone."""
+    error = _CannotWrite(message)
     error.errno = code
     return error
 

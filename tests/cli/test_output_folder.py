@@ -219,6 +219,14 @@ def test_require_free_space(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "x").exists()
 
 
+def test_a_full_disk_found_inside_the_block_keeps_its_message(tmp_path: Path) -> None:
+    folder = AtomicFolder(tmp_path / "out")
+    with pytest.raises(OSError, match=r"free, the result needs about") as raised, folder:
+        folder.require_free_space(10**21)
+    assert raised.value.errno == errno.ENOSPC and str(raised.value).startswith("cannot write OUTPUT_DIR")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_target_name_of_255_bytes_works(tmp_path: Path) -> None:
     target = tmp_path / ("o" * 255)
     with AtomicFolder(target) as staging:
