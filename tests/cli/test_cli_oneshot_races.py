@@ -11,13 +11,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
 
+from tests.support.processes import small_tmpfs, start_gated, wait_until_marked
 from tests.support.tiny_lm import random_text, save_tiny_llama_folder
 
 pytestmark = pytest.mark.slow
@@ -73,26 +74,11 @@ def _zeros(output: Path) -> float:
 
 
 def _start_gated(args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
-    environment = {
-        **os.environ,
-        "PRUNEREG_TEST_WRITTEN": str(control / "written"),
-        "PRUNEREG_TEST_GATE": str(control / "gate"),
-    }
-    return subprocess.Popen(
-        [sys.executable, "-c", setup + GATED_PRUNEREG, *args],
-        env=environment,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    return start_gated(GATED_PRUNEREG, args, control, setup)
 
 
 def _wait_until_pruning(process: subprocess.Popen[str], control: Path) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not (control / "written").exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the gated run never pruned its first block"
-        time.sleep(0.02)
+    wait_until_marked(process, control, TIMEOUT, "the gated run never pruned its first block")
 
 
 def _last_line(text: str) -> str:
@@ -169,23 +155,10 @@ def test_ctrl_c_leaves_no_partial_folder(folder: Path, control: Path) -> None:
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> object:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB file system (tmpfs), where the privileges allow mounting one."""
-    import shutil
-
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], capture_output=True)
-        if shutil.which("mount")
-        else None
-    )
-    if mounted is None or mounted.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with small_tmpfs(tmp_path / "small", "64k") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 @pytest.mark.parametrize("stream", [False, True])
