@@ -120,6 +120,11 @@ def oneshot_command(
 ) -> None:
     """Prune the causal language model in MODEL_DIR into OUTPUT_DIR, one decoder block at a time.
 
+    MODEL_DIR is untrusted: none of its code runs, no link out of it is
+    followed, and weights it lacks or the model does not know are refused.
+    OUTPUT_DIR is built beside its place and appears only when complete; one
+    that holds files is replaced only with --force.
+
     \b
     prunereg oneshot ./SmolLM2 ./SmolLM2-wanda --method wanda --calibration text.txt --sparsity 0.5
     prunereg oneshot ./SmolLM2 ./SmolLM2-2-4 -m sparsegpt --calibration text.txt --pattern 2:4 --eval test.txt
