@@ -133,10 +133,7 @@ def oneshot_command(
     if stream and dtype != "auto":
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     if stream and masks:
-        raise click.UsageError(
-            "--masks needs the whole model in memory; drop --stream, or prune with --stream and pass the pruned "
-            "weights' zeros to prunereg.apply_masks when fine-tuning"
-        )
+        raise click.UsageError("--masks needs the whole model in memory (its masks are kept to the end); drop --stream")
     method_options = _parse_options(options)
     _refuse_oneshot_arguments(method_options)
     try:
