@@ -1,23 +1,34 @@
 """``prunereg oneshot``: prune a Hugging Face causal LM folder with a calibrated method and a calibration text.
 
-The model and its tokenizer come from MODEL_DIR (``from_pretrained``); the
-calibration text is tokenised whole and its first ``--samples`` x ``--seq-len``
-tokens become the calibration set. The pruned model, its config and tokenizer
-are written to OUTPUT_DIR, which ``from_pretrained`` loads. Needs the ``hf``
-extra (transformers, accelerate).
+The model and its tokenizer come from MODEL_DIR (``from_pretrained``), read as
+untrusted input (:mod:`prunereg._models.hf_folder`: none of its code runs,
+nothing outside it is read, no weight is made up); the calibration text is
+tokenised whole and its first ``--samples`` x ``--seq-len`` tokens become the
+calibration set. The pruned model, its config and tokenizer (and with
+``--masks`` the masks) are written to OUTPUT_DIR, which ``from_pretrained``
+loads, through :class:`~prunereg._folders.output.AtomicFolder`: whole or not at
+all. Needs the ``hf`` extra (transformers, accelerate).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from prunereg._cli.app import main
+from prunereg._cli.interrupt import cleanup_on_signals
 from prunereg._oneshot.precision import MATMUL_PRECISIONS
+
+if TYPE_CHECKING:
+    from prunereg._folders.output import AtomicFolder
+    from prunereg._oneshot.report import OneShotReport
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -75,6 +86,13 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 )
 @click.option("--eval-window", type=click.IntRange(min=2), default=512, show_default=True)
 @click.option("--eval-tokens", type=click.IntRange(min=2), help="Evaluate only the first N tokens of --eval.")
+@click.option(
+    "--masks",
+    is_flag=True,
+    help="Also write the masks (prunereg_masks.safetensors), so that prunereg.from_pretrained keeps the pruned "
+    "entries at zero through fine-tuning (not with --stream).",
+)
+@click.option("--force", is_flag=True, help="Replace OUTPUT_DIR if it holds files (in one step, once complete).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def oneshot_command(
     model_dir: Path,
@@ -96,64 +114,170 @@ def oneshot_command(
     eval_file: Path | None,
     eval_window: int,
     eval_tokens: int | None,
+    masks: bool,
+    force: bool,
     as_json: bool,
 ) -> None:
     """Prune the causal language model in MODEL_DIR into OUTPUT_DIR, one decoder block at a time.
+
+    MODEL_DIR is untrusted: none of its code runs, no link out of it is
+    followed, and weights it lacks or the model does not know are refused.
+    OUTPUT_DIR is built beside its place and appears only when complete; one
+    that holds files is replaced only with --force.
 
     \b
     prunereg oneshot ./SmolLM2 ./SmolLM2-wanda --method wanda --calibration text.txt --sparsity 0.5
     prunereg oneshot ./SmolLM2 ./SmolLM2-2-4 -m sparsegpt --calibration text.txt --pattern 2:4 --eval test.txt
     """
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise click.ClickException(f"{output_dir} already exists and is not empty; name another OUTPUT_DIR")
+    output = _output_folder(output_dir, model_dir, force)
     if stream and dtype != "auto":
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
+    if stream and masks:
+        raise click.UsageError("--masks needs the whole model in memory (its masks are kept to the end); drop --stream")
     method_options = _parse_options(options)
+    _refuse_oneshot_arguments(method_options)
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     except ImportError as error:
         raise click.ClickException("prunereg oneshot needs transformers: pip install 'prunereg[hf]'") from error
 
     import prunereg
+    from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
+    from prunereg._oneshot.streaming import prune_folder_into
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    ids = _calibration_ids(tokenizer, calibration, samples, seq_len)
-    eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
-    arguments: dict[str, Any] = {
-        "calibration": ids, "sparsity": sparsity, "pattern": pattern, "allocation": allocation,
-        "owl_threshold": owl_threshold, "owl_lambda": owl_lambda, "batch_size": batch_size,
-        "matmul_precision": matmul_precision, **method_options,
-    }  # fmt: skip
+    results = _Results(eval_file.name if eval_file is not None else None)
+    with results.shown_on_failure(as_json), _one_line():
+        tokenizer = load_tokenizer(model_dir)
+        ids = _calibration_ids(tokenizer, calibration, samples, seq_len)
+        eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+        arguments: dict[str, Any] = {
+            "sparsity": sparsity, "pattern": pattern, "allocation": allocation, "owl_threshold": owl_threshold,
+            "owl_lambda": owl_lambda, "batch_size": batch_size, "matmul_precision": matmul_precision,
+        }  # fmt: skip
 
-    def load(folder: Path) -> Any:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=_torch_dtype(dtype)).eval()
+        def load(folder: Path, label: str = "MODEL_DIR") -> Any:
+            return load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
 
-    before = after = None
+        with cleanup_on_signals(), output as staging:
+            if stream:
+                if eval_ids is not None:
+                    results.before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
+                results.report = prune_folder_into(
+                    model_dir, output, staging, method, calibration=ids, blocks=None, progress=None,
+                    label="MODEL_DIR", options={**arguments, "layers": None, "method_options": method_options},
+                )  # fmt: skip
+                if eval_ids is not None:
+                    results.after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
+            else:
+                model = load(model_dir)
+                output.require_free_space(_bytes_to_write(model, masks))
+                if eval_ids is not None:
+                    results.before = prunereg.perplexity(model, eval_ids, window=eval_window)
+                with _masks_if(masks):
+                    results.report = prunereg.oneshot(
+                        model, method, calibration=ids, permanent=not masks, restore_on_error=False,
+                        **arguments, **method_options,
+                    )  # fmt: skip
+                if eval_ids is not None:
+                    results.after = prunereg.perplexity(model, eval_ids, window=eval_window)
+                if masks:
+                    prunereg.save_pretrained(model, staging)
+                else:
+                    model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+    results.show(as_json)
+    if not as_json:
+        click.echo(f"wrote {output_dir}")
+
+
+@dataclass
+class _Results:
+    """What the command has computed so far: shown at the end, or before the error when a later step fails."""
+
+    eval_name: str | None
+    report: OneShotReport | None = None
+    before: float | None = None
+    after: float | None = None
+
+    def show(self, as_json: bool) -> None:
+        if as_json:
+            report = self.report.as_dict() if self.report is not None else None
+            click.echo(json.dumps({**(report or {}), "perplexity_before": self.before, "perplexity_after": self.after},
+                                  indent=2))  # fmt: skip
+            return
+        if self.report is not None:
+            click.echo(str(self.report))
+        if self.before is not None:
+            after = f", {self.after:.2f} after" if self.after is not None else ""
+            click.echo(f"perplexity on {self.eval_name}: {self.before:.2f} before{after}")
+
+    @contextlib.contextmanager
+    def shown_on_failure(self, as_json: bool) -> Iterator[None]:
+        """Show what was computed before an error (or Ctrl-C) ends the command."""
+        try:
+            yield
+        except BaseException:
+            if self.report is not None or self.before is not None:
+                self.show(as_json)
+            raise
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
     try:
-        if stream:
-            if eval_ids is not None:
-                before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
-            report = prunereg.oneshot_folder(model_dir, output_dir, method, **arguments)
-            if eval_ids is not None:
-                after = prunereg.perplexity(load(output_dir), eval_ids, window=eval_window)
-        else:
-            model = load(model_dir)
-            if eval_ids is not None:
-                before = prunereg.perplexity(model, eval_ids, window=eval_window)
-            report = prunereg.oneshot(model, method, **arguments)
-            if eval_ids is not None:
-                after = prunereg.perplexity(model, eval_ids, window=eval_window)
-            model.save_pretrained(output_dir)
+        yield
     except (ValueError, TypeError, LookupError, OSError) as error:
         raise click.ClickException(str(error)) from error
-    tokenizer.save_pretrained(output_dir)
-    if as_json:
-        click.echo(json.dumps({**report.as_dict(), "perplexity_before": before, "perplexity_after": after}, indent=2))
+
+
+def _output_folder(output_dir: Path, model_dir: Path, force: bool) -> AtomicFolder:
+    """OUTPUT_DIR's writer, checked before any work: not MODEL_DIR, not holding it, empty unless --force."""
+    from prunereg._folders.output import AtomicFolder
+
+    folder = AtomicFolder(output_dir, replace=force, keep={"MODEL_DIR": model_dir})
+    try:
+        folder.check()
+    except OSError as error:
+        raise click.ClickException(str(error)) from error
+    return folder
+
+
+def _refuse_oneshot_arguments(method_options: dict[str, Any]) -> None:
+    """``-o`` passes the method's own options; oneshot's arguments (``sparsity``, ``permanent``) have their flags."""
+    import inspect
+
+    from prunereg._oneshot.engine import oneshot
+
+    own = [name for name in inspect.signature(oneshot).parameters if name not in ("model", "method", "method_options")]
+    flags = {param.name: param.opts[0] for param in click.get_current_context().command.params}
+    for key in method_options:
+        if key == "permanent":
+            raise click.UsageError(
+                "-o permanent: the command writes plain pruned weights; add --masks to keep the pruning through "
+                "fine-tuning"
+            )
+        if key in own:
+            where = f"give it as {flags[key]}" if key in flags else "the command sets it"
+            raise click.UsageError(f"-o {key}: {key} is oneshot's own setting, not the method's; {where}")
+
+
+def _bytes_to_write(model: Any, masks: bool) -> int:
+    """About what OUTPUT_DIR will take: the model's weights, and one byte per weight for the masks."""
+    parameters = {id(p): p for p in model.parameters()}.values()
+    total = sum(p.numel() * p.element_size() for p in parameters)
+    return total + (sum(p.numel() for p in parameters) if masks else 0)
+
+
+@contextlib.contextmanager
+def _masks_if(wanted: bool) -> Iterator[None]:
+    """With --masks, keep the masks as bool (a byte per weight) instead of in the weights' dtype."""
+    if not wanted:
+        yield
         return
-    click.echo(str(report))
-    if before is not None:
-        click.echo(f"perplexity on {eval_file.name}: {before:.2f} before, {after:.2f} after")  # type: ignore[union-attr]
-    click.echo(f"wrote {output_dir}")
+    import prunereg
+
+    with prunereg.compact_masks():
+        yield
 
 
 def _torch_dtype(name: str) -> Any:

@@ -40,7 +40,7 @@ def mask_dtype(param_dtype: torch.dtype, old_mask: torch.Tensor | None) -> torch
     """The dtype of a new 0/1 mask for a parameter of ``param_dtype`` whose mask is ``old_mask``."""
     if old_mask is not None and old_mask.dtype == torch.bool:
         return torch.bool
-    if _COMPACT.get() and (old_mask is None or _is_binary(old_mask)):
+    if _COMPACT.get() and (old_mask is None or is_binary(old_mask)):
         return torch.bool
     return param_dtype
 
@@ -49,12 +49,25 @@ def stored(mask: torch.Tensor, param_dtype: torch.dtype, old_mask: torch.Tensor 
     """``mask`` as it should be registered: bool when compact storage applies and it is 0/1."""
     if mask.dtype == torch.bool:
         return mask
-    if mask_dtype(param_dtype, old_mask) == torch.bool and _is_binary(mask):
+    if mask_dtype(param_dtype, old_mask) == torch.bool and is_binary(mask):
         return mask != 0
     return mask
 
 
-def _is_binary(mask: torch.Tensor) -> bool:
+def is_binary(mask: torch.Tensor) -> bool:
+    """Whether ``mask`` holds only 0 and 1 (a bool or meta mask always does)."""
     if mask.dtype == torch.bool or mask.is_meta:
         return True
     return bool(((mask == 0) | (mask == 1)).all())
+
+
+def require_binary(name: str, mask: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``mask``, the mask for ``name``, holds only 0 and 1.
+
+    Loading masks saved elsewhere refuses other values: applied, they would
+    scale the weights rather than prune them.
+    """
+    if not is_binary(mask):
+        raise ValueError(
+            f"the mask for {name!r} holds values other than 0 and 1; a pruning mask keeps (1) or prunes (0)"
+        )

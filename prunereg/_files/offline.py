@@ -20,6 +20,7 @@ from torch import nn
 
 from prunereg._core import reparam
 from prunereg._core import tied as _tied
+from prunereg._core.compact import is_binary, require_binary
 from prunereg._core.custom import CustomFromMask
 from prunereg._core.global_pruning import global_masks
 from prunereg._core.method import BasePruningMethod
@@ -135,7 +136,7 @@ def prune(
 
 def _prior_mask(name: str, mask: torch.Tensor) -> torch.Tensor:
     """``mask`` checked to be a pruning mask: ones and zeros only."""
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+    if not is_binary(mask):
         raise OfflinePruningError(f"cannot prune {name!r} again: its mask holds values other than 0 and 1")
     return mask
 
@@ -179,8 +180,9 @@ def apply_masks(model: nn.Module, masks: Mapping[str, torch.Tensor] | str | os.P
         model.load_state_dict(safetensors.torch.load_file("pruned.safetensors"))
         prunereg.apply_masks(model, "masks.safetensors")
 
-    Every name and shape is checked before anything changes (``KeyError``,
-    ``ValueError``), and on any failure the model is left as it was.
+    Every name, shape and mask is checked before anything changes (``KeyError``,
+    ``ValueError``; a mask holding values other than 0 and 1 is refused), and
+    on any failure the model is left as it was.
     """
     if not isinstance(masks, Mapping):
         masks = _checkpoint.read(Path(masks)).tensors
@@ -196,6 +198,7 @@ def apply_masks(model: nn.Module, masks: Mapping[str, torch.Tensor] | str | os.P
             raise KeyError(f"the model has no tensor {name!r} to apply its mask to")
         if mask.shape != tensor.shape:
             raise ValueError(f"the mask for {name!r} has shape {list(mask.shape)}, the tensor {list(tensor.shape)}")
+        require_binary(name, mask)
         targets.append((name, mask))
         del tensor  # a reference left here would look like another holder to the tie check (a slow scan)
     # Named from the model, a tied parameter (GPT-2's wte and lm_head) is pruned everywhere it is used.

@@ -11,27 +11,41 @@ initialises every pruned weight at random, with a warning only. Here:
   those masks, so fine-tuning goes on with the pruning kept. It also restores a
   folder written by a plain ``save_pretrained`` of a pruned model.
 
+The masks file records a digest of the zeros of the weights it was saved with;
+:func:`from_pretrained` refuses a masks file whose weights have changed since (a
+model saved over the folder later), and masks holding values other than 0 and 1.
+
 Only the models' own ``save_pretrained``/``from_pretrained`` are called:
 transformers is not imported here.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import safetensors.torch
 import torch
 from torch import nn
 
 from prunereg._core import reparam
 from prunereg._core import tied as _tied
+from prunereg._core.compact import require_binary
 from prunereg._core.custom import CustomFromMask
+from prunereg._folders.model_dir import check_links, safetensors_weight_map, weight_files
+from prunereg._text import quoted
 
 MASKS_FILE = "prunereg_masks.safetensors"
 """The file :func:`save_pretrained` writes the masks to, beside the model's weights."""
+WEIGHT_ZEROS_KEY = "prunereg.weight_zeros"
+"""The masks file's metadata entry: JSON mapping each mask's name to :func:`zeros_digest` of its saved weight."""
 
 
 def save_pretrained(model: nn.Module, save_directory: str | os.PathLike[str], **kwargs: Any) -> None:
@@ -45,12 +59,13 @@ def save_pretrained(model: nn.Module, save_directory: str | os.PathLike[str], **
     """
     refuse_divergent_ties(model)
     plain, masks = _plain_state_and_masks(model)
-    model.save_pretrained(save_directory, state_dict=plain, **kwargs)  # type: ignore[operator]
+    digests = {name: zeros_digest(plain[name]) for name in masks}  # before transformers drops tied names
     path = Path(save_directory) / MASKS_FILE
+    path.unlink(missing_ok=True)  # never left beside weights it does not belong to, even if the save fails
+    model.save_pretrained(save_directory, state_dict=plain, **kwargs)  # type: ignore[operator]
     if masks:
-        safetensors.torch.save_file({name: mask.contiguous() for name, mask in masks.items()}, str(path))
-    else:
-        path.unlink(missing_ok=True)
+        metadata = {"format": "pt", WEIGHT_ZEROS_KEY: json.dumps(digests, sort_keys=True)}
+        safetensors.torch.save_file({n: m.contiguous() for n, m in masks.items()}, str(path), metadata=metadata)
 
 
 def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwargs: Any) -> nn.Module:
@@ -61,21 +76,34 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     ``save_pretrained`` of a pruned model wrote; those load as the pruned
     values, never as random ones. Each mask is applied with ``custom_from_mask``
     from the model, so tied parameters are pruned everywhere they are used.
+
+    A masks file saved with other weights than the folder holds now (the zeros
+    differ: a model was saved over the folder since) is refused with a
+    ``ValueError`` naming a tensor that differs, as are masks holding values
+    other than 0 and 1. The folder is read as untrusted input: no code of its
+    own runs (``trust_remote_code=False`` unless you pass it) and no link out
+    of it is followed.
     """
     folder = Path(pretrained)
+    kwargs.setdefault("trust_remote_code", False)
+    local = folder.is_dir()
+    if local:
+        check_links(folder, "pretrained")
     masks: dict[str, torch.Tensor] = {}
-    if _has_pruned_keys(folder):
+    if local and _has_pruned_keys(folder):
         state = {}
-        for file in _weight_files(folder):
+        for file in weight_files(folder, "pretrained").files:
             state.update(safetensors.torch.load_file(str(file)))
         state, masks = _split_pruned(state)
         # transformers takes a state dict only in place of a folder, so the config comes separately.
-        config = kwargs.pop("config", None) or model_class.config_class.from_pretrained(pretrained)
+        config = kwargs.pop("config", None) or model_class.config_class.from_pretrained(
+            pretrained, trust_remote_code=kwargs["trust_remote_code"]
+        )
         model = model_class.from_pretrained(None, config=config, state_dict=state, **kwargs)
     else:
         model = model_class.from_pretrained(pretrained, **kwargs)
-    if (folder / MASKS_FILE).is_file():
-        masks.update(safetensors.torch.load_file(str(folder / MASKS_FILE)))
+    if local and (folder / MASKS_FILE).is_file():
+        masks.update(_checked_masks_file(folder, model))
     for name, mask in masks.items():
         site = _tied.resolve(model, name)
         if not reparam.pruning_hooks(site.module, site.name):  # a tied parameter is pruned with its group
@@ -130,12 +158,74 @@ def _pruned_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, torch.nn
                 yield (f"{prefix}." if prefix else "") + hook._tensor_name, module, hook
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    return sorted(path for path in folder.glob("*.safetensors") if path.name != MASKS_FILE)
+def zeros_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of ``tensor``'s shape and of where it is zero: ties a mask to the weights it was saved with."""
+    zeros = (tensor.detach() == 0).to("cpu").contiguous()
+    digest = hashlib.sha256(repr(tuple(zeros.shape)).encode())
+    if zeros.numel():
+        digest.update((ctypes.c_ubyte * zeros.numel()).from_address(zeros.data_ptr()))  # bool: one byte each
+    return digest.hexdigest()
+
+
+def _checked_masks_file(folder: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The masks in ``folder``'s :data:`MASKS_FILE`, once they are known to belong to its weights.
+
+    Each mask's weight is read as the folder's files hold it (a model loaded in
+    another dtype may round small weights to zero); one stored under another
+    name (a tied head) is taken from ``model``.
+    """
+    path = folder / MASKS_FILE
+    with safetensors.safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata() or {}
+    masks = safetensors.torch.load_file(str(path))
+    for name, mask in masks.items():
+        require_binary(name, mask)
+    recorded = json.loads(metadata[WEIGHT_ZEROS_KEY]) if WEIGHT_ZEROS_KEY in metadata else None
+    weights = _saved_weights(folder, masks)
+    for name, mask in masks.items():
+        weight = weights.get(name)
+        if weight is None:
+            site = _tied.resolve(model, name)
+            weight = getattr(site.module, site.name)
+        if recorded is not None:
+            belongs = recorded.get(name) == zeros_digest(weight)
+        else:  # an older prunereg recorded nothing: at least every pruned entry must be zero
+            belongs = bool((weight[mask.to(weight.device) == 0] == 0).all())
+        if not belongs:
+            raise ValueError(
+                f"{MASKS_FILE} in {quoted(folder)} was saved with other weights than the folder holds now ({name} "
+                "differs): it is stale; load the folder with transformers' from_pretrained, or delete the masks file"
+            )
+    if recorded is None:
+        warnings.warn(
+            f"{MASKS_FILE} in {quoted(folder)} records no digest of its weights (an older prunereg wrote it); "
+            "its masks are applied since their zeros are zeros of the weights; save again with "
+            "prunereg.save_pretrained to tie them",
+            UserWarning,
+            stacklevel=3,
+        )
+    return masks
+
+
+def _saved_weights(folder: Path, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights named in ``masks`` as the folder's safetensors files hold them (not as loaded: no dtype change)."""
+    try:
+        files = safetensors_weight_map(folder, "pretrained")
+    except (FileNotFoundError, ValueError):
+        return {}
+    found = {}
+    for name in masks:
+        key = next((k for k in (name, name.partition(".")[2]) if k in files), None)
+        if key is not None:
+            with safetensors.safe_open(str(files[key]), "pt") as handle:
+                found[name] = handle.get_tensor(key)
+    return found
 
 
 def _has_pruned_keys(folder: Path) -> bool:
-    for file in _weight_files(folder):
+    for file in weight_files(folder, "pretrained").files:
+        if file.suffix != ".safetensors":
+            continue
         with safetensors.safe_open(str(file), "pt") as handle:
             if any(key.endswith("_orig") for key in handle.keys()):  # noqa: SIM118  # safe_open has no __iter__
                 return True
@@ -149,6 +239,7 @@ def _split_pruned(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
         name = key.removesuffix("_orig")
         if name + "_mask" in state:
             orig, mask = state.pop(key), state.pop(name + "_mask")
+            require_binary(name, mask)
             state[name] = mask.to(orig.dtype) * orig
             masks[name] = mask
     return state, masks

@@ -9,6 +9,7 @@ import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
+from prunereg._core.compact import require_binary
 from prunereg._core.reparam import PruningHook, set_pruned_tensor
 
 
@@ -25,8 +26,13 @@ def load_state_dict(
     Keys already in the model's form load as usual. Afterwards every pruned
     ``module.<name>`` is recomputed, so it is never stale. Returns what
     ``load_state_dict`` returns; ``strict`` and ``assign`` mean what they mean
-    there (``assign=True`` fills a model built on the meta device).
+    there (``assign=True`` fills a model built on the meta device). A mask in
+    ``state_dict`` holding values other than 0 and 1 is refused (``ValueError``)
+    before anything changes.
     """
+    for key, tensor in state_dict.items():
+        if key.endswith("_mask") and isinstance(tensor, torch.Tensor) and _is_a_pruning_mask(model, state_dict, key):
+            require_binary(key.removesuffix("_mask"), tensor)
     translated = dict(state_dict)
     pruned = []
     for prefix, module in model.named_modules():
@@ -41,6 +47,23 @@ def load_state_dict(
     for module, hook in pruned:
         set_pruned_tensor(hook, module)
     return result
+
+
+def _is_a_pruning_mask(model: nn.Module, state: Mapping[str, torch.Tensor], key: str) -> bool:
+    """Whether ``state[key]`` is the mask of a pruned tensor: paired with ``<name>_orig`` here or in the model."""
+    name = key.removesuffix("_mask")
+    if name + "_orig" in state:
+        return True
+    module_name, _, tensor_name = name.rpartition(".")
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        return False
+    return any(
+        getattr(hook, "_tensor_name", None) == tensor_name
+        for hook in module._forward_pre_hooks.values()
+        if isinstance(hook, torch_prune.BasePruningMethod)
+    )
 
 
 def _to_pruned(state: dict[str, torch.Tensor], key: str, model_mask: torch.Tensor) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from prunereg._core import reparam
 from prunereg._oneshot.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
@@ -67,6 +69,7 @@ def oneshot(
     permanent: bool = True,
     matmul_precision: str = "medium",
     progress: bool | None = None,
+    restore_on_error: bool | None = None,
     **method_options: Any,
 ) -> OneShotReport:
     """Prune a causal language model in place, block by block, with a calibrated method.
@@ -100,7 +103,17 @@ def oneshot(
     run in full float32; ``docs/llm.md`` measures the difference.
 
     Arguments are checked before anything changes; the model is left in the
-    train/eval mode it was in.
+    train/eval mode it was in. The report's sparsities are the zeros the
+    weights hold after pruning, whatever the method's masks say.
+
+    If pruning fails midway (the method raises, memory runs out, Ctrl-C),
+    ``restore_on_error=True`` puts every pruned weight back as it was before
+    the call and re-raises: this keeps a copy of each layer's weights in host
+    memory from just before it is pruned, up to a copy of all pruned layers at
+    the end. ``False`` keeps no copy: the error then says which blocks were
+    pruned (in a note on Python 3.11 and later, in a ``RuntimeWarning`` before).
+    ``None`` (the default) keeps the copy when it takes at most half the memory
+    available now.
     """
     job = OneShotJob.prepare(
         model,
@@ -118,7 +131,9 @@ def oneshot(
         matmul_precision=matmul_precision,
         method_options=method_options,
     )
-    return job.run(InMemory(), progress=progress)
+    if restore_on_error is None:
+        restore_on_error = _copy_fits(job.weight_bytes())
+    return job.run(InMemory(), progress=progress, restore_on_error=restore_on_error)
 
 
 @dataclass
@@ -183,8 +198,50 @@ class OneShotJob:
             allocation, float(owl_threshold), float(owl_lambda), permanent, matmul_precision,
         )  # fmt: skip
 
-    def run(self, weights: BlockWeights, *, progress: bool | None = None) -> OneShotReport:
-        """Prune every block in turn, its weights fetched from and handed back to ``weights``."""
+    def weight_bytes(self) -> int:
+        """The bytes of the weights this job prunes."""
+        return sum(
+            weight_matrix(block.get_submodule(name)).nbytes
+            for block, names in zip(self.blocks, self.layer_names, strict=True)
+            for name in names
+        )
+
+    def run(self, weights: BlockWeights, *, progress: bool | None = None, restore_on_error: bool) -> OneShotReport:
+        """Prune every block in turn, its weights fetched from and handed back to ``weights``.
+
+        On any failure, ``restore_on_error`` puts every pruned layer back as it
+        was; without it the error says which blocks were pruned.
+        """
+        if not restore_on_error:
+            touched: list[int] = []
+            try:
+                return self._run(weights, progress, touched, None)
+            except BaseException as error:
+                _say_which_blocks_were_pruned(error, self.blocks_path, touched)
+                raise
+        originals: dict[nn.Module, Tensor] = {}
+        layers = [
+            (block.get_submodule(name), "weight")
+            for block, names in zip(self.blocks, self.layer_names, strict=True)
+            for name in names
+        ]
+        try:
+            with reparam.all_or_nothing(layers):  # puts back any reparametrization (permanent=False)
+                return self._run(weights, progress, [], originals)
+        except BaseException:
+            with torch.no_grad():
+                for layer, values in originals.items():
+                    weight_matrix(layer).copy_(values)
+            raise
+
+    def _run(
+        self,
+        weights: BlockWeights,
+        progress: bool | None,
+        touched: list[int],
+        originals: dict[nn.Module, Tensor] | None,
+    ) -> OneShotReport:
+        """:meth:`run`'s work: each block index goes to ``touched`` and each layer's weights to ``originals``."""
         start = time.perf_counter()
         report = OneShotReport(
             method=self.method_name,
@@ -210,7 +267,7 @@ class OneShotJob:
             report.block_sparsities = sparsities
             label = f"{self.method_name} {self.blocks_path}"
             for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                self._prune_block(index, inputs, sparsities[index], weights, report)
+                self._prune_block(index, inputs, sparsities[index], weights, report, touched, originals)
         report.timings.total = time.perf_counter() - start
         return report
 
@@ -223,7 +280,14 @@ class OneShotJob:
         return inputs
 
     def _prune_block(
-        self, index: int, inputs: BlockInputs | None, sparsity: float, weights: BlockWeights, report: OneShotReport
+        self,
+        index: int,
+        inputs: BlockInputs | None,
+        sparsity: float,
+        weights: BlockWeights,
+        report: OneShotReport,
+        touched: list[int],
+        originals: dict[nn.Module, Tensor] | None,
     ) -> None:
         """Prune block ``index`` from its statistics over ``inputs``, then advance ``inputs`` past it.
 
@@ -247,7 +311,7 @@ class OneShotJob:
             report.unpruned.extend(full_names)
         start = time.perf_counter()
         with matmul_precision("highest"):
-            report.layers += self._prune_groups(f"{self.blocks_path}.{index}", block, groups, sparsity)
+            report.layers += self._prune_groups(index, block, groups, sparsity, touched, originals)
         del groups  # the statistics (Hessians) are not needed for the forward below
         timings.pruning += time.perf_counter() - start
         if inputs is not None and index + 1 < len(self.blocks):  # the last block's outputs feed nothing
@@ -257,9 +321,20 @@ class OneShotJob:
         timings.loading += time.perf_counter() - loading
 
     def _prune_groups(
-        self, prefix: str, block: nn.Module, groups: list[tuple[list[str], LayerStatistics]], sparsity: float
+        self,
+        index: int,
+        block: nn.Module,
+        groups: list[tuple[list[str], LayerStatistics]],
+        sparsity: float,
+        touched: list[int],
+        originals: dict[nn.Module, Tensor] | None,
     ) -> list[LayerReport]:
-        """Hand each input group to the method and write its results into the layers."""
+        """Hand each input group of block ``index`` to the method and write its results into the layers.
+
+        Each layer's weights go to ``originals`` (host memory) first, when given;
+        ``index`` goes to ``touched`` with the block's first write.
+        """
+        prefix = f"{self.blocks_path}.{index}"
         reports = []
         for names, statistics in groups:
             layers = [block.get_submodule(name) for name in names]
@@ -268,9 +343,14 @@ class OneShotJob:
             if len(pruned) != len(layers):
                 raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(layers)} layers")
             for name, layer, result in zip(names, layers, pruned, strict=True):
+                if originals is not None:
+                    originals[layer] = weight_matrix(layer).detach().to("cpu", copy=True)
                 _write_back(layer, result, permanent=self.permanent)
-                rows, columns = result.mask.shape
-                reached = 1.0 - result.mask.float().mean().item()
+                if not touched or touched[-1] != index:
+                    touched.append(index)
+                written = weight_matrix(layer)  # what the weights hold, whatever the method's mask says
+                rows, columns = written.shape
+                reached = (written == 0).float().mean().item()
                 reports.append(LayerReport(f"{prefix}.{name}", (rows, columns), sparsity, reached))
         return reports
 
@@ -405,6 +485,39 @@ def _input_device(model: nn.Module) -> torch.device:
     for parameter in model.parameters():
         return parameter.device
     return torch.device("cpu")
+
+
+def _copy_fits(n_bytes: int) -> bool:
+    """Whether a copy of ``n_bytes`` takes at most half the host memory available now (``True`` if unknown)."""
+    available = _available_memory()
+    return available is None or n_bytes <= available // 2
+
+
+def _available_memory() -> int | None:
+    """The host memory available to new allocations, in bytes, where the system says."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            line = next(line for line in meminfo if line.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _say_which_blocks_were_pruned(error: BaseException, blocks_path: str, touched: list[int]) -> None:
+    """Tell the caller of a run that failed without restoring which blocks it pruned before the error."""
+    if not touched:
+        return
+    blocks = f"blocks {touched[0]} to {touched[-1]}" if len(touched) > 1 else f"block {touched[0]}"
+    message = (
+        f"prunereg.oneshot stopped after pruning {blocks} of {blocks_path}, the last perhaps only in part "
+        "(restore_on_error=False): the model is half pruned"
+    )
+    add_note = getattr(error, "add_note", None)
+    if callable(add_note):
+        add_note(message)
+    else:  # Python 3.10
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 # -- doing --------------------------------------------------------------------------------

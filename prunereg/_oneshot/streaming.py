@@ -6,12 +6,14 @@ each block is read from the folder's safetensors files, pruned, written to the
 output folder as its own shard and emptied again. Peak memory: the weights
 outside the blocks, one block, and one block's calibration activations. The
 output folder holds the other files of the input folder (config, tokenizer) and
-an index, so ``from_pretrained`` loads it.
+an index, so ``from_pretrained`` loads it. It is written through
+:class:`~prunereg._folders.output.AtomicFolder`: whole, or not at all.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,28 +22,26 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunereg._folders.model_dir import SAFETENSORS_INDEX, check_links, safetensors_weight_map
+from prunereg._folders.output import AtomicFolder
+from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.contract import CalibratedMethod
 from prunereg._oneshot.engine import OneShotJob
 from prunereg._oneshot.report import OneShotReport
 
-INDEX_NAME = "model.safetensors.index.json"
+INDEX_NAME = SAFETENSORS_INDEX
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 
 
 class CheckpointReader:
-    """The tensors of a folder's safetensors files, read one at a time (the files stay closed in between)."""
+    """The tensors of a folder's safetensors files, read one at a time (the files stay closed in between).
 
-    def __init__(self, folder: Path) -> None:
-        index = folder / INDEX_NAME
-        if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            self.files = {key: folder / name for key, name in weight_map.items()}
-        else:
-            single = folder / "model.safetensors"
-            if not single.is_file():
-                raise FileNotFoundError(f"{folder} has neither {INDEX_NAME} nor model.safetensors")
-            self.files = {key: single for key in _keys_of(single)}
+    The files are those transformers reads (``model.safetensors`` before an index).
+    """
+
+    def __init__(self, folder: Path, label: str = "MODEL_DIR") -> None:
+        self.files = safetensors_weight_map(folder, label)
 
     def read(self, keys: Iterable[str]) -> dict[str, Tensor]:
         """The tensors named ``keys``, each file opened once."""
@@ -57,12 +57,9 @@ class CheckpointReader:
                     tensors[name] = handle.get_tensor(name)
         return tensors
 
-
-def _keys_of(path: Path) -> list[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return list(handle.keys())
+    def size(self) -> int:
+        """The bytes of the weight files read."""
+        return sum(path.stat().st_size for path in set(self.files.values()))
 
 
 class StreamedBlocks:
@@ -102,6 +99,9 @@ class StreamedBlocks:
         for path in sorted(source.iterdir()):
             if path.is_file() and path.name != INDEX_NAME and not path.name.endswith(_WEIGHT_SUFFIXES):
                 shutil.copy2(path, self.output / path.name)
+        config = config_json_without_gguf_marker(source)
+        if config is not None:
+            (self.output / CONFIG_NAME).write_text(config, encoding="utf-8")
 
     def _write(self, shard: int, tensors: dict[str, Tensor]) -> None:
         from safetensors.torch import save_file
@@ -111,6 +111,18 @@ class StreamedBlocks:
         for key, tensor in tensors.items():
             self.weight_map[key] = name
             self.total_size += tensor.numel() * tensor.element_size()
+
+
+def _refuse_incomplete(
+    model: nn.Module, names: dict[str, str], checkpoint_keys: Iterable[str], source: Path, label: str
+) -> None:
+    """Refuse, as loading the folder in memory does, weights the folder lacks or the model does not know."""
+    found = set(names)
+    missing = [name for name, _ in model.named_parameters() if name not in found]  # a tied head is named once
+    ignored = [re.compile(pattern) for pattern in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
+    used = set(names.values())
+    unexpected = [k for k in checkpoint_keys if k not in used and not any(p.search(k) for p in ignored)]
+    refuse_incomplete(missing, unexpected, source, label)
 
 
 def _checkpoint_names(model: nn.Module, checkpoint_keys: Iterable[str]) -> dict[str, str]:
@@ -135,17 +147,6 @@ def _empty(module: nn.Module) -> None:
                 submodule._parameters[name] = nn.Parameter(meta, requires_grad=parameter.requires_grad)
 
 
-def empty_model(folder: Path) -> nn.Module:
-    """The folder's causal LM with every parameter on the meta device and its buffers computed for real."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(folder)
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config)
-    return model.eval()
-
-
 def oneshot_folder(
     model_dir: str | Path,
     output_dir: str | Path,
@@ -162,25 +163,64 @@ def oneshot_folder(
     batch_size: int = 2,
     matmul_precision: str = "medium",
     progress: bool | None = None,
+    replace: bool = False,
     **method_options: Any,
 ) -> OneShotReport:
     """Prune the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
 
     Arguments as :func:`prunereg.oneshot`; the weights in ``model_dir`` must be
-    safetensors files (``model.safetensors`` or a sharded index). ``output_dir``
-    (created; it must not hold files yet) gets the pruned weights, one shard per
-    block, and the folder's other files, so ``from_pretrained(output_dir)``
+    safetensors files (``model.safetensors`` or a sharded index, chosen as
+    transformers chooses). ``output_dir`` gets the pruned weights, one shard
+    per block, and the folder's other files, so ``from_pretrained(output_dir)``
     loads the pruned model. The pruning is permanent (plain weights with zeros).
+
+    ``model_dir`` is read as untrusted input: none of its code runs, no link
+    out of it is followed, and weights it lacks or the model does not know are
+    refused. ``output_dir`` is built beside its place and appears only when
+    complete; a folder that is there and not empty is replaced only with
+    ``replace=True`` (in one step on Linux), and never when it is or holds
+    ``model_dir``.
     """
-    source, output = Path(model_dir), Path(output_dir)
-    if output.exists() and any(output.iterdir()):
-        raise FileExistsError(f"{output} is not empty; name a new or empty folder")
-    if output.resolve() == source.resolve():
-        raise ValueError("output_dir must differ from model_dir")
-    reader = CheckpointReader(source)
-    model = empty_model(source)
+    folder = AtomicFolder(
+        output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
+        keep={"model_dir": model_dir},
+    )  # fmt: skip
+    folder.check()
+    options: dict[str, Any] = {
+        "sparsity": sparsity, "pattern": pattern, "allocation": allocation, "owl_threshold": owl_threshold,
+        "owl_lambda": owl_lambda, "layers": layers, "batch_size": batch_size, "matmul_precision": matmul_precision,
+        "method_options": method_options,
+    }  # fmt: skip
+    with folder as staging:
+        return prune_folder_into(
+            Path(model_dir), folder, staging, method, calibration=calibration, blocks=blocks, progress=progress,
+            label="model_dir", options=options,
+        )  # fmt: skip
+
+
+def prune_folder_into(
+    source: Path,
+    folder: AtomicFolder,
+    staging: Path,
+    method: str | CalibratedMethod,
+    *,
+    calibration: Tensor | Iterable[Tensor],
+    blocks: str | None,
+    progress: bool | None,
+    label: str,
+    options: dict[str, Any],
+) -> OneShotReport:
+    """:func:`oneshot_folder`'s work: prune ``source`` into ``staging``, the open ``folder``'s staging folder.
+
+    ``options`` are :meth:`OneShotJob.prepare`'s arguments but the model, method,
+    calibration, blocks and ``permanent``; ``label`` names ``source`` in errors.
+    """
+    check_links(source, label)
+    reader = CheckpointReader(source, label)
+    folder.require_free_space(reader.size())
+    model = empty_causal_lm(source, label)
     blocks_path, block_list = find_blocks(model, blocks)
-    streamed = StreamedBlocks(model, reader, blocks_path, output, len(block_list))
+    streamed = StreamedBlocks(model, reader, blocks_path, staging, len(block_list))
     rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
     tensors = reader.read(rest.values())
     model.load_state_dict({name: tensors[key] for name, key in rest.items()}, strict=False, assign=True)
@@ -188,12 +228,8 @@ def oneshot_folder(
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
         tie_weights()
-    job = OneShotJob.prepare(
-        model, method, calibration=calibration, sparsity=sparsity, pattern=pattern, allocation=allocation,
-        owl_threshold=owl_threshold, owl_lambda=owl_lambda, layers=layers, blocks=blocks_path, batch_size=batch_size,
-        permanent=True, matmul_precision=matmul_precision, method_options=method_options,
-    )  # fmt: skip
-    output.mkdir(parents=True, exist_ok=True)
-    report = job.run(streamed, progress=progress)
+    _refuse_incomplete(model, streamed.names, reader.files, source, label)
+    job = OneShotJob.prepare(model, method, calibration=calibration, blocks=blocks_path, permanent=True, **options)
+    report = job.run(streamed, progress=progress, restore_on_error=False)
     streamed.finish(list(rest.values()), source)
     return report

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from prunereg._cli import main
 from prunereg._cli.output import TEMPORARY_PREFIX, AtomicOutputs
 from prunereg._files import checkpoint as _checkpoint
 from prunereg._files.checkpoint import CheckpointError
+from tests.support.processes import small_tmpfs
 
 
 def _umask() -> int:
@@ -216,19 +216,8 @@ def test_prune_writes_an_output_name_of_255_bytes(tmp_path: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB file system (tmpfs), where the privileges allow mounting one."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = (
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True)
-        if shutil.which("mount")
-        else None
-    )
-    if mounted is None or mounted.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with small_tmpfs(tmp_path / "small", "256k") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])

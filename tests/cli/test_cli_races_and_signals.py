@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from prunereg._files import checkpoint
+from tests.support.processes import start_gated, wait_until_marked
 
 pytestmark = pytest.mark.slow
 
@@ -54,26 +55,11 @@ def _prune_args(path: Path, output: Path, amount: str) -> list[str]:
 
 def _start_gated(args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
     """``prunereg`` with ``args`` in a new process that waits after writing OUTPUT; ``setup`` runs first."""
-    environment = {
-        **os.environ,
-        "PRUNEREG_TEST_WRITTEN": str(control / "written"),
-        "PRUNEREG_TEST_GATE": str(control / "gate"),
-    }
-    return subprocess.Popen(
-        [sys.executable, "-c", setup + GATED_PRUNEREG, *args],
-        env=environment,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    return start_gated(GATED_PRUNEREG, args, control, setup)
 
 
 def _wait_until_written(process: subprocess.Popen[str], control: Path) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not (control / "written").exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, "the gated run never wrote its temporary file"
-        time.sleep(0.02)
+    wait_until_marked(process, control, TIMEOUT, "the gated run never wrote its temporary file")
 
 
 def _zeros(path: Path) -> int:

@@ -74,9 +74,8 @@ def test_only_the_block_being_pruned_holds_weights(tmp_path, monkeypatch):
 
     tiny_llama(layers=3).save_pretrained(tmp_path / "dense")
     built = []
-    monkeypatch.setattr(
-        streaming, "empty_model", lambda folder, build=streaming.empty_model: built.append(build(folder)) or built[0]
-    )
+    build = streaming.empty_causal_lm
+    monkeypatch.setattr(streaming, "empty_causal_lm", lambda *args: built.append(build(*args)) or built[0])
 
     class CountingBlocks(NormScore):
         loaded_blocks: ClassVar[list[int]] = []
@@ -108,3 +107,30 @@ def test_the_streaming_benchmark_runs_under_its_cap(tmp_path):
     row = next(line for line in completed.stdout.splitlines() if line.startswith("| prunereg.oneshot_folder"))
     assert "| 50.0% zeros |" in row
     assert (tmp_path / "pruned" / "model.safetensors.index.json").is_file()
+
+
+def test_the_output_folder_appears_whole_or_not_at_all_and_is_replaced_only_when_asked(tmp_path):
+    tiny_llama().save_pretrained(tmp_path / "dense")
+    ids = calibration_ids(2, 8)
+
+    class FailsInTheLastBlock(prunereg.get("magnitude")):
+        calls = 0
+
+        def prune_group(self, weights, statistics, sparsities):
+            FailsInTheLastBlock.calls += 1
+            if FailsInTheLastBlock.calls > 7:  # the first block's seven layers, each a group of its own
+                raise RuntimeError("the method failed")
+            return super().prune_group(weights, statistics, sparsities)
+
+    with pytest.raises(RuntimeError, match="the method failed"):
+        prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", FailsInTheLastBlock(0.5), calibration=ids)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dense"]  # no half-written folder, no temporary
+    prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", "magnitude", calibration=ids, sparsity=0.25)
+    with pytest.raises(FileExistsError, match="pass replace=True to replace it"):
+        prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", "magnitude", calibration=ids)
+    prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", "magnitude", calibration=ids, replace=True)
+    weight = _load(tmp_path / "pruned").get_parameter("model.layers.1.mlp.up_proj.weight")
+    assert (weight == 0).float().mean() == 0.5
+    with pytest.raises(IsADirectoryError, match="is model_dir"):
+        prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "dense", "magnitude", calibration=ids, replace=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dense", "pruned"]

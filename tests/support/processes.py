@@ -1,0 +1,65 @@
+"""Real processes for the race and signal tests: a prunereg run held at a gate, and a tiny file system.
+
+A gated run is ``python -c PROGRAM ARGS``, where PROGRAM patches prunereg so
+that, at the moment a test wants to act (after writing a temporary file,
+after pruning a block), it creates the file ``$PRUNEREG_TEST_WRITTEN`` and
+waits until ``$PRUNEREG_TEST_GATE`` exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def start_gated(program: str, args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
+    """``program`` (prunereg's ``main`` behind a gate) with ``args`` in a new process; ``setup`` runs first.
+
+    The marker and gate files are ``control / "written"`` and ``control / "gate"``.
+    """
+    environment = {
+        **os.environ,
+        "PRUNEREG_TEST_WRITTEN": str(control / "written"),
+        "PRUNEREG_TEST_GATE": str(control / "gate"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", setup + program, *args],
+        env=environment,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_until_marked(process: subprocess.Popen[str], control: Path, timeout: float, failure: str) -> None:
+    """Wait until the gated ``process`` has reached its gate; fail with ``failure`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (control / "written").exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"64k"``) mounted at ``mount_point``; the test is skipped where mounting is not allowed."""
+    mount_point.mkdir()
+    mounted = (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True)
+        if shutil.which("mount")
+        else None
+    )
+    if mounted is None or mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
