@@ -32,7 +32,7 @@ from prunereg._text import describe
 MethodFactory = Callable[[], BasePruningMethod]
 
 
-class OfflinePruningError(Exception):
+class OfflinePruningError(ValueError):
     """A pruning request that cannot be carried out, said in one line."""
 
 
