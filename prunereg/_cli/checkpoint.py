@@ -8,6 +8,7 @@ lets the error through with its traceback.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import warnings
 from collections.abc import Iterable, Iterator
@@ -189,17 +190,26 @@ def report_command(file: Path, as_json: bool, debug: bool) -> None:
     with _errors_in_one_line(debug):
         from prunereg._files import checkpoint as _checkpoint
         from prunereg._files.pruned_state import PrunedState
-        from prunereg._models.summary import Summary, tensor_summary
+        from prunereg._files.shared_storage import tied_names
+        from prunereg._models import summary as _summary
         from prunereg._progress import progress
 
         state = PrunedState.of(_checkpoint.read(file).tensors)
+        tied = tied_names(state.tensors)  # one tensor under many names is counted once
         items = progress(
             state.tensors.items(),
             label=f"counting zeros in {file.name}",
             total=len(state.tensors),
             enabled=False if as_json else None,
         )
-        report = Summary(
-            tuple(tensor_summary(name, tensor, ["mask"] if name in state.pairs else []) for name, tensor in items)
-        )
+        rows: dict[str, _summary.TensorSummary] = {}
+        for name, tensor in items:
+            pruned_by = ["mask"] if name in state.pairs else []
+            first = rows.get(tied.get(name, ""))
+            rows[name] = (
+                dataclasses.replace(first, name=name)
+                if first is not None
+                else _summary.tensor_summary(name, tensor, pruned_by)
+            )
+        report = _summary.Summary(tuple(rows.values()))
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))

@@ -123,7 +123,29 @@ def _read_torch(path: Path) -> Checkpoint:
                 "where a state dict has parameter names (str)"
             )
     tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+    for name, tensor in tensors.items():
+        _refuse_more_entries_than_stored(path, name, tensor)
     return Checkpoint(path, TORCH, tensors, content=content, key=key)
+
+
+def _refuse_more_entries_than_stored(path: Path, name: str, tensor: torch.Tensor) -> None:
+    """Refuse a tensor that declares more entries than its storage holds (an expanded, stride-0 view).
+
+    A few bytes stored can declare billions of entries that every computation
+    on the tensor would materialize; a state dict saved from a model never
+    holds such a view, so the work is bounded by the bytes the file stores.
+    """
+    if tensor.numel() == 0 or tensor.is_meta:
+        return
+    declared = tensor.numel() * tensor.element_size()
+    stored = tensor.untyped_storage().nbytes()
+    if declared > stored:
+        shape = "x".join(map(str, tensor.shape))
+        raise CheckpointError(
+            f"{quoted(path)} is not a state dict a model saved: its tensor {name!r} declares {tensor.numel():,} "
+            f"entries ({shape}, strides {tuple(tensor.stride())}) over {stored:,} stored bytes, a view repeating "
+            "its data; refusing to compute with it"
+        )
 
 
 def _refusal_reason(message: str) -> str:
