@@ -7,6 +7,7 @@ what a terminal shows, and a newline must not split a one-line message.
 
 from __future__ import annotations
 
+import os
 import re
 
 _ANSI_SEQUENCE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -42,3 +43,8 @@ def describe(error: BaseException) -> str:
     sentence_end = joined.find(". ")
     first = joined if sentence_end == -1 else joined[: sentence_end + 1]
     return printable(f"{type(error).__name__}: {first}" if first else type(error).__name__)
+
+
+def quoted(path: str | os.PathLike[str]) -> str:
+    """``path`` in quotes for a one-line message, with newlines and other control characters escaped."""
+    return repr(os.fspath(path))

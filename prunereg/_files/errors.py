@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
+from prunereg._text import quoted
+
+__all__ = ["CheckpointError", "quoted"]
 
 
 class CheckpointError(Exception):
     """A model file cannot be read or written: missing, truncated, of unknown format, unsafe."""
 
-
-def quoted(path: str | os.PathLike[str]) -> str:
-    """``path`` in quotes for a one-line message, with newlines and other control characters escaped."""
-    return repr(os.fspath(path))
