@@ -57,7 +57,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     """
     methods = registry()
     try:
-        cls: type = methods.resolve(name)
+        cls: Any = methods.resolve(name)  # a mask method class, or a calibrated one
     except UnknownMethodError as error:
         if name in methods.methods or name in methods.qualified:
             raise  # registered but unavailable: the registry says why
@@ -84,7 +84,7 @@ def as_mask(name: str, method: object) -> BasePruningMethod:
     if convert is None:
         raise OfflinePruningError(f"method {name!r} is no mask method; it cannot prune a model file")
     try:
-        return convert()  # type: ignore[no-any-return]
+        return convert()
     except ValueError as error:
         raise OfflinePruningError(
             f"method {name!r} needs calibration data, which a model file does not hold ({error}): run it on a "
