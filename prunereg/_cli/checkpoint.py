@@ -146,8 +146,10 @@ def prune_command(
     file that appeared meanwhile unless --force. Names that a torch file stores
     as one tensor (tied weights) are pruned once and stay one tensor; tensors
     that merely overlap come out as separate tensors. Formats: .safetensors,
-    and torch state dicts or checkpoint dicts (.pt, .pth, .bin), read with
-    torch.load(weights_only=True).
+    and torch state dicts or checkpoint dicts (.pt, .pth, .bin, Lightning's
+    .ckpt), read with torch.load(weights_only=True); or a Hugging Face model
+    folder (one weight file or an index and its shards), written as a folder
+    with the same files and a copy of the others (config, tokenizer).
     """
     if amount is not None:
         if "amount" in arguments:
@@ -175,6 +177,8 @@ def prune_command(
     click.echo(str(report))
     if report.unprunable and not dry_run:
         click.echo(f"note: left as they were: {report.unprunable}", err=True)
+    if report.left_out:
+        click.echo(f"note: not copied to OUTPUT: {', '.join(map(repr, report.left_out))}", err=True)
 
 
 @main.command("report", epilog=EXIT_CODES)
@@ -184,17 +188,19 @@ def prune_command(
 def report_command(file: Path, as_json: bool, debug: bool) -> None:
     """Show the sparsity of every tensor in model FILE, then the totals.
 
-    A pruned state dict's <name>_orig and <name>_mask are shown as the tensor
-    the model uses, <name> (their product), marked as pruned by its mask.
+    FILE is a model file or a Hugging Face model folder (what save_pretrained
+    and prunereg oneshot write). A pruned state dict's <name>_orig and
+    <name>_mask are shown as the tensor the model uses, <name> (their
+    product), marked as pruned by its mask.
     """
     with _errors_in_one_line(debug):
-        from prunereg._files import checkpoint as _checkpoint
+        from prunereg._files.model_folder import read_model
         from prunereg._files.pruned_state import PrunedState
         from prunereg._files.shared_storage import tied_names
         from prunereg._models import summary as _summary
         from prunereg._progress import progress
 
-        state = PrunedState.of(_checkpoint.read(file).tensors)
+        state = PrunedState.of(read_model(file, "FILE").tensors)
         tied = tied_names(state.tensors)  # one tensor under many names is counted once
         items = progress(
             state.tensors.items(),

@@ -1,9 +1,10 @@
 """Model files on disk: read their tensors, write them back with everything else kept.
 
 Two formats: ``.safetensors`` (through the safetensors package, header metadata
-kept) and torch files (``.pt``, ``.pth``, ``.bin``) holding a state dict, or a
-checkpoint dict with the state dict under ``state_dict`` or ``model`` (every
-other entry is carried over as it was). Only regular files are read; torch
+kept) and torch files (``.pt``, ``.pth``, ``.bin``, Lightning's ``.ckpt``)
+holding a state dict, or a checkpoint dict with the state dict under
+``state_dict`` (Lightning's place) or ``model`` (every other entry is carried
+over as it was). Only regular files are read; torch
 files are read with ``torch.load(weights_only=True)`` only, so loading a file
 never runs its pickle, and only after their zip directory shows no zip bomb.
 """
@@ -28,7 +29,7 @@ from prunereg._text import describe
 
 SAFETENSORS = "safetensors"
 TORCH = "torch"
-FORMATS = {".safetensors": SAFETENSORS, ".pt": TORCH, ".pth": TORCH, ".bin": TORCH}
+FORMATS = {".safetensors": SAFETENSORS, ".pt": TORCH, ".pth": TORCH, ".bin": TORCH, ".ckpt": TORCH}
 STATE_DICT_KEYS = ("state_dict", "model")
 
 

@@ -9,4 +9,3 @@ __all__ = ["CheckpointError", "quoted"]
 
 class CheckpointError(Exception):
     """A model file cannot be read or written: missing, truncated, of unknown format, unsafe."""
-

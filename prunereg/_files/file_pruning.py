@@ -17,7 +17,8 @@ import errno
 import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,12 @@ from prunereg._files import offline, shared_storage
 from prunereg._files.dtypes import describe_unprunable, unprunable_floats
 from prunereg._files.errors import CheckpointError, quoted
 from prunereg._files.interrupt import cleanup_on_signals
+from prunereg._files.model_folder import FolderCheckpoint, read_model
 from prunereg._files.offline import OfflinePruningError
 from prunereg._files.output import AtomicOutputs
 from prunereg._files.pruned_state import PrunedState
 from prunereg._files.selection import Selection, select
+from prunereg._folders.output import AtomicFolder
 from prunereg._progress import progress as progress_bar
 from prunereg._text import printable
 
@@ -71,6 +74,8 @@ class PruneFileReport:
     """Zero entries of the pruned tensors, after pruning."""
     unprunable: str | None = None
     """The floating-point tensors left as they were because pruning cannot compute with them, in a few words."""
+    left_out: tuple[str, ...] = ()
+    """A model folder's entries that were not copied to the output folder (subfolders, non-regular files)."""
     dry_run: bool = False
     labels: Labels = field(default=PYTHON_LABELS, repr=False, compare=False)
 
@@ -112,6 +117,7 @@ class PruneFileReport:
             "zeros": self.zeros,
             "sparsity": self.sparsity,
             "unprunable": self.unprunable,
+            "left_out": list(self.left_out),
         }
 
 
@@ -208,7 +214,7 @@ def run(
         check_paths(source, target, masks_path, force, labels)
     make_method = offline.method_factory(method, arguments, together=together)
     compute_device = offline.compute_device(str(device) if isinstance(device, torch.device) else device)
-    checkpoint = _checkpoint.read(source)
+    checkpoint = read_model(source, labels.source)
     state = PrunedState.of(checkpoint.tensors)
     selection = select(state.tensors, include, exclude)
     unprunable = _unprunable(checkpoint.tensors)
@@ -237,17 +243,21 @@ def run(
     replaced = {}
     for name, tensor in pruned.items():
         replaced.update(state.stored_form(name, tensor, masks.get(name)))
-    with cleanup_on_signals(), AtomicOutputs(replace=force, force_hint=labels.force_hint) as outputs:
-        outputs.stage(labels.target, target, lambda path: _checkpoint.save(checkpoint, replaced, path))
-        if masks_path is not None:
-            provenance = {
-                "format": "pt",
-                "prunereg.method": method,
-                "prunereg.arguments": json.dumps(arguments),
-                "prunereg.global": str(together).lower(),
-            }
-            save_masks = functools.partial(_checkpoint.save_safetensors, masks, metadata=provenance)
-            outputs.stage(labels.masks, masks_path, save_masks)
+    provenance = {
+        "format": "pt",
+        "prunereg.method": method,
+        "prunereg.arguments": json.dumps(arguments),
+        "prunereg.global": str(together).lower(),
+    }
+    save_masks = functools.partial(_checkpoint.save_safetensors, masks, metadata=provenance)
+    left_out: list[str] = []
+    if isinstance(checkpoint, FolderCheckpoint):
+        left_out = _write_folder(checkpoint, replaced, target, masks_path, save_masks, force, labels)
+    else:
+        with cleanup_on_signals(), AtomicOutputs(replace=force, force_hint=labels.force_hint) as outputs:
+            outputs.stage(labels.target, target, lambda path: _checkpoint.save(checkpoint, replaced, path))
+            if masks_path is not None:
+                outputs.stage(labels.masks, masks_path, save_masks)
     return PruneFileReport(
         source,
         target,
@@ -259,12 +269,63 @@ def run(
         numel=sum(tensor.numel() for tensor in pruned.values()),
         zeros=sum(int((tensor == 0).sum()) for tensor in pruned.values()),
         unprunable=unprunable,
+        left_out=tuple(left_out),
         labels=labels,
     )
 
 
+def _write_folder(
+    checkpoint: FolderCheckpoint,
+    replaced: Mapping[str, torch.Tensor],
+    target: Path,
+    masks_path: Path | None,
+    save_masks: Callable[[str], object],
+    force: bool,
+    labels: Labels,
+) -> list[str]:
+    """Write the pruned folder to ``target`` (and the masks file), each whole or not at all; what was left out.
+
+    The masks file is written first and put in place last: if its name is
+    taken by then, the folder this run created is taken back.
+    """
+    created: tuple[int, int] | None = None
+    try:
+        with cleanup_on_signals(), AtomicOutputs(replace=force, force_hint=labels.force_hint) as outputs:
+            if masks_path is not None:
+                outputs.stage(labels.masks, masks_path, save_masks)
+            try:
+                with _output_folder(checkpoint.path, target, force, labels) as staging:
+                    left_out = checkpoint.save(replaced, staging)
+            except OSError as error:  # AtomicFolder's errors are complete sentences
+                raise CheckpointError(str(error)) from error
+            if not force:
+                created = _identity(target)
+    except BaseException:
+        if created is not None and _identity(target) == created:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    return left_out
+
+
+def _output_folder(source: Path, target: Path, force: bool, labels: Labels) -> AtomicFolder:
+    return AtomicFolder(
+        target, replace=force, label=labels.target, replace_hint=labels.force_hint, keep={labels.source: source}
+    )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 def check_paths(source: Path, target: Path, masks_path: Path | None, force: bool, labels: Labels) -> None:
     """Refuse, before any work, to write over the source, over an existing file without force, or the wrong format."""
+    if source.is_dir():
+        _check_folder_paths(source, target, masks_path, force, labels)
+        return
     source_format = _checkpoint.file_format(source)
     targets = [(labels.target, target, source_format)]
     if masks_path is not None:
@@ -287,6 +348,36 @@ def check_paths(source: Path, target: Path, masks_path: Path | None, force: bool
             raise CheckpointError(f"the directory of {label} {quoted(path)} {_why_not_a_directory(path.parent)}")
     if masks_path is not None and _same_file(masks_path, target):
         raise CheckpointError(f"{labels.masks} {quoted(masks_path)} is {labels.target}; give them different names")
+
+
+def _check_folder_paths(source: Path, target: Path, masks_path: Path | None, force: bool, labels: Labels) -> None:
+    """A model folder is written as a folder, never into the source folder, never over one without force."""
+    if target.suffix.lower() in _checkpoint.FORMATS:
+        raise CheckpointError(f"{labels.target} {quoted(target)} must be a folder like {labels.source}")
+    if _inside(target, source):
+        where = "is" if _inside(source, target) else "is inside"
+        raise CheckpointError(
+            f"{labels.target} {quoted(target)} {where} {labels.source} {quoted(source)}; write the result elsewhere"
+        )
+    try:
+        _output_folder(source, target, force, labels).check()
+    except OSError as error:
+        raise CheckpointError(str(error)) from error
+    if masks_path is None:
+        return
+    for label, folder in ((labels.source, source), (labels.target, target)):
+        if _inside(masks_path, folder):
+            raise CheckpointError(f"{labels.masks} {quoted(masks_path)} is inside {label}; write it elsewhere")
+    if _checkpoint.file_format(masks_path) != _checkpoint.SAFETENSORS:
+        raise CheckpointError(f"{labels.masks} {quoted(masks_path)} must be a safetensors file")
+    if (masks_path.exists() or masks_path.is_symlink()) and not force:
+        raise CheckpointError(f"{labels.masks} {quoted(masks_path)} exists; {labels.force_hint}")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, links resolved."""
+    real, real_folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return real == real_folder or real_folder in real.parents
 
 
 def _why_not_a_directory(path: Path) -> str:
