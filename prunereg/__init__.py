@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from prunereg._files.errors import CheckpointError
     from prunereg._files.file_pruning import PruneFileReport, prune_file
     from prunereg._files.offline import apply_masks
+    from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
     from prunereg._models.state_dict import load_state_dict
@@ -39,6 +40,8 @@ __all__ = [
     "BasePruningMethod",
     "CalibratedMethod",
     "CheckpointError",
+    "GroupSummary",
+    "GroupedSummary",
     "LayerStatistics",
     "MethodInfo",
     "OneShotReport",
@@ -76,6 +79,8 @@ _LAZY = {
     "BasePruningMethod": "prunereg._core.method",
     "CalibratedMethod": "prunereg._oneshot.contract",
     "CheckpointError": "prunereg._files.errors",
+    "GroupSummary": "prunereg._models.grouping",
+    "GroupedSummary": "prunereg._models.grouping",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
     "OneShotReport": "prunereg._oneshot.report",

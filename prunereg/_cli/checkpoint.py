@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from prunereg._cli.app import main
+from prunereg._models.grouping import BY
 
 EXIT_CODES = "Exit codes: 0 success, 1 error (bad file, method or argument), 2 usage error."
 DEBUG_HELP = "Show the traceback of an error instead of a one-line message."
@@ -183,9 +184,14 @@ def prune_command(
 
 @main.command("report", epilog=EXIT_CODES)
 @click.argument("file", metavar="FILE", type=click.Path(path_type=Path))
+@click.option(
+    "--by",
+    type=click.Choice(BY),
+    help="One row per block (model.layers.3) or per type (model.layers.*.mlp.up_proj.weight) instead of per tensor.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option("--debug", is_flag=True, help=DEBUG_HELP)
-def report_command(file: Path, as_json: bool, debug: bool) -> None:
+def report_command(file: Path, by: str | None, as_json: bool, debug: bool) -> None:
     """Show the sparsity of every tensor in model FILE, then the totals.
 
     FILE is a model file or a Hugging Face model folder (what save_pretrained
@@ -218,4 +224,5 @@ def report_command(file: Path, as_json: bool, debug: bool) -> None:
                 else _summary.tensor_summary(name, tensor, pruned_by)
             )
         report = _summary.Summary(tuple(rows.values()))
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
+    shown = report if by is None else report.grouped(by)
+    click.echo(json.dumps(shown.as_dict(), indent=2) if as_json else str(shown))
