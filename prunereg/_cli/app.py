@@ -1,13 +1,37 @@
-"""The ``prunereg`` command group, which every command module attaches its commands to."""
+"""The ``prunereg`` command group, which every command module attaches its commands to.
+
+Every command runs with prunereg's output on streams of its own
+(:func:`prunereg._cli.streams.own_streams`): what plugins and libraries print
+to stdout never mixes with a command's output.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
 from prunereg import __version__
+from prunereg._cli.streams import own_streams
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Group(click.Group):
+    """A click group whose commands, help and errors write to prunereg's own stdout and stderr."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        with own_streams(until_exit=standalone_mode):
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="prunereg")
 def main() -> None:
     """Prune PyTorch models with any registered pruning method."""

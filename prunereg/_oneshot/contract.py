@@ -23,6 +23,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from prunereg._core.method import BasePruningMethod
+from prunereg._plugins.isolation import guard_plugin_methods
 
 KIND = "calibrated"
 
@@ -103,6 +104,8 @@ class CalibratedMethod(ABC):
         unknown = set(cls.STATISTICS) - STATISTIC_NAMES
         if unknown:
             raise TypeError(f"{cls.__name__}.STATISTICS names unknown statistics: {', '.join(sorted(unknown))}")
+        # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
+        guard_plugin_methods(cls, ("__init__", "prune_group"))
 
     def __repr__(self) -> str:
         if self.pattern is None:
