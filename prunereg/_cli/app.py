@@ -2,7 +2,9 @@
 
 Every command runs with prunereg's output on streams of its own
 (:func:`prunereg._cli.streams.own_streams`): what plugins and libraries print
-to stdout never mixes with a command's output.
+to stdout never mixes with a command's output. Every error message is made
+printable (:func:`prunereg._text.printable`): a file or tensor name in it
+cannot clear the screen or retitle the window.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import click
 
 from prunereg import __version__
 from prunereg._cli.streams import own_streams
+from prunereg._text import printable
 
 
 class Group(click.Group):
@@ -29,6 +32,13 @@ class Group(click.Group):
     ) -> Any:
         with own_streams(until_exit=standalone_mode):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as error:  # names of files and tensors: no escape sequence reaches the terminal
+            setattr(error, "message", printable(error.message))  # noqa: B010  # Final in click's annotations only
+            raise
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,6 +18,7 @@ import click
 
 from prunereg._cli.app import main
 from prunereg._oneshot.precision import MATMUL_PRECISIONS
+from prunereg._text import printable
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -152,8 +153,9 @@ def oneshot_command(
         return
     click.echo(str(report))
     if before is not None:
-        click.echo(f"perplexity on {eval_file.name}: {before:.2f} before, {after:.2f} after")  # type: ignore[union-attr]
-    click.echo(f"wrote {output_dir}")
+        name = printable(eval_file.name)  # type: ignore[union-attr]
+        click.echo(f"perplexity on {name}: {before:.2f} before, {after:.2f} after")
+    click.echo(f"wrote {printable(str(output_dir))}")
 
 
 def _torch_dtype(name: str) -> Any:
