@@ -62,7 +62,7 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
         if name in methods.methods or name in methods.qualified:
             raise  # registered but unavailable: the registry says why
         raise UnknownMethodError(
-            f"{str(error).partition(' (known: ')[0]} (prunereg prune knows: {', '.join(file_methods())})"
+            f"{str(error).partition(' (known: ')[0]} (known: {', '.join(file_methods())})"
         ) from None
     if together and cls.PRUNING_TYPE != "unstructured":
         raise OfflinePruningError(f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}")

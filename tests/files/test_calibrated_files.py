@@ -131,7 +131,7 @@ def test_prunes_known_list_names_only_the_methods_it_can_run(tmp_path: Path) -> 
     save_file(_weights(), source)
     result = _invoke("prune", source, tmp_path / "out.safetensors", "--method", "magnitud")
     assert result.exit_code == 1
-    known = result.stderr.partition("(prunereg prune knows: ")[2].rstrip(")\n").split(", ")
+    known = result.stderr.partition("(known: ")[2].rstrip(")\n").split(", ")
     assert "magnitude" in known and "l1_unstructured" in known and "ln_structured" in known
     assert "wanda" not in known and "sparsegpt" not in known
     assert "did you mean 'magnitude'" in result.stderr
