@@ -24,6 +24,7 @@ from tests.support.checkpoints import (
     WEIGHTS,
     assert_pruned_as_torch,
     make_model,
+    prune_every_builtin_as_torch,
     torch_reference,
     write_checkpoint,
 )
@@ -45,17 +46,16 @@ def invoke(*args: object) -> Result:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("method", "arguments"), CASES)
 def test_prune_equals_torch_for_every_builtin(tmp_path: Path, layout: str, method: str, arguments: dict) -> None:
-    path = write_checkpoint(tmp_path, layout, make_model())
-    data = path.read_bytes()
-    output, masks = tmp_path / f"out{path.suffix}", tmp_path / "masks.safetensors"
-    result = invoke("prune", path, output, "--method", method, *cli_arguments(arguments), "--seed", 7, "--masks", masks)
-    assert result.exit_code == 0, result.stderr
-    assert path.read_bytes() == data
-    assert sorted(os.listdir(tmp_path)) == sorted([path.name, output.name, masks.name])  # no temporary left
+    def run(path: Path, output: Path, masks: Path) -> Result:
+        return invoke(
+            "prune", path, output, "--method", method, *cli_arguments(arguments), "--seed", 7, "--masks", masks
+        )
+
+    result = prune_every_builtin_as_torch(tmp_path, layout, method, arguments, run)
+    assert isinstance(result, Result) and result.exit_code == 0, result
     assert result.stdout.startswith(f"pruned 3 of {len(make_model().state_dict())} tensors with {method}: ")
     assert result.stderr == ""  # no progress bar off a terminal
-    assert_pruned_as_torch(output, masks, torch_reference(method, arguments, 7, WEIGHTS), WEIGHTS)
-    with safe_open(masks, "pt") as handle:
+    with safe_open(tmp_path / "masks.safetensors", "pt") as handle:
         assert handle.metadata()["prunereg.method"] == method
 
 

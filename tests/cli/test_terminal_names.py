@@ -91,11 +91,11 @@ def test_oneshot_prints_its_output_folder_printable(tmp_path: Path) -> None:
     from tests.support.tiny_lm import random_text, save_tiny_llama_folder
 
     save_tiny_llama_folder(tmp_path / "model")
-    (tmp_path / f"text{RETITLE}.txt").write_text(random_text(200, seed=1))
-    output = tmp_path / f"out{CLEAR_SCREEN}"
+    (tmp_path / f"text{RETITLE}.txt").write_text(random_text(200, seed=1))  # the --eval file's name is printed
+    output, text = tmp_path / f"out{CLEAR_SCREEN}", tmp_path / f"text{RETITLE}.txt"
     result = _invoke(
-        "oneshot", tmp_path / "model", output, "--method", "magnitude", "--calibration", tmp_path / f"text{RETITLE}.txt",
-        "--samples", "2", "--seq-len", "16", "--eval", tmp_path / f"text{RETITLE}.txt", "--eval-tokens", "32",
+        "oneshot", tmp_path / "model", output, "--method", "magnitude", "--calibration", text,
+        "--samples", "2", "--seq-len", "16", "--eval", text, "--eval-tokens", "32",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert not any(raw in result.stdout for raw in RAW), result.stdout

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # fresh interpreters importing torch
 
 HOOK = "import prunereg\n\n@prunereg.hookimpl\ndef prunereg_register_methods(register):\n"
 
-METHODS = '''
+METHODS = """
 import os
 import sys
 
@@ -67,7 +67,7 @@ class PrintsInGroup(prunereg.CalibratedMethod):
 class ExitsInGroup(prunereg.CalibratedMethod):
     def prune_group(self, weights, statistics, sparsities):
         sys.exit(0)
-'''
+"""
 
 PLUGINS = {
     "prunereg_runtime": HOOK

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -97,3 +99,20 @@ def assert_pruned_as_torch(output: Path, masks: Path | None, reference: nn.Modul
 
 
 WEIGHTS = ["conv.weight", "fc1.weight", "fc2.weight"]
+
+
+def prune_every_builtin_as_torch(
+    directory: Path, layout: str, method: str, arguments: dict, run: Callable[[Path, Path, Path], object]
+) -> object:
+    """``run(path, output, masks)`` with seed 7 must write what torch makes of ``make_model()``, and nothing else.
+
+    Returns what ``run`` returned, for the caller's own checks.
+    """
+    path = write_checkpoint(directory, layout, make_model())
+    data = path.read_bytes()
+    output, masks = directory / f"out{path.suffix}", directory / "masks.safetensors"
+    returned = run(path, output, masks)
+    assert path.read_bytes() == data
+    assert sorted(os.listdir(directory)) == sorted([path.name, output.name, masks.name])  # no temporary left
+    assert_pruned_as_torch(output, masks, torch_reference(method, arguments, 7, WEIGHTS), WEIGHTS)
+    return returned
