@@ -32,7 +32,7 @@ from prunereg._files.errors import CheckpointError, quoted
 from prunereg._files.interrupt import cleanup_on_signals
 from prunereg._files.model_folder import FolderCheckpoint, read_model
 from prunereg._files.offline import OfflinePruningError
-from prunereg._files.output import AtomicOutputs
+from prunereg._files.output import AtomicOutputs, identity
 from prunereg._files.pruned_state import PrunedState
 from prunereg._files.selection import Selection, select
 from prunereg._folders.output import AtomicFolder
@@ -299,9 +299,9 @@ def _write_folder(
             except OSError as error:  # AtomicFolder's errors are complete sentences
                 raise CheckpointError(str(error)) from error
             if not force:
-                created = _identity(target)
+                created = identity(target)
     except BaseException:
-        if created is not None and _identity(target) == created:
+        if created is not None and identity(target) == created:
             shutil.rmtree(target, ignore_errors=True)
         raise
     return left_out
@@ -311,14 +311,6 @@ def _output_folder(source: Path, target: Path, force: bool, labels: Labels) -> A
     return AtomicFolder(
         target, replace=force, label=labels.target, replace_hint=labels.force_hint, keep={labels.source: source}
     )
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        status = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
 
 
 def check_paths(source: Path, target: Path, masks_path: Path | None, force: bool, labels: Labels) -> None:

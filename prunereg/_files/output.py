@@ -102,7 +102,7 @@ class AtomicOutputs:
     def _take_back(self) -> None:
         """Remove the targets this run created without ``replace`` (a replaced file cannot come back)."""
         for staged in self._staged:
-            if staged.created is not None and _identity(staged.target) == staged.created:
+            if staged.created is not None and identity(staged.target) == staged.created:
                 _remove(str(staged.target))
 
 
@@ -110,7 +110,7 @@ def _place_new(staged: _Staged, force_hint: str) -> tuple[int, int] | None:
     """Give the temporary file the target's name, failing if that name exists by now; the new file's identity."""
     try:
         os.link(staged.temporary, staged.target)
-        return _identity(staged.temporary)
+        return identity(staged.temporary)
     except FileExistsError:
         raise _exists(staged, force_hint) from None
     except OSError as error:
@@ -152,7 +152,8 @@ def _mode_of(target: Path, default: int) -> int:
     return stat.S_IMODE(status.st_mode) & 0o777 if stat.S_ISREG(status.st_mode) else default
 
 
-def _identity(path: Path | str) -> tuple[int, int] | None:
+def identity(path: Path | str) -> tuple[int, int] | None:
+    """``(device, inode)`` of what is at ``path`` (links not followed), or None if nothing is."""
     try:
         status = os.stat(path, follow_symlinks=False)
     except OSError:
