@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from prunereg._core.method import BasePruningMethod, PruningContainer
     from prunereg._core.reparam import is_pruned
     from prunereg._core.tied import remove
+    from prunereg._files.errors import CheckpointError
+    from prunereg._files.file_pruning import PruneFileReport, prune_file
     from prunereg._files.offline import apply_masks
+    from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
     from prunereg._models.state_dict import load_state_dict
@@ -36,12 +39,16 @@ __version__ = "0.1.0"
 __all__ = [
     "BasePruningMethod",
     "CalibratedMethod",
+    "CheckpointError",
+    "GroupSummary",
+    "GroupedSummary",
     "LayerStatistics",
     "MethodInfo",
     "OneShotReport",
     "PluginError",
     "PluginInfo",
     "PluginWarning",
+    "PruneFileReport",
     "PrunedWeight",
     "PruningContainer",
     "Summary",
@@ -60,6 +67,7 @@ __all__ = [
     "oneshot",
     "oneshot_folder",
     "perplexity",
+    "prune_file",
     "register",
     "remove",
     "safe_globals",
@@ -70,12 +78,16 @@ __all__ = [
 _LAZY = {
     "BasePruningMethod": "prunereg._core.method",
     "CalibratedMethod": "prunereg._oneshot.contract",
+    "CheckpointError": "prunereg._files.errors",
+    "GroupSummary": "prunereg._models.grouping",
+    "GroupedSummary": "prunereg._models.grouping",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
     "OneShotReport": "prunereg._oneshot.report",
     "PluginError": "prunereg._plugins.registry",
     "PluginInfo": "prunereg._plugins.registry",
     "PluginWarning": "prunereg._plugins.registry",
+    "PruneFileReport": "prunereg._files.file_pruning",
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
     "Summary": "prunereg._models.summary",
@@ -91,6 +103,7 @@ _LAZY = {
     "oneshot": "prunereg._oneshot.engine",
     "oneshot_folder": "prunereg._oneshot.streaming",
     "perplexity": "prunereg._oneshot.perplexity",
+    "prune_file": "prunereg._files.file_pruning",
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
     "save_pretrained": "prunereg._models.huggingface",

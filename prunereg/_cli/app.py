@@ -1,13 +1,47 @@
-"""The ``prunereg`` command group, which every command module attaches its commands to."""
+"""The ``prunereg`` command group, which every command module attaches its commands to.
+
+Every command runs with prunereg's output on streams of its own
+(:func:`prunereg._cli.streams.own_streams`): what plugins and libraries print
+to stdout never mixes with a command's output. Every error message is made
+printable (:func:`prunereg._text.printable`): a file or tensor name in it
+cannot clear the screen or retitle the window.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
 from prunereg import __version__
+from prunereg._cli.streams import own_streams
+from prunereg._text import printable
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Group(click.Group):
+    """A click group whose commands, help and errors write to prunereg's own stdout and stderr."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        with own_streams(until_exit=standalone_mode):
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as error:  # names of files and tensors: no escape sequence reaches the terminal
+            setattr(error, "message", printable(error.message))  # noqa: B010  # Final in click's annotations only
+            raise
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="prunereg")
 def main() -> None:
     """Prune PyTorch models with any registered pruning method."""

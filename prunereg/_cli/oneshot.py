@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._cli.interrupt import cleanup_on_signals
+from prunereg._files.interrupt import cleanup_on_signals
 from prunereg._oneshot.precision import MATMUL_PRECISIONS
+from prunereg._text import printable
 
 if TYPE_CHECKING:
     from prunereg._folders.output import AtomicFolder
@@ -187,7 +188,7 @@ def oneshot_command(
             tokenizer.save_pretrained(staging)
     results.show(as_json)
     if not as_json:
-        click.echo(f"wrote {output_dir}")
+        click.echo(f"wrote {printable(str(output_dir))}")
 
 
 @dataclass
@@ -209,7 +210,7 @@ class _Results:
             click.echo(str(self.report))
         if self.before is not None:
             after = f", {self.after:.2f} after" if self.after is not None else ""
-            click.echo(f"perplexity on {self.eval_name}: {self.before:.2f} before{after}")
+            click.echo(f"perplexity on {printable(self.eval_name or '')}: {self.before:.2f} before{after}")
 
     @contextlib.contextmanager
     def shown_on_failure(self, as_json: bool) -> Iterator[None]:

@@ -35,12 +35,35 @@ if TYPE_CHECKING:
 def list_command(as_json: bool, kind: str | None) -> None:
     """List the registered pruning methods."""
     registry = _loaded_registry()
-    rows = [registry.methods[name].as_dict() for name in registry.names(kind)]
+    rows = [
+        {**info.as_dict(), "runs_with": RUNS_WITH.get(info.kind, "Python")}
+        for info in (registry.methods[name] for name in registry.names(kind))
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
-        _echo_table(rows, ("name", "kind", "package", "version", "summary"))
+        _echo_table(rows, ("name", "kind", "runs_with", "package", "version", "summary"))
     _exit_if_strict(registry, registry.problems)
+
+
+RUNS_WITH = {
+    "unstructured": "prune, prune --global",
+    "structured": "prune",
+    "global": "prune",
+    "calibrated": "oneshot; prune if calibration-free",
+}
+"""Which commands run the methods of each kind, as ``list`` shows it without importing a method's class.
+
+A calibrated method that needs no calibration (``magnitude``) prunes files too;
+``info``, which imports the class, says for each method exactly.
+"""
+
+
+def _runs_with(kind: str, cls: type) -> list[str]:
+    """The commands that run a method of ``kind`` and class ``cls``."""
+    if kind == "calibrated":
+        return ["oneshot", "prune"] if getattr(cls, "runs_without_calibration", lambda: False)() else ["oneshot"]
+    return ["prune", "prune --global"] if kind == "unstructured" else ["prune"]
 
 
 @main.command("plugins")
@@ -81,12 +104,18 @@ def info_command(name: str, as_json: bool) -> None:
             cls = registry.resolve(name)
     except (UnknownMethodError, PluginError) as error:
         raise click.ClickException(printable(str(error))) from error
-    details = {**info.as_dict(), "doc": inspect.getdoc(cls), "parameters": _parameters(cls)}
+    details = {
+        **info.as_dict(),
+        "runs_with": _runs_with(info.kind, cls),
+        "doc": inspect.getdoc(cls),
+        "parameters": _parameters(cls),
+    }
     if as_json:
         click.echo(json.dumps(details, indent=2))
     else:
         click.echo(printable(f"{info.name} ({info.kind}): {info.summary}"))
         click.echo(f"from {info.label}, class {printable(info.target)}")
+        click.echo("runs with: " + ", ".join(f"prunereg {command}" for command in details["runs_with"]))
         click.echo(f"parameters: {_signature(details['parameters'])}")
         if details["doc"]:
             click.echo("\n" + "\n".join(printable(line) for line in details["doc"].splitlines()))
@@ -165,7 +194,9 @@ def _exit_if_strict(registry: Registry, problems: list[str]) -> None:
 
 
 def _echo_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
-    table = [[c.upper() for c in columns]] + [[printable(str(row[c] or "-")) for c in columns] for row in rows]
+    table = [[c.upper().replace("_", " ") for c in columns]] + [
+        [printable(str(row[c] or "-")) for c in columns] for row in rows
+    ]
     widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
     for line in table:
         click.echo(("  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1]).rstrip())

@@ -20,6 +20,7 @@ from prunereg._core import compact as _compact
 from prunereg._core import reparam
 from prunereg._core import tied as _tied
 from prunereg._distributed.remaining import combine_masks
+from prunereg._plugins.isolation import guard_plugin_methods
 
 if TYPE_CHECKING:
     from torch import nn
@@ -48,6 +49,11 @@ class BasePruningMethod(reparam.PruningHook, ABC):
 
     PRUNING_TYPE: ClassVar[str]
     RANKED_BY: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
+        guard_plugin_methods(cls, ("__init__", "compute_mask"))
 
     @abstractmethod
     def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:

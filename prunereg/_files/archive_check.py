@@ -5,7 +5,8 @@ torch file's entries take the room they declare. An archive with compressed
 entries cannot come from ``torch.save``, and it may be a zip bomb: a few
 megabytes that torch would inflate into gigabytes of memory. Such archives are
 refused, as are archives whose entries declare more than the file holds or
-more than this machine's memory, and TorchScript archives (which are no state
+more than this machine's memory, archives whose directory cannot be read (so
+their sizes cannot be checked), and TorchScript archives (which are no state
 dicts, and which ``torch.load(weights_only=True)`` refuses after a warning).
 """
 
@@ -16,6 +17,7 @@ import zipfile
 from typing import BinaryIO
 
 from prunereg._files.errors import CheckpointError, quoted
+from prunereg._text import describe
 
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -23,9 +25,11 @@ ZIP_MAGIC = b"PK\x03\x04"
 def check_torch_archive(handle: BinaryIO, path: str | os.PathLike[str]) -> None:
     """Raise :class:`CheckpointError` for a zip archive that ``torch.save`` cannot have written.
 
-    Files that are no zip archive (torch's legacy format, or garbage) and
-    archives too damaged to list are left to ``torch.load`` to judge. ``handle``
-    is left at the file's start.
+    Files that are no zip archive (torch's legacy format, or garbage) are left
+    to ``torch.load`` to judge. A zip archive whose directory cannot be read
+    here is refused: torch's own reader is more lenient (it skips a malformed
+    extra field, say) and would inflate entries whose sizes were never
+    checked. ``handle`` is left at the file's start.
     """
     handle.seek(0)
     if handle.read(len(ZIP_MAGIC)) != ZIP_MAGIC:
@@ -34,8 +38,12 @@ def check_torch_archive(handle: BinaryIO, path: str | os.PathLike[str]) -> None:
     try:
         with zipfile.ZipFile(handle) as archive:
             entries = archive.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError):
-        return
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError) as error:
+        raise CheckpointError(
+            f"cannot read {quoted(path)} as a torch file (truncated or not a torch file?): "
+            f"its zip directory cannot be read ({describe(error)}), so the sizes of its entries cannot be "
+            "checked; refusing to load it"
+        ) from error
     finally:
         handle.seek(0)
     if any(entry.filename.endswith("/constants.pkl") for entry in entries):  # torch.jit.save's mark

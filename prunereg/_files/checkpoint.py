@@ -1,9 +1,10 @@
 """Model files on disk: read their tensors, write them back with everything else kept.
 
 Two formats: ``.safetensors`` (through the safetensors package, header metadata
-kept) and torch files (``.pt``, ``.pth``, ``.bin``) holding a state dict, or a
-checkpoint dict with the state dict under ``state_dict`` or ``model`` (every
-other entry is carried over as it was). Only regular files are read; torch
+kept) and torch files (``.pt``, ``.pth``, ``.bin``, Lightning's ``.ckpt``)
+holding a state dict, or a checkpoint dict with the state dict under
+``state_dict`` (Lightning's place) or ``model`` (every other entry is carried
+over as it was). Only regular files are read; torch
 files are read with ``torch.load(weights_only=True)`` only, so loading a file
 never runs its pickle, and only after their zip directory shows no zip bomb.
 """
@@ -28,7 +29,7 @@ from prunereg._text import describe
 
 SAFETENSORS = "safetensors"
 TORCH = "torch"
-FORMATS = {".safetensors": SAFETENSORS, ".pt": TORCH, ".pth": TORCH, ".bin": TORCH}
+FORMATS = {".safetensors": SAFETENSORS, ".pt": TORCH, ".pth": TORCH, ".bin": TORCH, ".ckpt": TORCH}
 STATE_DICT_KEYS = ("state_dict", "model")
 
 
@@ -123,7 +124,29 @@ def _read_torch(path: Path) -> Checkpoint:
                 "where a state dict has parameter names (str)"
             )
     tensors = {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+    for name, tensor in tensors.items():
+        _refuse_more_entries_than_stored(path, name, tensor)
     return Checkpoint(path, TORCH, tensors, content=content, key=key)
+
+
+def _refuse_more_entries_than_stored(path: Path, name: str, tensor: torch.Tensor) -> None:
+    """Refuse a tensor that declares more entries than its storage holds (an expanded, stride-0 view).
+
+    A few bytes stored can declare billions of entries that every computation
+    on the tensor would materialize; a state dict saved from a model never
+    holds such a view, so the work is bounded by the bytes the file stores.
+    """
+    if tensor.numel() == 0 or tensor.is_meta:
+        return
+    declared = tensor.numel() * tensor.element_size()
+    stored = tensor.untyped_storage().nbytes()
+    if declared > stored:
+        shape = "x".join(map(str, tensor.shape))
+        raise CheckpointError(
+            f"{quoted(path)} is not a state dict a model saved: its tensor {name!r} declares {tensor.numel():,} "
+            f"entries ({shape}, strides {tuple(tensor.stride())}) over {stored:,} stored bytes, a view repeating "
+            "its data; refusing to compute with it"
+        )
 
 
 def _refusal_reason(message: str) -> str:

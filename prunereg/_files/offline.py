@@ -11,6 +11,7 @@ on what the old mask left, as in a ``PruningContainer``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,19 @@ from prunereg._core.method import BasePruningMethod
 from prunereg._distributed.remaining import combine_masks
 from prunereg._files import checkpoint as _checkpoint
 from prunereg._plugins.loading import registry
-from prunereg._plugins.registry import constructor_parameters
+from prunereg._plugins.registry import (
+    MASK_KINDS,
+    PluginError,
+    PluginWarning,
+    UnknownMethodError,
+    constructor_parameters,
+)
 from prunereg._text import describe
 
 MethodFactory = Callable[[], BasePruningMethod]
 
 
-class OfflinePruningError(Exception):
+class OfflinePruningError(ValueError):
     """A pruning request that cannot be carried out, said in one line."""
 
 
@@ -41,19 +48,68 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     """A function building a new registered method ``name`` with ``arguments`` on each call.
 
     Everything that can be checked without a tensor is checked now: the name
-    (:class:`prunereg.UnknownMethodError`), the argument names against the
-    constructor's signature, the values (the method's own validation), and
-    that a method pruning tensors ``together`` is ``"unstructured"`` (torch's rule).
+    (:class:`prunereg.UnknownMethodError`, naming the methods a file can be
+    pruned with), the argument names against the constructor's signature, the
+    values (the method's own validation), and that a method pruning tensors
+    ``together`` is ``"unstructured"`` (torch's rule). A method of another
+    kind prunes files through its ``as_mask_method()`` (a calibrated method
+    that needs no calibration); one that cannot is refused with the command
+    that runs it.
     """
-    cls: type[BasePruningMethod] = registry().resolve(name)
+    methods = registry()
+    try:
+        cls: Any = methods.resolve(name)  # a mask method class, or a calibrated one
+    except UnknownMethodError as error:
+        if name in methods.methods or name in methods.qualified:
+            raise  # registered but unavailable: the registry says why
+        raise UnknownMethodError(
+            f"{str(error).partition(' (known: ')[0]} (known: {', '.join(file_methods())})"
+        ) from None
     if together and cls.PRUNING_TYPE != "unstructured":
         raise OfflinePruningError(f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}")
     _check_arguments(name, cls, arguments)
     try:
-        cls(**arguments)
+        as_mask(name, cls(**arguments))
     except (TypeError, ValueError) as error:
+        if isinstance(error, OfflinePruningError):
+            raise
         raise OfflinePruningError(f"bad arguments for method {name!r}: {error}") from error
-    return lambda: cls(**arguments)
+    return lambda: as_mask(name, cls(**arguments))
+
+
+def as_mask(name: str, method: object) -> BasePruningMethod:
+    """``method`` as a mask method, or :class:`OfflinePruningError` saying where it runs instead."""
+    if isinstance(method, BasePruningMethod):
+        return method
+    convert = getattr(method, "as_mask_method", None)
+    if convert is None:
+        raise OfflinePruningError(f"method {name!r} is no mask method; it cannot prune a model file")
+    try:
+        return convert()
+    except ValueError as error:
+        raise OfflinePruningError(
+            f"method {name!r} needs calibration data, which a model file does not hold ({error}): run it on a "
+            f"model folder with prunereg oneshot (prunereg.oneshot in Python)"
+        ) from error
+
+
+def file_methods() -> list[str]:
+    """The names of the registered methods that prune model files: mask methods, and those needing no calibration."""
+    methods = registry()
+    found = []
+    for name in methods.names():
+        if methods.info(name).kind in MASK_KINDS:
+            found.append(name)
+            continue
+        with warnings.catch_warnings():  # a method that fails to import is simply not listed here
+            warnings.simplefilter("ignore", PluginWarning)
+            try:
+                cls = methods.resolve(name)
+            except (UnknownMethodError, PluginError):
+                continue
+        if getattr(cls, "runs_without_calibration", lambda: False)():
+            found.append(name)
+    return found
 
 
 def _check_arguments(name: str, cls: type[BasePruningMethod], arguments: Mapping[str, Any]) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from prunereg._files.dtypes import is_prunable
+from prunereg._text import printable
 
 NOT_FLOATING = "not floating point"
 UNPRUNABLE_DTYPE = "of a dtype pruning cannot compute with"
@@ -87,7 +88,7 @@ class Selection:
         groups += [(f"skipped {len(names)}, {reason}", names) for reason, names in by_reason.items()]
         lines = []
         for heading, names in groups:
-            entries = shorten(names, limit)
+            entries = [printable(entry) for entry in shorten(names, limit)]  # names from a file: no escapes
             inline = f"  {heading}: {', '.join(entries)}"
             lines += [inline] if len(inline) <= width else [f"  {heading}:"] + [f"    {entry}" for entry in entries]
         return lines

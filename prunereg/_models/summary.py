@@ -10,14 +10,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunereg._core.method import BasePruningMethod
+from prunereg._models.grouping import GroupedSummary, grouped
+from prunereg._models.table import aligned, bar, percent
 from prunereg._plugins.loading import registry
+from prunereg._text import printable
 
 PRUNING_HOOKS = (BasePruningMethod, torch_prune.BasePruningMethod)
 
@@ -79,11 +82,21 @@ class Summary:
         total = {"numel": self.numel, "zeros": self.zeros, "sparsity": self.sparsity}
         return {"tensors": self.as_dicts(), "total": total}
 
+    def grouped(self, by: str) -> GroupedSummary:
+        """The rows summed per block (``by="block"``) or per type (``by="type"``); see :func:`summary`."""
+        return grouped(self.rows, by)
+
     def __str__(self) -> str:
         return format_table(self)
 
 
-def summary(module: nn.Module) -> Summary:
+@overload
+def summary(module: nn.Module, by: None = None) -> Summary: ...
+@overload
+def summary(module: nn.Module, by: str) -> GroupedSummary: ...
+
+
+def summary(module: nn.Module, by: str | None = None) -> Summary | GroupedSummary:
     """The sparsity of every parameter of ``module``, and of all of them together.
 
     A pruned parameter is listed under its own name (``weight``, not
@@ -94,6 +107,13 @@ def summary(module: nn.Module) -> Summary:
 
         print(prunereg.summary(model))              # a table
         rows = prunereg.summary(model).as_dicts()   # data, JSON-able
+
+    ``by="block"`` sums the rows of each block (``model.layers.3``: the name
+    up to its first layer number), ``by="type"`` those of each tensor type
+    over all blocks (``model.layers.*.self_attn.q_proj.weight``), into a
+    :class:`GroupedSummary` of :class:`GroupSummary` rows: 30 rows instead
+    of 270 for a 30-layer model. Names without a layer number (embeddings,
+    the head) stay rows of their own.
 
     Raises ``ValueError`` for parameters on the meta device (they hold no values).
     """
@@ -117,7 +137,7 @@ def summary(module: nn.Module) -> Summary:
             effective = parameter * getattr(submodule, tensor_name + "_mask")
             name = f"{prefix}.{tensor_name}" if prefix else tensor_name
             rows.append(tensor_summary(name, effective, names.of(hook), dtype=parameter.dtype))
-    return Summary(tuple(rows))
+    return Summary(tuple(rows)) if by is None else grouped(rows, by)
 
 
 def tensor_summary(
@@ -179,44 +199,19 @@ def format_table(report: Summary) -> str:
     lines = [header]
     for row in report.rows:
         line = [
-            row.name,
+            printable(row.name),
             "x".join(map(str, row.shape)) or "scalar",
             row.dtype,
             f"{row.numel:,}",
             f"{row.zeros:,}",
-            _percent(row.sparsity),
-            _bar(row.sparsity),
+            percent(row.sparsity),
+            bar(row.sparsity),
         ]
-        lines.append(line + (["+".join(row.pruned_by)] if with_methods else []))
-    total = [
-        "total",
-        "",
-        "",
-        f"{report.numel:,}",
-        f"{report.zeros:,}",
-        _percent(report.sparsity),
-        _bar(report.sparsity),
-    ]
+        lines.append(line + ([printable("+".join(row.pruned_by))] if with_methods else []))
+    total = ["total", "", "", f"{report.numel:,}", f"{report.zeros:,}", percent(report.sparsity), bar(report.sparsity)]
     lines.append(total + ([""] if with_methods else []))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    right_aligned = {3, 4, 5}
-    return "\n".join(
-        "  ".join(
-            cell.rjust(width) if i in right_aligned else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(line, widths))
-        ).rstrip()
-        for line in lines
-    )
+    return aligned(lines, right_aligned={3, 4, 5})
 
 
 def _sparsity(zeros: int, numel: int) -> float:
     return zeros / numel if numel else 0.0
-
-
-def _percent(sparsity: float) -> str:
-    return f"{100 * sparsity:.1f}%"
-
-
-def _bar(sparsity: float, width: int = 10) -> str:
-    filled = round(sparsity * width)
-    return "[" + "#" * filled + "." * (width - filled) + "]"

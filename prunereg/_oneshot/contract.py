@@ -22,6 +22,9 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
+from prunereg._core.method import BasePruningMethod
+from prunereg._plugins.isolation import guard_plugin_methods
+
 KIND = "calibrated"
 
 #: The statistics an engine knows how to gather; ``STATISTICS`` is a subset.
@@ -101,6 +104,8 @@ class CalibratedMethod(ABC):
         unknown = set(cls.STATISTICS) - STATISTIC_NAMES
         if unknown:
             raise TypeError(f"{cls.__name__}.STATISTICS names unknown statistics: {', '.join(sorted(unknown))}")
+        # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
+        guard_plugin_methods(cls, ("__init__", "prune_group"))
 
     def __repr__(self) -> str:
         if self.pattern is None:
@@ -120,6 +125,29 @@ class CalibratedMethod(ABC):
         any, overrides it). Each layer keeps its own selection; work the layers share is
         done once for the group. The inputs are left untouched.
         """
+
+    @classmethod
+    def runs_without_calibration(cls) -> bool:
+        """Whether this method prunes a weight from its values alone: it asks for no statistics, updates no weights.
+
+        Such a method (``magnitude``) also prunes model files, ``prunereg prune``
+        and :func:`prunereg.prune_file`, through :meth:`as_mask_method`.
+        """
+        return not cls.STATISTICS and not cls.UPDATES_WEIGHTS
+
+    def as_mask_method(self) -> BasePruningMethod:
+        """This method as a mask method pruning one tensor on its own, for model files without a model.
+
+        The tensor is pruned as a matrix ``[shape[0], rest]`` in float32 by
+        :meth:`prune_group` with empty statistics, to this method's own
+        sparsity (or pattern); an earlier mask is kept, and its zeros count
+        toward the sparsity. Raises ``ValueError`` unless
+        :meth:`runs_without_calibration`: statistics come from running the model.
+        """
+        if not self.runs_without_calibration():
+            needs = f"the statistics {', '.join(sorted(self.STATISTICS))}" if self.STATISTICS else "weight updates"
+            raise ValueError(f"{type(self).__name__} asks for {needs}")
+        return LoneTensorMethod(self)
 
     def check_group(
         self,
@@ -163,3 +191,26 @@ class CalibratedMethod(ABC):
                 raise ValueError(f"{type(self).__name__} needs the statistic {name!r}, which is missing")
             if tuple(value.shape) != expected[name]:
                 raise ValueError(f"statistic {name!r} has shape {tuple(value.shape)}, expected {expected[name]}")
+
+
+class LoneTensorMethod(BasePruningMethod):
+    """A calibrated method that needs no calibration, as a mask method for tensors without their model.
+
+    ``PRUNING_TYPE`` is ``"global"``: on a tensor pruned before it sees the
+    whole tensor and the earlier mask, whose zeros stay zero.
+    """
+
+    PRUNING_TYPE = "global"
+
+    def __init__(self, method: CalibratedMethod) -> None:
+        self.method = method
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        if t.dim() < 2:
+            raise ValueError(f"{type(self.method).__name__} prunes matrices, not tensors of shape {list(t.shape)}")
+        matrix = (t * default_mask).detach().reshape(t.shape[0], -1).to(torch.float32)
+        [result] = self.method.prune_group([matrix], LayerStatistics(n_tokens=0), [self.method.sparsity])
+        return result.mask.reshape(t.shape).to(device=default_mask.device, dtype=default_mask.dtype) * default_mask
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.method!r})"

@@ -41,9 +41,11 @@ def test_list_shows_a_table_of_every_method(use_plugins) -> None:
     result = run("list")
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "KIND", "PACKAGE", "VERSION", "SUMMARY"]
-    assert lines[1].split()[:4] == ["custom_from_mask", "global", "prunereg", prunereg.__version__]
-    assert "keep                 unstructured  prunereg-good  1.0      Keep everything" in result.stdout
+    assert lines[0].split() == ["NAME", "KIND", "RUNS", "WITH", "PACKAGE", "VERSION", "SUMMARY"]
+    assert lines[1].split()[:5] == ["custom_from_mask", "global", "prune", "prunereg", prunereg.__version__]
+    assert "keep                 unstructured  prune, prune --global  prunereg-good  1.0      Keep everything" in (
+        result.stdout
+    )
     assert len(lines) == 8
 
 
@@ -51,10 +53,11 @@ def test_list_json_is_a_flat_list_with_every_key_present(use_plugins) -> None:
     use_plugins(builtins(), plugin("good", method("keep"), package="prunereg-good"))
     rows = json.loads(run("list", "--json").stdout)
     assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)
-    assert all(set(row) == METHOD_KEYS for row in rows)
+    assert all(set(row) == METHOD_KEYS | {"runs_with"} for row in rows)
     assert {
         "name": "keep",
         "kind": "unstructured",
+        "runs_with": "prune, prune --global",
         "summary": "The fake keep",
         "plugin": "good",
         "package": "prunereg-good",
@@ -73,6 +76,7 @@ def test_list_json_keeps_null_keys_for_in_process_methods() -> None:
     assert local == {
         "name": "keep_local",
         "kind": "unstructured",
+        "runs_with": "prune, prune --global",
         "summary": "Prune nothing (a fake unstructured method).",
         "plugin": "local",
         "package": None,
@@ -154,9 +158,10 @@ def test_info_describes_a_method(use_plugins) -> None:
     use_plugins(builtins())
     result = run("info", "ln_structured")
     assert result.exit_code == 0
-    assert result.stdout.splitlines()[:3] == [
+    assert result.stdout.splitlines()[:4] == [
         "ln_structured (structured): Prune whole channels along a dim with the lowest Ln-norm",
         f"from plugin 'builtins' (prunereg {prunereg.__version__}), class prunereg_builtins.structured:LnStructured",
+        "runs with: prunereg prune",
         "parameters: amount: numbers.Real, n: int | float | str, dim: int = -1",
     ]
     assert "lowest ``n``-norm" in result.stdout
@@ -165,7 +170,8 @@ def test_info_describes_a_method(use_plugins) -> None:
 def test_info_json(use_plugins) -> None:
     use_plugins(builtins())
     details = json.loads(run("info", "builtins:random_structured", "--json").stdout)
-    assert set(details) == METHOD_KEYS | {"doc", "parameters"}
+    assert set(details) == METHOD_KEYS | {"runs_with", "doc", "parameters"}
+    assert details["runs_with"] == ["prune"]
     assert details["doc"].startswith("Prune ``amount`` channels")
     assert details["parameters"] == [
         {"name": "amount", "annotation": "numbers.Real", "default": None, "required": True},
@@ -266,6 +272,7 @@ def test_the_console_script_lists_the_installed_builtins() -> None:
     assert rows["l1_unstructured"] == {
         "name": "l1_unstructured",
         "kind": "unstructured",
+        "runs_with": "prune, prune --global",
         "summary": "Prune the entries of smallest absolute value",
         "plugin": "builtins",
         "package": "prunereg",

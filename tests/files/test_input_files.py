@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -164,6 +165,90 @@ def test_an_archive_declaring_more_than_the_memory_is_refused(tmp_path: Path, mo
         _checkpoint.read(path)
     monkeypatch.setattr(archive_check, "physical_memory", lambda: 2**21)
     assert torch.equal(_checkpoint.read(path).tensors["w"], torch.ones(256, 1024))
+
+
+def _with_a_malformed_extra_field(path: Path) -> None:
+    """Give the first entry of the zip directory of ``path`` an extra field that Python's zipfile cannot parse.
+
+    The field declares 16 bytes and holds 4; torch's reader skips it and reads the archive anyway.
+    """
+    data = path.read_bytes()
+    end = data.rindex(b"PK\x05\x06")
+    directory_size, directory_offset = struct.unpack_from("<II", data, end + 12)
+    name_length, extra_length = struct.unpack_from("<HH", data, directory_offset + 28)
+    assert extra_length == 0
+    malformed = struct.pack("<HH", 0x0001, 16) + bytes(4)
+    entry = bytearray(data[directory_offset : directory_offset + 46 + name_length])
+    struct.pack_into("<H", entry, 30, len(malformed))
+    patched = bytearray(data[:directory_offset] + entry + malformed + data[directory_offset + 46 + name_length :])
+    struct.pack_into("<I", patched, patched.rindex(b"PK\x05\x06") + 12, directory_size + len(malformed))
+    path.write_bytes(bytes(patched))
+
+
+@pytest.mark.parametrize("command", ["report", "prune"])
+def test_a_zip_bomb_whose_directory_python_cannot_read_is_refused_unread(tmp_path: Path, command: str) -> None:
+    """Issue 20, item 9: the size check was skipped when zipfile failed, and torch inflated the bomb."""
+    path = tmp_path / "bomb.pt"
+    torch.save({"w": torch.zeros(4, 2**20)}, path)  # 16 MiB of zeros
+    _rezipped(path, zipfile.ZIP_DEFLATED)
+    _with_a_malformed_extra_field(path)
+    assert path.stat().st_size < 2**16
+    assert torch.load(path, weights_only=True)["w"].shape == (4, 2**20)  # what torch alone would do
+    args = ["prune", path, tmp_path / "out.pt", "--method", "identity"] if command == "prune" else ["report", path]
+    _assert_one_line_error(
+        _invoke(*args),
+        f"cannot read '{path}' as a torch file (truncated or not a torch file?): its zip directory cannot be read "
+        "(BadZipFile: Corrupt extra field 0001 (size=16)), so the sizes of its entries cannot be checked; "
+        "refusing to load it",
+    )
+    assert os.listdir(tmp_path) == ["bomb.pt"]
+
+
+@pytest.mark.parametrize("command", ["report", "prune"])
+def test_a_tensor_declaring_more_entries_than_it_stores_is_refused(tmp_path: Path, command: str) -> None:
+    """Issue 20, item 10: a stride-0 view of 4 bytes declaring 16 M entries (the issue's was 2.6 GB from 1.5 KB)."""
+    path = tmp_path / "expanded.pt"
+    torch.save({"layer.weight": torch.zeros(1).expand(4096, 4096), "other.weight": torch.ones(4, 4)}, path)
+    assert path.stat().st_size < 4096
+    args = ["prune", path, tmp_path / "out.pt", "--method", "identity"] if command == "prune" else ["report", path]
+    _assert_one_line_error(
+        _invoke(*args),
+        f"'{path}' is not a state dict a model saved: its tensor 'layer.weight' declares 16,777,216 entries "
+        "(4096x4096, strides (0, 0)) over 4 stored bytes, a view repeating its data; refusing to compute with it",
+    )
+    assert os.listdir(tmp_path) == ["expanded.pt"]
+
+
+def test_report_counts_a_tensor_stored_under_many_names_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One stored tensor under a thousand names costs one count, not a thousand: the work follows the bytes stored."""
+    from prunereg._models import summary as _summary
+
+    weight = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    path = tmp_path / "many.pt"
+    torch.save({f"layer{index}.weight": weight for index in range(1000)}, path)
+    counted: list[str] = []
+    real = _summary.tensor_summary
+
+    def counting(name: str, *args: object, **kwargs: object) -> _summary.TensorSummary:
+        counted.append(name)
+        return real(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_summary, "tensor_summary", counting)
+    result = _invoke("report", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert counted == ["layer0.weight"]
+    report = json.loads(result.stdout)
+    assert [row["name"] for row in report["tensors"]] == [f"layer{index}.weight" for index in range(1000)]
+    assert {row["zeros"] for row in report["tensors"]} == {2} and report["total"]["zeros"] == 2000
+
+
+def test_views_within_their_storage_are_read(tmp_path: Path) -> None:
+    """Slices, transposes and tied names address no more than their storage holds: they are read as they are."""
+    base = torch.arange(12.0).reshape(3, 4)
+    path = tmp_path / "views.pt"
+    torch.save({"base": base, "slice": base[:, :2], "transposed": base.t(), "tied": base}, path)
+    tensors = _checkpoint.read(path).tensors
+    assert torch.equal(tensors["slice"], base[:, :2]) and torch.equal(tensors["transposed"], base.t())
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")

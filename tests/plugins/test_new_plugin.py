@@ -63,6 +63,7 @@ def test_a_generated_plugin_installs_registers_and_passes_its_own_tests(tmp_path
         "package": "prunereg-demo-kit",
         "version": "0.1.0",
         "target": "prunereg_demo_kit.method:DemoKitPruning",
+        "runs_with": "prune, prune --global",
     } in json.loads(listed.stdout)
 
     tests = run([sys.executable, *shlex.split(test)[1:], "-q", "-p", "no:cacheprovider"], tmp_path, PYTHONPATH=path)

@@ -10,8 +10,9 @@ allows works), and put in place once every file is written:
 - with ``replace``, by ``os.replace``, keeping the replaced file's permissions.
 
 A reader sees no file or the complete new one. On any error, and on
-``KeyboardInterrupt`` or :mod:`prunereg._cli.interrupt`'s signals, every
+``KeyboardInterrupt`` or :mod:`prunereg._files.interrupt`'s signals, every
 temporary file is removed, and every target this run created is taken back.
+:func:`prunereg.prune_file` and the ``prunereg`` commands write through it.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ class AtomicOutputs:
 
     Used as a context manager: :meth:`stage` writes each file; leaving the
     block normally puts them all in place, leaving it by an exception removes
-    them. ``replace`` allows replacing existing targets (the CLI's ``--force``).
+    them. ``replace`` allows replacing existing targets (the CLI's ``--force``);
+    ``force_hint`` ends the message about a target that exists without it.
     """
 
-    def __init__(self, *, replace: bool) -> None:
+    def __init__(self, *, replace: bool, force_hint: str = "pass --force to replace it") -> None:
         self._replace = replace
+        self._force_hint = force_hint
         self._staged: list[_Staged] = []
 
     def stage(self, label: str, target: Path, write: Callable[[str], object]) -> None:
@@ -94,34 +97,34 @@ class AtomicOutputs:
                 os.replace(staged.temporary, staged.target)
             else:
                 os.chmod(staged.temporary, default_mode)
-                staged.created = _place_new(staged)
+                staged.created = _place_new(staged, self._force_hint)
 
     def _take_back(self) -> None:
         """Remove the targets this run created without ``replace`` (a replaced file cannot come back)."""
         for staged in self._staged:
-            if staged.created is not None and _identity(staged.target) == staged.created:
+            if staged.created is not None and identity(staged.target) == staged.created:
                 _remove(str(staged.target))
 
 
-def _place_new(staged: _Staged) -> tuple[int, int] | None:
+def _place_new(staged: _Staged, force_hint: str) -> tuple[int, int] | None:
     """Give the temporary file the target's name, failing if that name exists by now; the new file's identity."""
     try:
         os.link(staged.temporary, staged.target)
-        return _identity(staged.temporary)
+        return identity(staged.temporary)
     except FileExistsError:
-        raise _exists(staged) from None
+        raise _exists(staged, force_hint) from None
     except OSError as error:
         if error.errno not in _NO_HARD_LINKS:
             raise
-    return _copy_exclusively(staged)
+    return _copy_exclusively(staged, force_hint)
 
 
-def _copy_exclusively(staged: _Staged) -> tuple[int, int]:
+def _copy_exclusively(staged: _Staged, force_hint: str) -> tuple[int, int]:
     """Without hard links: create the target exclusively and copy into it (readers may see it grow)."""
     try:
         fd = os.open(staged.target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     except FileExistsError:
-        raise _exists(staged) from None
+        raise _exists(staged, force_hint) from None
     try:
         with os.fdopen(fd, "wb") as destination, open(staged.temporary, "rb") as source:
             created = os.fstat(destination.fileno())
@@ -136,8 +139,8 @@ def _copy_exclusively(staged: _Staged) -> tuple[int, int]:
     return created.st_dev, created.st_ino
 
 
-def _exists(staged: _Staged) -> CheckpointError:
-    return CheckpointError(f"{staged.label} {quoted(staged.target)} exists; pass --force to replace it")
+def _exists(staged: _Staged, force_hint: str) -> CheckpointError:
+    return CheckpointError(f"{staged.label} {quoted(staged.target)} exists; {force_hint}")
 
 
 def _mode_of(target: Path, default: int) -> int:
@@ -149,7 +152,8 @@ def _mode_of(target: Path, default: int) -> int:
     return stat.S_IMODE(status.st_mode) & 0o777 if stat.S_ISREG(status.st_mode) else default
 
 
-def _identity(path: Path | str) -> tuple[int, int] | None:
+def identity(path: Path | str) -> tuple[int, int] | None:
+    """``(device, inode)`` of what is at ``path`` (links not followed), or None if nothing is."""
     try:
         status = os.stat(path, follow_symlinks=False)
     except OSError:

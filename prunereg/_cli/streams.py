@@ -1,0 +1,80 @@
+"""prunereg's own stdout and stderr, which nothing else in the process can write to, close or redirect.
+
+A command's output is the program's contract (``--json`` must parse), but
+plugins and libraries share the process: they print to ``sys.__stdout__``,
+print from ``atexit`` handlers, replace or close ``sys.stdout``. So for the
+length of a command, :func:`own_streams` takes private duplicates of the file
+descriptors of stdout and stderr before any plugin loads, makes
+``sys.stdout``/``sys.stderr`` (which click and prunereg write to) file objects
+on those duplicates, and points file descriptor 1 itself at stderr: whatever
+anyone else writes to stdout, through any object or straight to the
+descriptor, lands on stderr. When the program ends after the command (click's
+standalone mode), descriptor 1 stays pointed at stderr, so ``atexit`` output
+does too; otherwise it is restored.
+
+Where stdout and stderr are no real descriptors (a test runner's capture, a
+notebook), the streams are left as they are: plugin code still prints to
+stderr (:mod:`prunereg._plugins.isolation`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+STDOUT, STDERR = 1, 2
+
+
+@contextlib.contextmanager
+def own_streams(*, until_exit: bool) -> Iterator[None]:
+    """Run a command with prunereg's output on private duplicates of stdout and stderr (see the module).
+
+    ``until_exit``: the process ends after the block, so descriptor 1 keeps
+    pointing at stderr for whatever runs at exit.
+    """
+    if not _real_standard_streams():
+        yield
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    own_out = _duplicate(sys.stdout, STDOUT)
+    own_err = _duplicate(sys.stderr, STDERR)
+    os.dup2(STDERR, STDOUT)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = own_out, own_err
+    try:
+        yield
+    finally:
+        for stream in (own_out, own_err):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        sys.stdout, sys.stderr = saved
+        if not until_exit:
+            os.dup2(own_out.fileno(), STDOUT)
+        own_out.close()
+        own_err.close()
+
+
+def _real_standard_streams() -> bool:
+    """Whether ``sys.stdout`` and ``sys.stderr`` are the process's own, on descriptors 1 and 2."""
+    stdout: TextIO | None = sys.stdout
+    stderr: TextIO | None = sys.stderr
+    try:
+        descriptors = (stdout.fileno(), stderr.fileno()) if stdout and stderr else None
+    except (AttributeError, OSError, ValueError):
+        return False
+    return descriptors == (STDOUT, STDERR) and stdout is sys.__stdout__ and stderr is sys.__stderr__
+
+
+def _duplicate(stream: TextIO, descriptor: int) -> TextIO:
+    """A text file object like ``stream`` on a private duplicate of ``descriptor``."""
+    return open(  # closed by own_streams
+        os.dup(descriptor),
+        "w",
+        encoding=stream.encoding,
+        errors=stream.errors,
+        buffering=1 if stream.line_buffering else -1,
+    )
