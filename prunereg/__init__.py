@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from prunereg._core.method import BasePruningMethod, PruningContainer
     from prunereg._core.reparam import is_pruned
     from prunereg._core.tied import remove
-    from prunereg._files.errors import CheckpointError
+    from prunereg._disk.errors import CheckpointError
     from prunereg._files.file_pruning import PruneFileReport, prune_file
     from prunereg._files.offline import apply_masks
     from prunereg._models.grouping import GroupedSummary, GroupSummary
@@ -78,7 +78,7 @@ __all__ = [
 _LAZY = {
     "BasePruningMethod": "prunereg._core.method",
     "CalibratedMethod": "prunereg._oneshot.contract",
-    "CheckpointError": "prunereg._files.errors",
+    "CheckpointError": "prunereg._disk.errors",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
     "LayerStatistics": "prunereg._oneshot.contract",

@@ -6,7 +6,7 @@ nothing outside it is read, no weight is made up); the calibration text is
 tokenised whole and its first ``--samples`` x ``--seq-len`` tokens become the
 calibration set. The pruned model, its config and tokenizer (and with
 ``--masks`` the masks) are written to OUTPUT_DIR, which ``from_pretrained``
-loads, through :class:`~prunereg._folders.output.AtomicFolder`: whole or not at
+loads, through :class:`~prunereg._disk.folder.AtomicFolder`: whole or not at
 all. Needs the ``hf`` extra (transformers, accelerate).
 """
 
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._files.interrupt import cleanup_on_signals
+from prunereg._disk.signals import cleanup_on_signals
 from prunereg._oneshot.precision import MATMUL_PRECISIONS
 from prunereg._text import printable
 
 if TYPE_CHECKING:
-    from prunereg._folders.output import AtomicFolder
+    from prunereg._disk.folder import AtomicFolder
     from prunereg._oneshot.report import OneShotReport
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -233,7 +233,7 @@ def _one_line() -> Iterator[None]:
 
 def _output_folder(output_dir: Path, model_dir: Path, force: bool) -> AtomicFolder:
     """OUTPUT_DIR's writer, checked before any work: not MODEL_DIR, not holding it, empty unless --force."""
-    from prunereg._folders.output import AtomicFolder
+    from prunereg._disk.folder import AtomicFolder
 
     folder = AtomicFolder(output_dir, replace=force, keep={"MODEL_DIR": model_dir})
     try:

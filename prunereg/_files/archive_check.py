@@ -16,7 +16,7 @@ import os
 import zipfile
 from typing import BinaryIO
 
-from prunereg._files.errors import CheckpointError, quoted
+from prunereg._disk.errors import CheckpointError, quoted
 from prunereg._text import describe
 
 ZIP_MAGIC = b"PK\x03\x04"

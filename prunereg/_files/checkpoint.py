@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from prunereg._disk.errors import CheckpointError, quoted
 from prunereg._files.archive_check import check_torch_archive
-from prunereg._files.errors import CheckpointError, quoted
 from prunereg._files.input_file import check_regular, open_regular
 from prunereg._text import describe
 

@@ -25,17 +25,18 @@ from typing import Any
 
 import torch
 
+from prunereg._disk.errors import CheckpointError, quoted
+from prunereg._disk.files import AtomicOutputs
+from prunereg._disk.folder import AtomicFolder
+from prunereg._disk.paths import identity, within
+from prunereg._disk.signals import cleanup_on_signals
 from prunereg._files import checkpoint as _checkpoint
 from prunereg._files import offline, shared_storage
 from prunereg._files.dtypes import describe_unprunable, unprunable_floats
-from prunereg._files.errors import CheckpointError, quoted
-from prunereg._files.interrupt import cleanup_on_signals
 from prunereg._files.model_folder import FolderCheckpoint, read_model
 from prunereg._files.offline import OfflinePruningError
-from prunereg._files.output import AtomicOutputs, identity
 from prunereg._files.pruned_state import PrunedState
 from prunereg._files.selection import Selection, select
-from prunereg._folders.output import AtomicFolder
 from prunereg._progress import progress as progress_bar
 from prunereg._text import printable
 
@@ -159,7 +160,7 @@ def prune_file(
     ``source`` is only read; ``target`` (and ``masks``) appear whole or not at
     all, never over an existing file unless ``force``, which replaces it
     atomically. Errors: ``CheckpointError`` for a file that cannot be read or
-    written (``prunereg._files.errors``), ``OfflinePruningError`` (a
+    written (``prunereg._disk.errors``), ``OfflinePruningError`` (a
     ``ValueError``) for a request that cannot be carried out,
     :class:`prunereg.UnknownMethodError` for an unknown method; nothing is
     written then.
@@ -346,8 +347,8 @@ def _check_folder_paths(source: Path, target: Path, masks_path: Path | None, for
     """A model folder is written as a folder, never into the source folder, never over one without force."""
     if target.suffix.lower() in _checkpoint.FORMATS:
         raise CheckpointError(f"{labels.target} {quoted(target)} must be a folder like {labels.source}")
-    if _inside(target, source):
-        where = "is" if _inside(source, target) else "is inside"
+    if within(target, source):
+        where = "is" if within(source, target) else "is inside"
         raise CheckpointError(
             f"{labels.target} {quoted(target)} {where} {labels.source} {quoted(source)}; write the result elsewhere"
         )
@@ -358,18 +359,12 @@ def _check_folder_paths(source: Path, target: Path, masks_path: Path | None, for
     if masks_path is None:
         return
     for label, folder in ((labels.source, source), (labels.target, target)):
-        if _inside(masks_path, folder):
+        if within(masks_path, folder):
             raise CheckpointError(f"{labels.masks} {quoted(masks_path)} is inside {label}; write it elsewhere")
     if _checkpoint.file_format(masks_path) != _checkpoint.SAFETENSORS:
         raise CheckpointError(f"{labels.masks} {quoted(masks_path)} must be a safetensors file")
     if (masks_path.exists() or masks_path.is_symlink()) and not force:
         raise CheckpointError(f"{labels.masks} {quoted(masks_path)} exists; {labels.force_hint}")
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether ``path`` is ``folder`` or lies inside it, links resolved."""
-    real, real_folder = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
-    return real == real_folder or real_folder in real.parents
 
 
 def _why_not_a_directory(path: Path) -> str:

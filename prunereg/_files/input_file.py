@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from prunereg._files.errors import CheckpointError, quoted
+from prunereg._disk.errors import CheckpointError, quoted
 
 _KINDS = {
     stat.S_IFDIR: "a directory",

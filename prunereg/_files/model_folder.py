@@ -4,7 +4,7 @@
 file: the folder that ``save_pretrained`` (or ``prunereg oneshot``) wrote, with
 one ``model.safetensors`` or an index and its shards (``pytorch_model.bin``
 files too). The weight files are the ones transformers reads
-(:func:`prunereg._folders.model_dir.weight_files`), each read as a model file
+(:func:`prunereg._disk.model_dir.weight_files`), each read as a model file
 is (regular files only, ``weights_only``, zip checks), and nothing outside the
 folder is read: a folder holding a link that leads out of it is refused. A
 pruned folder is written with the same files, names and index, and a copy of
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from prunereg._disk.errors import CheckpointError, quoted
+from prunereg._disk.model_dir import UnsafeFolderError, check_links, weight_files
 from prunereg._files import checkpoint as _checkpoint
-from prunereg._files.errors import CheckpointError, quoted
-from prunereg._folders.model_dir import UnsafeFolderError, check_links, weight_files
 
 
 @dataclass

@@ -5,7 +5,7 @@
   names the folder's own ``.py`` files loads with transformers' built-in
   classes or is refused with a ``ValueError``; transformers never asks on the
   terminal and never reads stdin.
-- Nothing outside the folder is read (:func:`prunereg._folders.model_dir.check_links`).
+- Nothing outside the folder is read (:func:`prunereg._disk.model_dir.check_links`).
 - Weights the model has but the folder lacks (transformers would initialise
   them at random) and weights the folder has but the model lacks are refused.
 - ``quantization_config`` with ``quant_method: gguf`` over the folder's plain
@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import nn
 
-from prunereg._folders.model_dir import check_links, weight_files
+from prunereg._disk.model_dir import check_links, weight_files
 from prunereg._text import quoted
 
 CONFIG_NAME = "config.json"

@@ -39,7 +39,7 @@ from prunereg._core import reparam
 from prunereg._core import tied as _tied
 from prunereg._core.compact import require_binary
 from prunereg._core.custom import CustomFromMask
-from prunereg._folders.model_dir import check_links, safetensors_weight_map, weight_files
+from prunereg._disk.model_dir import check_links, safetensors_weight_map, weight_files
 from prunereg._text import quoted
 
 MASKS_FILE = "prunereg_masks.safetensors"

@@ -7,7 +7,7 @@ output folder as its own shard and emptied again. Peak memory: the weights
 outside the blocks, one block, and one block's calibration activations. The
 output folder holds the other files of the input folder (config, tokenizer) and
 an index, so ``from_pretrained`` loads it. It is written through
-:class:`~prunereg._folders.output.AtomicFolder`: whole, or not at all.
+:class:`~prunereg._disk.folder.AtomicFolder`: whole, or not at all.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunereg._folders.model_dir import SAFETENSORS_INDEX, check_links, safetensors_weight_map
-from prunereg._folders.output import AtomicFolder
+from prunereg._disk.folder import AtomicFolder
+from prunereg._disk.model_dir import SAFETENSORS_INDEX, check_links, safetensors_weight_map
 from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.contract import CalibratedMethod

@@ -18,9 +18,10 @@ from click.testing import CliRunner, Result
 from safetensors.torch import save_file
 
 from prunereg._cli import main
+from prunereg._disk.files import AtomicOutputs
+from prunereg._disk.paths import TEMPORARY_PREFIX
 from prunereg._files import checkpoint as _checkpoint
 from prunereg._files.checkpoint import CheckpointError
-from prunereg._files.output import TEMPORARY_PREFIX, AtomicOutputs
 from tests.support.processes import small_tmpfs
 
 

@@ -14,7 +14,7 @@ What it promises:
   (the name form of prunereg's temporary files), so the final rename stays on
   one file system and any target name the file system allows works.
 - Leaving the block by an exception (``KeyboardInterrupt`` included, and the
-  signals :mod:`prunereg._cli.interrupt` turns into one) deletes that folder:
+  signals :mod:`prunereg._disk.signals` turns into one) deletes that folder:
   no partial output, nothing that blocks a re-run. SIGKILL cannot be caught and
   may leave it behind; it is safe to delete once no prunereg run is writing there.
 - Without ``replace`` the folder is renamed onto the target name, which the
@@ -49,13 +49,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from prunereg._folders.rename import exchange
+from prunereg._disk.paths import DISK_FULL, TEMPORARY_PREFIX, TEMPORARY_SUFFIX, same, umask, within, write_failure
+from prunereg._disk.rename import exchange
 from prunereg._text import quoted
 
-TEMPORARY_PREFIX = ".prunereg-"
-TEMPORARY_SUFFIX = ".tmp"
-
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 _TAKEN = {errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR}
 # safetensors reports the system's error inside its own message: "... (os error 28)".
 _OS_ERROR_IN_MESSAGE = re.compile(r"\(os error (\d+)\)")
@@ -100,8 +97,8 @@ class AtomicFolder:
         if target.name == "":
             raise IsADirectoryError(f"{self._named()} is the root folder; name a folder to write")
         for name, kept in self.keep.items():
-            if _within(kept, target):
-                where = "is" if _same(kept, target) else "holds"
+            if within(kept, target):
+                where = "is" if same(kept, target) else "holds"
                 raise IsADirectoryError(f"{self._named()} {where} {name} {quoted(kept)}; write to another folder")
         status = _lstat(target)
         if status is not None:
@@ -149,7 +146,7 @@ class AtomicFolder:
                 raise
             return
         _delete(staging)
-        if isinstance(error, Exception) and not isinstance(error, _CannotWrite) and _system_error(error) in _DISK_FULL:
+        if isinstance(error, Exception) and not isinstance(error, _CannotWrite) and _system_error(error) in DISK_FULL:
             raise self._cannot_write(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from error
 
     # -- placing ------------------------------------------------------------------------
@@ -162,7 +159,7 @@ class AtomicFolder:
         for _ in range(_PLACING_ATTEMPTS):
             status = _lstat(self.target)
             if status is None or not self.replace:
-                if self._rename_onto_free_name(staging, mode=0o777 & ~_umask()):
+                if self._rename_onto_free_name(staging, mode=0o777 & ~umask()):
                     break
                 if not self.replace:
                     raise FileExistsError(f"{self._named()} exists and is not empty; {self.replace_hint}")
@@ -214,8 +211,7 @@ class AtomicFolder:
 
     def _cannot_write(self, error: OSError) -> OSError:
         code = error.errno or _system_error(error)
-        reason = f"the disk is full ({os.strerror(code)})" if code in _DISK_FULL else error.strerror or str(error)
-        return _os_error(code, f"cannot write {self._named()}: {reason}")
+        return _os_error(code, f"cannot write {self._named()}: {write_failure(error, code)}")
 
 
 class _CannotWrite(OSError):
@@ -283,21 +279,5 @@ def _has_entries(folder: Path) -> bool:
         return any(True for _ in entries)
 
 
-def _within(inner: Path, outer: Path) -> bool:
-    """Whether ``inner`` is ``outer`` or lies inside it, links resolved."""
-    inner_real, outer_real = Path(os.path.realpath(inner)), Path(os.path.realpath(outer))
-    return inner_real == outer_real or outer_real in inner_real.parents
-
-
-def _same(a: Path, b: Path) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
 def _size(n_bytes: int) -> str:
     return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:.1f} MB"
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current

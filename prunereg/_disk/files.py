@@ -10,7 +10,7 @@ allows works), and put in place once every file is written:
 - with ``replace``, by ``os.replace``, keeping the replaced file's permissions.
 
 A reader sees no file or the complete new one. On any error, and on
-``KeyboardInterrupt`` or :mod:`prunereg._files.interrupt`'s signals, every
+``KeyboardInterrupt`` or :mod:`prunereg._disk.signals`'s signals, every
 temporary file is removed, and every target this run created is taken back.
 :func:`prunereg.prune_file` and the ``prunereg`` commands write through it.
 """
@@ -27,14 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prunereg._files.errors import CheckpointError, quoted
-
-TEMPORARY_PREFIX = ".prunereg-"
-TEMPORARY_SUFFIX = ".tmp"
+from prunereg._disk.errors import CheckpointError
+from prunereg._disk.paths import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, identity, umask, write_failure
+from prunereg._text import quoted
 
 # Hard links refused by the file system itself (FAT, some network and FUSE mounts), not by a name clash.
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV}
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 @dataclass
@@ -65,7 +63,7 @@ class AtomicOutputs:
         try:
             fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
         except OSError as error:  # a read-only or full directory
-            raise CheckpointError(f"cannot write {label} {quoted(target)}: {_reason(error)}") from error
+            raise CheckpointError(f"cannot write {label} {quoted(target)}: {write_failure(error)}") from error
         self._staged.append(_Staged(label, target, temporary))
         os.close(fd)
         try:
@@ -73,7 +71,7 @@ class AtomicOutputs:
             with open(temporary, "rb") as handle:
                 os.fsync(handle.fileno())
         except OSError as error:
-            raise CheckpointError(f"cannot write {label} {quoted(target)}: {_reason(error)}") from error
+            raise CheckpointError(f"cannot write {label} {quoted(target)}: {write_failure(error)}") from error
 
     def __enter__(self) -> AtomicOutputs:
         return self
@@ -90,7 +88,7 @@ class AtomicOutputs:
                 _remove(staged.temporary)
 
     def _place_all(self) -> None:
-        default_mode = 0o666 & ~_umask()
+        default_mode = 0o666 & ~umask()
         for staged in self._staged:
             if self._replace:
                 os.chmod(staged.temporary, _mode_of(staged.target, default_mode))
@@ -134,7 +132,9 @@ def _copy_exclusively(staged: _Staged, force_hint: str) -> tuple[int, int]:
     except BaseException as error:
         _remove(str(staged.target))
         if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write {staged.label} {quoted(staged.target)}: {_reason(error)}") from error
+            raise CheckpointError(
+                f"cannot write {staged.label} {quoted(staged.target)}: {write_failure(error)}"
+            ) from error
         raise
     return created.st_dev, created.st_ino
 
@@ -152,27 +152,6 @@ def _mode_of(target: Path, default: int) -> int:
     return stat.S_IMODE(status.st_mode) & 0o777 if stat.S_ISREG(status.st_mode) else default
 
 
-def identity(path: Path | str) -> tuple[int, int] | None:
-    """``(device, inode)`` of what is at ``path`` (links not followed), or None if nothing is."""
-    try:
-        status = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def _reason(error: OSError) -> str:
-    if error.errno in _DISK_FULL:
-        return f"the disk is full ({os.strerror(error.errno)})"
-    return error.strerror or str(error)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from prunereg._folders import output as output_module
-from prunereg._folders.output import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, AtomicFolder
+from prunereg._disk import folder as folder_module
+from prunereg._disk.folder import AtomicFolder
+from prunereg._disk.paths import TEMPORARY_PREFIX, TEMPORARY_SUFFIX
 
 
 def _umask() -> int:
@@ -92,7 +93,7 @@ def test_replace_swaps_the_folders_and_keeps_the_old_permissions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, can_exchange: bool
 ) -> None:
     if not can_exchange:
-        monkeypatch.setattr(output_module, "exchange", lambda first, second: False)
+        monkeypatch.setattr(folder_module, "exchange", lambda first, second: False)
     target = tmp_path / "out"
     target.mkdir()
     _fill(target, "old")
@@ -117,10 +118,10 @@ def test_replace_is_one_step_where_the_system_can_exchange(tmp_path: Path, monke
         renamed.append((str(source), str(destination)))
         real_rename(source, destination)
 
-    monkeypatch.setattr(output_module.os, "rename", recording_rename)
+    monkeypatch.setattr(folder_module.os, "rename", recording_rename)
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir(), second.mkdir()
-    if not output_module.exchange(first, second):
+    if not folder_module.exchange(first, second):
         pytest.skip("this file system cannot exchange two paths")
     first.rmdir(), second.rmdir()
     with AtomicFolder(target, replace=True) as staging:

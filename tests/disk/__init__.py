@@ -1,0 +1,1 @@
+"""Where prunereg touches the disk: outputs written whole or not at all, model folders read without leaving them."""
