@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from prunereg._oneshot.perplexity import perplexity
     from prunereg._oneshot.report import OneShotReport
     from prunereg._oneshot.streaming import oneshot_folder
-    from prunereg._plugins.hookspec import hookimpl
+    from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
 
 __version__ = "0.1.0"
@@ -44,6 +44,7 @@ __all__ = [
     "PluginWarning",
     "PrunedWeight",
     "PruningContainer",
+    "Register",
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
@@ -78,6 +79,7 @@ _LAZY = {
     "PluginWarning": "prunereg._plugins.registry",
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
+    "Register": "prunereg._plugins.hookspec",
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",

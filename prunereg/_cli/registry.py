@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._plugins.registry import KINDS, constructor_parameters
+from prunereg._plugins.kinds import kind_names
+from prunereg._plugins.registry import constructor_parameters
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
-@click.option("--kind", type=click.Choice(KINDS), help="Only methods of this kind.")
+@click.option("--kind", type=click.Choice(kind_names()), help="Only methods of this kind.")
 def list_command(as_json: bool, kind: str | None) -> None:
     """List the registered pruning methods."""
     registry = _loaded_registry()

@@ -336,3 +336,36 @@ def test_set_up_installs_what_ci_installs(page: Path) -> None:
         "python3 -m venv .venv && . .venv/bin/activate",
         'pip install -c constraints.txt -e ".[dev]" && prunereg list',
     ]
+
+
+def _generated_tables_module():
+    spec = importlib.util.spec_from_file_location("generated", DOCS / "_ext" / "generated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("page", "table"), [("index.md", "methods"), ("plugins.md", "kinds")])
+def test_tables_rendered_from_the_registry_are_current(page: str, table: str) -> None:
+    """docs/_ext/generated.py renders them; run it when a method or a kind changes."""
+    generated = _generated_tables_module()
+    text = (DOCS / page).read_text()
+    assert table in generated.generated_blocks(text), f"docs/{page} has no generated {table} table"
+    assert generated.regenerated(text) == text, (
+        f"docs/{page}: the {table} table is stale: python docs/_ext/generated.py"
+    )
+
+
+def test_the_methods_table_lists_every_built_in_method() -> None:
+    table = _generated_tables_module().methods_table()
+    builtins = [name for name in prunereg.list_methods() if prunereg.info(name).package == "prunereg"]
+    assert [row.split("`")[1] for row in table.splitlines()[2:]] == builtins
+    assert {"l1_unstructured", "wanda", "sparsegpt"} <= set(builtins)
+
+
+def test_the_home_page_links_every_page_and_names_what_prunereg_does() -> None:
+    home = (DOCS / "index.md").read_text()
+    linked = {target.partition("#")[0] for target in _LINK.findall(home)}
+    assert [page.name for page in sorted(DOCS.glob("*.md")) if page.name not in linked | {"index.md"}] == []
+    for feature in ("prunereg.oneshot", "prunereg prune", "prunereg oneshot", "torch.nn.utils.prune"):
+        assert feature in home, f"docs/index.md never mentions {feature}"
