@@ -114,7 +114,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The public API only: not the helpers this module imports for itself (importlib, typing names).
+    return sorted({*__all__, "__version__"})
 
 
 def get(name: str) -> type[BasePruningMethod]:
