@@ -31,7 +31,7 @@ _NOT_SHIPPED = ("__pycache__", "*.pyc", "*.pyo")
 def top_level_packages() -> dict[str, Path]:
     """The top-level packages setuptools finds (``[tool.setuptools.packages.find]``), by import name."""
     found = PYPROJECT["tool"]["setuptools"]["packages"]["find"]
-    names = [name for name in found["include"] if "*" not in name]
+    names = [name for name in found["include"] if "*" not in name and "." not in name]
     packages = {
         name: ROOT / where / name for where in found["where"] for name in names if (ROOT / where / name).is_dir()
     }
