@@ -18,6 +18,7 @@ import click
 
 from prunereg._cli.app import main
 from prunereg._oneshot.precision import MATMUL_PRECISIONS
+from prunereg._progress import library_bars
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -126,7 +127,8 @@ def oneshot_command(
     }  # fmt: skip
 
     def load(folder: Path) -> Any:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=_torch_dtype(dtype)).eval()
+        with library_bars():  # transformers' bar for the weights stays out of log files
+            return AutoModelForCausalLM.from_pretrained(folder, dtype=_torch_dtype(dtype)).eval()
 
     before = after = None
     try:

@@ -29,6 +29,7 @@ from torch import nn
 from prunereg._core import reparam
 from prunereg._core import tied as _tied
 from prunereg._core.custom import CustomFromMask
+from prunereg._progress import library_bars
 
 MASKS_FILE = "prunereg_masks.safetensors"
 """The file :func:`save_pretrained` writes the masks to, beside the model's weights."""
@@ -71,9 +72,11 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
         state, masks = _split_pruned(state)
         # transformers takes a state dict only in place of a folder, so the config comes separately.
         config = kwargs.pop("config", None) or model_class.config_class.from_pretrained(pretrained)
-        model = model_class.from_pretrained(None, config=config, state_dict=state, **kwargs)
+        with library_bars():
+            model = model_class.from_pretrained(None, config=config, state_dict=state, **kwargs)
     else:
-        model = model_class.from_pretrained(pretrained, **kwargs)
+        with library_bars():
+            model = model_class.from_pretrained(pretrained, **kwargs)
     if (folder / MASKS_FILE).is_file():
         masks.update(safetensors.torch.load_file(str(folder / MASKS_FILE)))
     for name, mask in masks.items():
