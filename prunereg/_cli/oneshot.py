@@ -113,7 +113,9 @@ def oneshot_command(
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as error:
-        raise click.ClickException("prunereg oneshot needs transformers: pip install 'prunereg[hf]'") from error
+        raise click.ClickException(
+            "prunereg oneshot needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
+        ) from error
 
     import prunereg
 
