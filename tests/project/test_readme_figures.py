@@ -7,6 +7,7 @@ moves a figure, these tests name the README sentence to update.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -14,33 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("benchmark_tables", ROOT / "benchmarks" / "benchmark_tables.py")
+assert _spec is not None and _spec.loader is not None
+benchmark_tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(benchmark_tables)  # benchmarks/ is a folder of scripts, not a package
+tables, number = benchmark_tables.tables, benchmark_tables.number
 README = (ROOT / "README.md").read_text()
 BENCHMARKS = (ROOT / "docs" / "benchmarks.md").read_text()
-
-
-def tables(markdown: str) -> dict[str, list[dict[str, str]]]:
-    """Each ``## `` section's tables' rows, as ``{column: cell}``, one list per section (tables joined)."""
-    found: dict[str, list[dict[str, str]]] = {}
-    for section in re.split(r"\n(?=## )", markdown)[1:]:
-        heading, rows, header = section.splitlines()[0][3:].strip(), [], None
-        for line in section.splitlines()[1:]:
-            if not line.startswith("|"):
-                header = None
-                continue
-            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-            if header is None:
-                header = cells
-            elif not set("".join(cells)) <= set("-: "):
-                rows.append(dict(zip(header, cells)))
-        found[heading] = rows
-    return found
-
-
-def number(cell: str) -> float:
-    """``18.9x``, ``+11.75x``, ``+0.9%``, ``30.7``, ``0.37`` as a float."""
-    match = re.fullmatch(r"\+?(-?[\d.]+)\s*(x|%|s)?", cell)
-    assert match is not None, f"not a figure: {cell!r}"
-    return float(match.group(1))
 
 
 MEASURED = tables(BENCHMARKS)
@@ -132,3 +113,4 @@ def test_tables_reads_the_benchmark_tables() -> None:
     markdown = "# T\n\n## A\n\nintro\n\n| x | y |\n|---|---|\n| 1 | +2.5x |\n\n| z |\n| --- |\n| 3 |\n"
     assert tables(markdown) == {"A": [{"x": "1", "y": "+2.5x"}, {"z": "3"}]}
     assert number("+2.5x") == 2.5 and number("+0.9%") == 0.9 and number("30.7") == 30.7
+    assert number("59.9 ms") == pytest.approx(0.0599) and number("1.13 s") == 1.13
