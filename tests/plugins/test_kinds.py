@@ -40,10 +40,10 @@ def registry_with(name: str, target: object, kind: str) -> Registry:
     return registry
 
 
-def test_the_kinds_are_the_torch_mask_kinds_and_calibrated() -> None:
-    assert kinds.kind_names() == ("unstructured", "structured", "global", "calibrated")
+def test_the_kinds_are_the_torch_mask_kinds_and_then_prunereg_s_own() -> None:
+    assert kinds.kind_names()[:4] == ("unstructured", "structured", "global", "calibrated")
     assert kinds.kind_names(masks=True) == ("unstructured", "structured", "global")
-    assert kinds.kind_names(masks=False) == ("calibrated",)
+    assert "calibrated" in kinds.kind_names(masks=False)
 
 
 @pytest.mark.parametrize("kind", kinds.kinds(), ids=lambda kind: kind.name)
@@ -76,9 +76,9 @@ def test_a_class_of_another_contract_is_set_aside_naming_the_kinds_contract(decl
 
 
 def test_an_undeclared_kind_is_refused_naming_the_declared_ones() -> None:
-    with pytest.raises(
-        ValueError, match="kind must be one of unstructured, structured, global, calibrated, not 'shrink'"
-    ):
+    declared = ", ".join(kinds.kind_names())
+    assert declared.startswith("unstructured, structured, global, calibrated")
+    with pytest.raises(ValueError, match=f"kind must be one of {declared}, not 'shrink'"):
         registry_with("halve", f"{__name__}:Shrink", "shrink")
 
 
