@@ -125,6 +125,59 @@ for _method in _MASK_METHODS:
         )
 
 
+# compute_mask against tensor size --------------------------------------------------
+
+# Square tensors of 16 x 16 to 4096 x 4096 entries: where prunereg's selection overtakes torch's topk.
+SIZE_SIDES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+QUICK_SIDES = (16, 64, 256)
+
+
+def seconds_per_call(operation: Callable[[], object], *, batch_seconds: float = 0.02, budget: float = 1.0) -> float:
+    """The best time of one call, timed over batches of calls lasting ``batch_seconds`` or more.
+
+    A call on a small tensor takes microseconds, below the clock's resolution
+    and the noise of one measurement, so calls are timed in batches.
+    """
+    operation()
+    calls, elapsed = 1, 0.0
+    while elapsed < batch_seconds:  # grow the batch until it lasts long enough to time
+        calls *= 2
+        start = time.perf_counter()
+        for _ in range(calls):
+            operation()
+        elapsed = time.perf_counter() - start
+    best, started = elapsed / calls, time.perf_counter()
+    while time.perf_counter() - started < budget:
+        start = time.perf_counter()
+        for _ in range(calls):
+            operation()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def _size_sweep(method: str, dtype_name: str) -> Callable[[str, bool], dict[str, Any]]:
+    def run(lib: str, quick: bool) -> dict[str, Any]:
+        import torch
+
+        pruning = _MASK_METHODS[method](_prune_module(lib))
+        points = []
+        for side in QUICK_SIDES if quick else SIZE_SIDES:
+            torch.manual_seed(0)
+            t = torch.randn(side, side).to(getattr(torch, dtype_name))
+            default = torch.ones_like(t)
+            seconds = seconds_per_call(lambda t=t, default=default: pruning.compute_mask(t, default))
+            points.append({"numel": t.numel(), "shape": [side, side], "seconds": seconds})
+        return {"sizes": points}
+
+    return run
+
+
+for _dtype in ("float32", "bfloat16"):
+    case(f"sizes/l1_unstructured/{_dtype}", "sizes", f"l1_unstructured {_dtype}")(
+        _size_sweep("l1_unstructured", _dtype)
+    )
+
+
 # global_unstructured over stacks of Linear layers --------------------------------
 
 

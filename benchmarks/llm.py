@@ -381,6 +381,33 @@ def machine(load_before: tuple[float, ...], load_after: tuple[float, ...], threa
     ])  # fmt: skip
 
 
+OWL_DATA = ROOT / "docs" / "data" / "owl.json"
+OWL_TARGET = 0.7
+
+
+def owl_data(cache: Path) -> dict[str, Any]:
+    """OWL's allocation on SmolLM2 at 70 %: each block's outlier ratio and sparsity, for benchmarks/plots.py.
+
+    The allocation reads the dense model only (Wanda scores on the calibration
+    set, before anything is pruned), so it is the same for every method; magnitude,
+    which needs no forwards of its own, gets it at the cost of the outlier pass.
+    """
+    import prunereg
+
+    model, calibration, _ = load(cache)
+    report = prunereg.oneshot(
+        model, "magnitude", calibration=calibration, sparsity=OWL_TARGET, allocation="owl", progress=False
+    )
+    return {
+        "model": "SmolLM2-135M-Instruct",
+        "source": "python benchmarks/llm.py --owl-data",
+        "sparsity": OWL_TARGET,
+        "calibration": f"{CALIBRATION[1]} x {CALIBRATION[2]} tokens of {CALIBRATION[0]}",
+        "block_sparsities": report.block_sparsities,
+        "outlier_ratios": report.outlier_ratios,
+    }
+
+
 def replace_between(path: Path, marker: str, body: str, heading: str) -> None:
     """Put ``body`` between ``<!-- marker -->`` lines in ``path``, adding the section if absent."""
     start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
@@ -408,6 +435,9 @@ def main() -> None:
         "--jobs", type=int, default=1, help="configurations run at once (quality only: times need --jobs 1)"
     )
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads per configuration")
+    parser.add_argument(
+        "--owl-data", action="store_true", help="write OWL's per-block sparsities at 70 %% for the plots, and stop"
+    )
     parser.add_argument("--one", choices=list(BY_NAME), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -415,6 +445,11 @@ def main() -> None:
         return
 
     prepare(args.cache)
+    if args.owl_data:
+        OWL_DATA.parent.mkdir(parents=True, exist_ok=True)
+        OWL_DATA.write_text(json.dumps(owl_data(args.cache), indent=1) + "\n")
+        print(f"wrote {OWL_DATA}; python benchmarks/plots.py draws it", file=sys.stderr)
+        return
     load_before = os.getloadavg()
     results = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
     todo = [BY_NAME[name] for name in args.only or [config.name for config in CONFIGS] if name not in results]

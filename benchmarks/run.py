@@ -25,6 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import memory  # noqa: E402
+import plots  # noqa: E402
 from cases import CASES  # noqa: E402
 
 ROOT = HERE.parent
@@ -98,6 +99,8 @@ def load() -> str:
 def _seconds(value: float | None) -> str:
     if value is None:
         return "-"
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} us"
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
@@ -151,7 +154,9 @@ def report(
         "",
     ]
     lines += _targets(results)
+    lines += _figures(results)
     lines += _compute_mask_table(results)
+    lines += _size_table(results)
     lines += _global_table(results)
     lines += _forward_table(results)
     lines += _compile_table(results)
@@ -263,6 +268,37 @@ def _compute_mask_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[s
         else []
     )
     return _section("compute_mask, amount 0.5", columns, rows, notes=notes)
+
+
+def _figures(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The plots benchmarks/plots.py draws from this page's tables, once they exist."""
+    if not any(CASES[name].group in ("compute_mask", "global", "sizes") for name in results):
+        return []
+    return [
+        "## At a glance",
+        "",
+        f"![prunereg's speed-up over torch against the number of entries pruned](images/{plots.SPEEDUP})",
+        "",
+        f"![peak memory while pruning, torch and prunereg, in the weights' bytes](images/{plots.MEMORY})",
+        "",
+        "Drawn by `python benchmarks/plots.py` from the tables below (`benchmarks/run.py` runs it).",
+        "",
+    ]
+
+
+def _size_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "sizes"):
+        mine, theirs = by_lib.get("prunereg", {}), by_lib.get("torch", {})
+        for point, other in zip(mine.get("sizes", []), theirs.get("sizes", [])):
+            shape = "x".join(map(str, point["shape"]))
+            rows.append(
+                f"| {CASES[name].title} | {point['numel']} | {shape} | {_seconds(other['seconds'])} | "
+                f"{_seconds(point['seconds'])} | {_ratio(_speedup(point, other))} |"
+            )
+    intro = ["One call, best of batches of calls (a call on a small tensor takes microseconds)."]
+    columns = ["method", "entries", "shape", "torch", "prunereg", "speedup"]
+    return _section("compute_mask against tensor size, amount 0.5", columns, rows, intro)
 
 
 def _global_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -384,6 +420,8 @@ def main() -> None:
         kept = sections_written_elsewhere(output.read_text()) if output.exists() else []
         output.write_text("\n".join([text.rstrip("\n"), *kept]) + "\n")
         print(f"wrote {output}", file=sys.stderr)
+        if output == DEFAULT_OUTPUT:
+            plots.main([])  # the plots of docs/ follow the page they are drawn from
 
 
 def sections_written_elsewhere(old: str) -> list[str]:

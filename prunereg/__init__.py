@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from prunereg._oneshot.perplexity import perplexity
     from prunereg._oneshot.report import OneShotReport
     from prunereg._oneshot.streaming import oneshot_folder
-    from prunereg._plugins.hookspec import hookimpl
+    from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
 
 __version__ = "0.1.0"
@@ -51,6 +51,7 @@ __all__ = [
     "PruneFileReport",
     "PrunedWeight",
     "PruningContainer",
+    "Register",
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
@@ -90,6 +91,7 @@ _LAZY = {
     "PruneFileReport": "prunereg._files.file_pruning",
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
+    "Register": "prunereg._plugins.hookspec",
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",
@@ -125,7 +127,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # The public API only: not the helpers this module imports for itself (importlib, typing names).
+    return sorted({*__all__, "__version__"})
 
 
 def get(name: str) -> type[BasePruningMethod]:

@@ -23,7 +23,8 @@ from torch import nn
 
 import prunereg
 from prunereg._oneshot.conformance import check_calibrated_method
-from prunereg._plugins.registry import MASK_KINDS, constructor_parameters
+from prunereg._plugins.kinds import kind_names
+from prunereg._plugins.registry import constructor_parameters
 
 __all__ = ["check_calibrated_method", "check_pruning_method"]
 
@@ -91,8 +92,8 @@ def _method_class(method: str | type) -> tuple[type[prunereg.BasePruningMethod],
     if not (isinstance(method, type) and issubclass(method, prunereg.BasePruningMethod)):
         raise AssertionError(f"{label}: not a prunereg.BasePruningMethod subclass")
     kind = getattr(method, "PRUNING_TYPE", None)
-    if kind not in MASK_KINDS:
-        raise AssertionError(f"{label}: PRUNING_TYPE must be one of {', '.join(MASK_KINDS)}, not {kind!r}")
+    if kind not in kind_names(masks=True):
+        raise AssertionError(f"{label}: PRUNING_TYPE must be one of {', '.join(kind_names(masks=True))}, not {kind!r}")
     return method, label
 
 

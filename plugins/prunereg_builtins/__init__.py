@@ -32,6 +32,6 @@ _METHODS = [
 
 
 @prunereg.hookimpl
-def prunereg_register_methods(register):
+def prunereg_register_methods(register: prunereg.Register) -> None:
     for name, target, kind, summary in _METHODS:
         register(name, f"{__name__}.{target}", kind=kind, summary=summary)

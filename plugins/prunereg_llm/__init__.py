@@ -25,6 +25,6 @@ _METHODS = [
 
 
 @prunereg.hookimpl
-def prunereg_register_methods(register):
+def prunereg_register_methods(register: prunereg.Register) -> None:
     for name, target, summary in _METHODS:
         register(name, f"{__name__}.{target}", kind=_KIND, summary=summary)

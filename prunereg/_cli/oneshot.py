@@ -140,7 +140,9 @@ def oneshot_command(
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     except ImportError as error:
-        raise click.ClickException("prunereg oneshot needs transformers: pip install 'prunereg[hf]'") from error
+        raise click.ClickException(
+            "prunereg oneshot needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
+        ) from error
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer

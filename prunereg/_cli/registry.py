@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._plugins.registry import KINDS, constructor_parameters
+from prunereg._plugins.kinds import kind as kind_of
+from prunereg._plugins.kinds import kind_names
+from prunereg._plugins.registry import constructor_parameters
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
@@ -31,12 +33,12 @@ if TYPE_CHECKING:
 
 @main.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
-@click.option("--kind", type=click.Choice(KINDS), help="Only methods of this kind.")
+@click.option("--kind", type=click.Choice(kind_names()), help="Only methods of this kind.")
 def list_command(as_json: bool, kind: str | None) -> None:
     """List the registered pruning methods."""
     registry = _loaded_registry()
     rows = [
-        {**info.as_dict(), "runs_with": RUNS_WITH.get(info.kind, "Python")}
+        {**info.as_dict(), "runs_with": kind_of(info.kind).commands}
         for info in (registry.methods[name] for name in registry.names(kind))
     ]
     if as_json:
@@ -44,19 +46,6 @@ def list_command(as_json: bool, kind: str | None) -> None:
     else:
         _echo_table(rows, ("name", "kind", "runs_with", "package", "version", "summary"))
     _exit_if_strict(registry, registry.problems)
-
-
-RUNS_WITH = {
-    "unstructured": "prune, prune --global",
-    "structured": "prune",
-    "global": "prune",
-    "calibrated": "oneshot; prune if calibration-free",
-}
-"""Which commands run the methods of each kind, as ``list`` shows it without importing a method's class.
-
-A calibrated method that needs no calibration (``magnitude``) prunes files too;
-``info``, which imports the class, says for each method exactly.
-"""
 
 
 def _runs_with(kind: str, cls: type) -> list[str]:

@@ -27,9 +27,9 @@ from prunereg._core.global_pruning import global_masks
 from prunereg._core.method import BasePruningMethod
 from prunereg._distributed.remaining import combine_masks
 from prunereg._files import checkpoint as _checkpoint
+from prunereg._plugins.kinds import kind_names
 from prunereg._plugins.loading import registry
 from prunereg._plugins.registry import (
-    MASK_KINDS,
     PluginError,
     PluginWarning,
     UnknownMethodError,
@@ -59,12 +59,10 @@ def method_factory(name: str, arguments: Mapping[str, Any], *, together: bool = 
     methods = registry()
     try:
         cls: Any = methods.resolve(name)  # a mask method class, or a calibrated one
-    except UnknownMethodError as error:
+    except UnknownMethodError:
         if name in methods.methods or name in methods.qualified:
             raise  # registered but unavailable: the registry says why
-        raise UnknownMethodError(
-            f"{str(error).partition(' (known: ')[0]} (known: {', '.join(file_methods())})"
-        ) from None
+        raise UnknownMethodError(methods.unknown_message(name, known=file_methods())) from None
     if together and cls.PRUNING_TYPE != "unstructured":
         raise OfflinePruningError(f"global pruning needs an unstructured method; {name!r} is {cls.PRUNING_TYPE}")
     _check_arguments(name, cls, arguments)
@@ -98,7 +96,7 @@ def file_methods() -> list[str]:
     methods = registry()
     found = []
     for name in methods.names():
-        if methods.info(name).kind in MASK_KINDS:
+        if methods.info(name).kind in kind_names(masks=True):
             found.append(name)
             continue
         with warnings.catch_warnings():  # a method that fails to import is simply not listed here

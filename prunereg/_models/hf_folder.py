@@ -29,6 +29,7 @@ from typing import Any
 from torch import nn
 
 from prunereg._disk.model_dir import check_links, weight_files
+from prunereg._progress import library_bars
 from prunereg._text import quoted
 
 CONFIG_NAME = "config.json"
@@ -74,7 +75,7 @@ def load_causal_lm(folder: str | os.PathLike[str], *, dtype: Any = "auto", label
 
     config = load_config(folder, label)
     weight_files(folder, label)  # refuses an index naming files outside the folder
-    with _no_folder_code(folder, label):
+    with _no_folder_code(folder, label), library_bars():  # transformers' weights bar stays out of log files
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             folder, config=config, dtype=dtype, trust_remote_code=False, output_loading_info=True
         )

@@ -40,6 +40,7 @@ from prunereg._core import tied as _tied
 from prunereg._core.compact import require_binary
 from prunereg._core.custom import CustomFromMask
 from prunereg._disk.model_dir import check_links, safetensors_weight_map, weight_files
+from prunereg._progress import library_bars
 from prunereg._text import quoted
 
 MASKS_FILE = "prunereg_masks.safetensors"
@@ -99,9 +100,11 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
         config = kwargs.pop("config", None) or model_class.config_class.from_pretrained(
             pretrained, trust_remote_code=kwargs["trust_remote_code"]
         )
-        model = model_class.from_pretrained(None, config=config, state_dict=state, **kwargs)
+        with library_bars():
+            model = model_class.from_pretrained(None, config=config, state_dict=state, **kwargs)
     else:
-        model = model_class.from_pretrained(pretrained, **kwargs)
+        with library_bars():
+            model = model_class.from_pretrained(pretrained, **kwargs)
     if local and (folder / MASKS_FILE).is_file():
         masks.update(_checked_masks_file(folder, model))
     for name, mask in masks.items():

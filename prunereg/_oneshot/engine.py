@@ -94,7 +94,7 @@ def oneshot(
     for ``save_pretrained``; ``permanent=False`` also installs prunereg's
     reparametrization (``weight_orig``, ``weight_mask``), which
     :func:`prunereg.remove` makes permanent later. ``progress`` draws a bar per
-    block on stderr (default: when stderr is a terminal).
+    block on stderr (default: when stderr is a terminal or a notebook's output).
 
     ``matmul_precision`` is torch's float32 matmul precision for the calibration
     forwards only (``"medium"``: bfloat16 products with float32 sums where the

@@ -11,7 +11,7 @@ distribution named ``prunereg-<x>`` whose module is ``prunereg_<x>``::
     import prunereg
 
     @prunereg.hookimpl
-    def prunereg_register_methods(register):
+    def prunereg_register_methods(register: prunereg.Register) -> None:
         register("foo", "prunereg_foo.method:FooPruning",
                  kind="unstructured", summary="One line that says what it prunes")
 
@@ -24,9 +24,13 @@ distribution named ``prunereg-<x>`` whose module is ``prunereg_<x>``::
 
         def compute_mask(self, t, default_mask): ...
 
-The class named by the target is imported the first time somebody asks for the
-method, so listing methods imports neither torch nor the plugin's
-implementation. Check the class with :func:`prunereg.testing.check_pruning_method`.
+The class named by the target is imported the first time somebody asks for
+the method, so listing methods imports neither torch nor the plugin's
+implementation. A calibrated method (run by :func:`prunereg.oneshot`)
+subclasses :class:`prunereg.CalibratedMethod` instead and registers with
+``kind="calibrated"``. Check a class with
+:func:`prunereg.testing.check_pruning_method` (calibrated:
+:func:`prunereg.testing.check_calibrated_method`).
 docs/plugins.md is the full guide.
 """
 
@@ -43,6 +47,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 class Register(Protocol):
+    """The ``register`` callable a plugin's hook receives: see :func:`prunereg_register_methods`."""
+
     def __call__(
         self,
         name: str,
@@ -67,8 +73,12 @@ def prunereg_register_methods(register: Register) -> None:
     - ``target``: a ``"module:Attr"`` string imported on the first ``get()``
       (best: listing stays fast), or the class itself. The class subclasses
       :class:`prunereg.BasePruningMethod`.
-    - ``kind``: the class's ``PRUNING_TYPE``: ``"unstructured"``, ``"structured"``
-      or ``"global"``; checked when the class is imported.
+    - ``kind``: the class's ``PRUNING_TYPE``, one of the kinds of
+      :mod:`prunereg._plugins.kinds`: ``"unstructured"``, ``"structured"`` and
+      ``"global"`` (:class:`prunereg.BasePruningMethod` subclasses, run by
+      ``apply``), ``"calibrated"`` (:class:`prunereg.CalibratedMethod`
+      subclasses, run by :func:`prunereg.oneshot`). Checked when the class is
+      imported; ``prunereg list`` shows each method's kind.
     - ``summary``: one line saying what the method prunes.
     - ``replace``: take over a name registered earlier (a built-in, say) on
       purpose. Without it the earlier registration keeps the name and this one

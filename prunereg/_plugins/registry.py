@@ -22,14 +22,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from prunereg._plugins.isolation import PLUGIN_FAILURES, UserInterrupt, plugin_code
+from prunereg._plugins.kinds import kind as kind_named
 from prunereg._text import describe, printable
 
 Register = Callable[..., None]
 """``register(name, target, *, kind, summary, replace=False)``: see :class:`prunereg._plugins.hookspec.Register`."""
 
-MASK_KINDS = ("unstructured", "structured", "global")
-"""The kinds of mask methods (BasePruningMethod); "calibrated" methods run under prunereg.oneshot."""
-KINDS = (*MASK_KINDS, "calibrated")
 LOCAL_PLUGIN = "local"
 """The plugin name of methods registered in-process with :func:`prunereg.register`."""
 
@@ -225,7 +223,7 @@ class Registry:
         """The registration behind ``name`` or ``plugin:name``."""
         found = self.qualified.get(name) if ":" in name else self.methods.get(name)
         if found is None:
-            raise UnknownMethodError(self._unknown_message(name))
+            raise UnknownMethodError(self.unknown_message(name))
         return found
 
     def resolve(self, name: str) -> type:
@@ -356,10 +354,12 @@ class Registry:
         self._classes.pop(key, None)
         self._failures.pop(key, None)
 
-    def _unknown_message(self, name: str) -> str:
+    def unknown_message(self, name: str, known: list[str] | None = None) -> str:
+        """ "no pruning method named ...", with close matches and the ``known`` names (default: every method)."""
         close = difflib.get_close_matches(name, list(self.methods) + list(self.qualified), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        return f"no pruning method named {name!r}{hint} (known: {', '.join(self.names()) or 'none'})"
+        known = self.names() if known is None else known
+        return f"no pruning method named {name!r}{hint} (known: {', '.join(known) or 'none'})"
 
 
 def import_target(target: str) -> Any:
@@ -387,21 +387,18 @@ def validate_registration(name: object, kind: object, summary: object) -> None:
     """Reject a method name, kind or summary that listings and lookups could not handle."""
     if not (isinstance(name, str) and len(name) <= MAX_NAME_LENGTH and _METHOD_NAME.fullmatch(name)):
         raise ValueError(f"method name must be {NAME_RULE}, not {name!r}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    kind_named(kind)  # ValueError naming the declared kinds
     if not isinstance(summary, str) or len(summary.strip().splitlines()) > 1:
         raise ValueError(f"summary must be a one-line string, not {summary!r}")
 
 
 def _check_method_class(cls: object, info: MethodInfo) -> None:
-    # Without importing the contracts (the registry sits below them): a class can
-    # subclass BasePruningMethod, or CalibratedMethod, only once its module is loaded.
-    contract, base_name = "prunereg._core.method", "BasePruningMethod"
-    if info.kind == "calibrated":
-        contract, base_name = "prunereg._oneshot.contract", "CalibratedMethod"
-    base = getattr(sys.modules.get(contract), base_name, None)
+    # Without importing the contract (the registry sits below it): a class can
+    # subclass its kind's contract only once the contract's module is loaded.
+    kind = kind_named(info.kind)
+    base = getattr(sys.modules.get(kind.contract_module), kind.contract_class, None)
     if base is None or not (isinstance(cls, type) and issubclass(cls, base)):
-        raise TypeError(f"{info.target!r} is not a {base_name} subclass")
+        raise TypeError(f"{info.target!r} is not a {kind.contract_class} subclass")
     if getattr(cls, "PRUNING_TYPE", None) != info.kind:
         raise TypeError(
             f"registered as kind {info.kind!r} but the class has PRUNING_TYPE {getattr(cls, 'PRUNING_TYPE', None)!r}"

@@ -1,17 +1,23 @@
-"""The progress bar: drawn on a terminal, absent on a pipe, the items always passed through."""
+"""The progress bar: drawn on a terminal and in a notebook, absent on a pipe, the items always passed through."""
 
 from __future__ import annotations
 
 import io
 import os
+import struct
+import subprocess
 import sys
+import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from prunereg._progress import progress, stderr_is_terminal
+from prunereg._progress import in_notebook, library_bars, progress, stderr_is_terminal
 
 pty = pytest.importorskip("pty")
+fcntl = pytest.importorskip("fcntl")
+termios = pytest.importorskip("termios")
 
 
 class Terminal:
@@ -19,6 +25,8 @@ class Terminal:
 
     def __init__(self) -> None:
         self.controller, terminal = pty.openpty()
+        # 80 x 24, as a terminal window is: a new pseudo-terminal is 0 columns wide, and tqdm draws nothing in that.
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         self.stream = open(terminal, "w", encoding="utf-8")  # noqa: SIM115  (closed in read_all)
 
     def read_all(self) -> str:
@@ -100,3 +108,91 @@ def test_forced_on_a_pipe_writes_the_label_once(monkeypatch: pytest.MonkeyPatch)
     pipe.close()
     with open(reading, "rb") as handle:
         assert handle.read() == b"forced\n"
+
+
+def test_a_bar_is_drawn_in_a_notebook() -> None:
+    """In a Jupyter kernel stderr is no terminal, yet a person watches it: the bar is drawn, without cursor codes."""
+    pytest.importorskip("ipykernel")
+    manager = pytest.importorskip("jupyter_client.manager")
+    kernel, client = manager.start_new_kernel(kernel_name="python3")
+    try:
+        request = client.execute(
+            "from prunereg._progress import progress, stderr_is_terminal\n"
+            "assert not stderr_is_terminal()\n"
+            "assert list(progress(range(4), label='blocks')) == [0, 1, 2, 3]\n"
+        )
+        shown, status = "", None
+        while status != "idle":
+            message = client.get_iopub_msg(timeout=60)
+            if message["parent_header"].get("msg_id") != request:
+                continue
+            content = message["content"]
+            if message["msg_type"] == "stream" and content["name"] == "stderr":
+                shown += content["text"]
+            elif message["msg_type"] == "error":
+                pytest.fail("\n".join(content["traceback"]))
+            status = content.get("execution_state", status)
+    finally:
+        client.stop_channels()
+        kernel.shutdown_kernel(now=True)
+    assert "blocks" in shown and "100%" in shown, shown
+    assert "\033[?25" not in shown and shown.startswith("\r"), shown
+
+
+def test_outside_a_kernel_there_is_no_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    assert not in_notebook()
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: None))
+    assert not in_notebook()  # IPython imported, but no shell running (or a terminal IPython's: not a kernel)
+
+
+def _saved_tiny_model(folder: Path) -> None:
+    pytest.importorskip("transformers")
+    from tests.support.tiny_lm import tiny_llama
+
+    tiny_llama().save_pretrained(folder)
+
+
+LOAD = (
+    "import prunereg, sys; from transformers import LlamaForCausalLM; "
+    "prunereg.from_pretrained(LlamaForCausalLM, sys.argv[1])"
+)
+
+
+def test_transformers_bars_stay_out_of_a_log_file(tmp_path: Path) -> None:
+    _saved_tiny_model(tmp_path / "model")
+    with open(tmp_path / "log", "w") as log:
+        subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "model")], stderr=log, check=True, timeout=300)
+    assert "Loading weights" not in (tmp_path / "log").read_text()
+
+
+def test_transformers_bars_stay_on_a_terminal(
+    tmp_path: Path, terminal: Terminal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    import prunereg
+
+    _saved_tiny_model(tmp_path / "model")
+    monkeypatch.setattr(sys, "stderr", terminal.stream)
+    prunereg.from_pretrained(LlamaForCausalLM, tmp_path / "model")
+    assert "Loading weights" in terminal.read_all()
+    assert transformers_logging.is_progress_bar_enabled()
+
+
+def test_library_bars_are_switched_back_on_after_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    transformers_logging = pytest.importorskip("transformers.utils.logging")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert transformers_logging.is_progress_bar_enabled()
+    with pytest.raises(KeyError), library_bars():
+        assert not transformers_logging.is_progress_bar_enabled()
+        raise KeyError("the block fails")
+    assert transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # a user's choice is kept
+    try:
+        with library_bars(enabled=True):
+            assert not transformers_logging.is_progress_bar_enabled()
+        assert not transformers_logging.is_progress_bar_enabled()
+    finally:
+        transformers_logging.enable_progress_bar()

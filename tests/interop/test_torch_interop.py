@@ -9,7 +9,7 @@ from torch import nn
 
 import prunereg
 import prunereg.prune as prune
-from prunereg._plugins.registry import MASK_KINDS
+from prunereg._plugins.kinds import kind_names
 
 
 def net(seed: int = 0) -> nn.Sequential:
@@ -19,7 +19,7 @@ def net(seed: int = 0) -> nn.Sequential:
 
 def test_prunereg_mask_methods_are_torchs_methods():
     # Calibrated methods (wanda, sparsegpt) prune whole models through prunereg.oneshot, not torch's API.
-    names = [name for kind in MASK_KINDS for name in prunereg.list_methods(kind)]
+    names = [name for kind in kind_names(masks=True) for name in prunereg.list_methods(kind)]
     assert "l1_unstructured" in names and "wanda" not in names
     for name in names:
         assert issubclass(prunereg.get(name), torch_prune.BasePruningMethod)

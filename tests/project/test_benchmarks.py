@@ -38,3 +38,22 @@ def test_quick_run_writes_a_report(tmp_path: Path) -> None:
     assert cells[2].endswith("ms") and cells[3].endswith("ms") and cells[4].endswith("x")  # both libraries timed
     assert "| torch | " in report and "load average" in report
     assert report.endswith("\n" + kept) and "## An old table" not in report  # another script's section survives
+
+
+@pytest.mark.slow
+def test_quick_size_sweep_writes_its_table(tmp_path: Path) -> None:
+    output = tmp_path / "benchmarks.md"
+    sweep = "sizes/l1_unstructured/float32"
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--only", sweep, "--output", str(output)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = output.read_text()
+    section = report[report.index("## compute_mask against tensor size") :]
+    rows = [line for line in section.splitlines() if line.startswith("| l1_unstructured float32 |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["256", "4096", "65536"]  # entries, small to large
+    assert all(row.rstrip(" |").endswith("x") for row in rows)  # both libraries timed: a speed-up each
+    assert "![prunereg's speed-up over torch" in report

@@ -336,3 +336,124 @@ def test_set_up_installs_what_ci_installs(page: Path) -> None:
         "python3 -m venv .venv && . .venv/bin/activate",
         'pip install -c constraints.txt -e ".[dev]" && prunereg list',
     ]
+
+
+def _generated_tables_module():
+    spec = importlib.util.spec_from_file_location("generated", DOCS / "_ext" / "generated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("page", "table"), [("index.md", "methods"), ("plugins.md", "kinds")])
+def test_tables_rendered_from_the_registry_are_current(page: str, table: str) -> None:
+    """docs/_ext/generated.py renders them; run it when a method or a kind changes."""
+    generated = _generated_tables_module()
+    text = (DOCS / page).read_text()
+    assert table in generated.generated_blocks(text), f"docs/{page} has no generated {table} table"
+    assert generated.regenerated(text) == text, (
+        f"docs/{page}: the {table} table is stale: python docs/_ext/generated.py"
+    )
+
+
+def test_the_methods_table_lists_every_built_in_method() -> None:
+    table = _generated_tables_module().methods_table()
+    builtins = [name for name in prunereg.list_methods() if prunereg.info(name).package == "prunereg"]
+    assert [row.split("`")[1] for row in table.splitlines()[2:]] == builtins
+    assert {"l1_unstructured", "wanda", "sparsegpt"} <= set(builtins)
+
+
+def test_the_home_page_links_every_page_and_names_what_prunereg_does() -> None:
+    home = (DOCS / "index.md").read_text()
+    linked = {target.partition("#")[0] for target in _LINK.findall(home)}
+    assert [page.name for page in sorted(DOCS.glob("*.md")) if page.name not in linked | {"index.md"}] == []
+    for feature in ("prunereg.oneshot", "prunereg prune", "prunereg oneshot", "torch.nn.utils.prune"):
+        assert feature in home, f"docs/index.md never mentions {feature}"
+
+
+_PIP_INSTALL = re.compile(r"(?:python3? -m )?pip install ([^`\n]*)")
+# pip options followed by a value that is no requirement.
+_OPTION_VALUES = {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url", "-f",
+                  "--find-links", "-t", "--target", "--python"}  # fmt: skip
+_TEMPLATES = sorted((ROOT / "prunereg" / "_cli").glob("template*/**/*.tmpl"))
+
+
+def install_requirements(text: str) -> list[str]:
+    """What each ``pip install`` in ``text`` (a code block or inline code) installs, as written."""
+    found = []
+    for match in _PIP_INSTALL.finditer(text):
+        words = shlex.split(match.group(1), comments=True)
+        for stop in ("&&", "||", ";", "|"):
+            words = words[: words.index(stop)] if stop in words else words
+        skip_value = False
+        for word in words:
+            if skip_value:
+                skip_value = False
+            elif word in _OPTION_VALUES:
+                skip_value = True
+            elif not word.startswith("-"):
+                found.append(word)
+    return found
+
+
+def installs_from_a_clone(requirement: str) -> bool:
+    """prunereg and its plugins are on no package index: they install from a folder (a clone) or a git URL."""
+    ours = re.match(r"prunereg\b", requirement) is not None
+    return not ours or requirement.startswith("git+")
+
+
+def is_a_path(requirement: str) -> bool:
+    return requirement.startswith((".", "/", "~"))
+
+
+def test_install_requirements_are_read_as_pip_reads_them() -> None:
+    text = (
+        'pip install -c constraints.txt -e ".[dev]" && prunereg list\n'
+        'install the extra (`pip install "prunereg[hf]"`) or\n'
+        "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu  # CPU only\n"
+        "python -m pip install ./prunereg-foo\n"
+    )
+    assert install_requirements(text) == [".[dev]", "prunereg[hf]", "torch==2.13.0", "./prunereg-foo"]
+    assert [installs_from_a_clone(r) or is_a_path(r) for r in install_requirements(text)] == [True, False, True, True]
+
+
+@pytest.mark.parametrize("page", PAGES + _TEMPLATES, ids=_page_id)
+def test_every_install_line_works_from_a_clone(page: Path) -> None:
+    """`pip install "prunereg[hf]"` fails: prunereg is not on the package index (and the name is free to take)."""
+    wrong = [r for r in install_requirements(page.read_text()) if not (is_a_path(r) or installs_from_a_clone(r))]
+    assert wrong == [], f"{_page_id(page)} installs {wrong} by name; install from the clone (pip install -e '.[hf]')"
+
+
+@pytest.mark.parametrize(
+    ("page", "extra"),
+    [("README.md", ".[dev]"), ("README.md", ".[hf]"), ("docs/llm.md", ".[hf]"), ("docs/migrating.md", ".[hf]")],
+)
+def test_the_pages_install_prunereg_from_the_clone(page: str, extra: str) -> None:
+    assert extra in install_requirements((ROOT / page).read_text())
+
+
+def _torch_pin() -> str:
+    pin = re.search(r"^torch==([\d.]+)$", (ROOT / "constraints.txt").read_text(), re.MULTILINE)
+    assert pin is not None, "constraints.txt pins no torch version"
+    return pin.group(1)
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", DOCS / "quickstart.md"], ids=_page_id)
+def test_set_up_says_how_to_get_the_cpu_build_elsewhere(page: Path) -> None:
+    """From the public index the pinned torch is the CUDA build on Linux: the page says so and gives the CPU index."""
+    text = page.read_text()
+    section = text[re.search(r"^##+ (Set up|Install)\s*$", text, re.MULTILINE).end() :].split("\n## ")[0]
+    cpu_line = f"pip install torch=={_torch_pin()} --index-url https://download.pytorch.org/whl/cpu"
+    assert cpu_line in section.splitlines(), f"{_page_id(page)} does not show `{cpu_line}` in its set-up"
+    assert "nvidia-*" in section and "CI" in section  # the CUDA packages, and where the pin is a CPU wheel
+
+
+def test_the_readme_announces_the_slow_tests_downloads_and_gives_the_fast_loop() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Run the tests") :].split("\n## ")[0]
+    assert 'python -m pytest -m "not slow"' in section
+    llm_benchmark = (ROOT / "benchmarks" / "llm.py").read_text()
+    cache = re.search(r'Path\.home\(\) / "([^"]+)" / "([^"]+)"', llm_benchmark)
+    assert cache is not None and f"~/{cache[1]}/{cache[2]}/" in section  # where the slow tests write
+    assert "PRUNEREG_LLM_CACHE" in llm_benchmark and "PRUNEREG_LLM_CACHE" in section
+    assert re.search(r"\d+ MB", section) and "minutes" in section
