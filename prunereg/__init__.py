@@ -33,13 +33,19 @@ if TYPE_CHECKING:
     from prunereg._oneshot.streaming import oneshot_folder
     from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
+    from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
+    from prunereg._shrink.engine import shrink
+    from prunereg._shrink.report import ShrinkReport
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "BlockStatistics",
     "CalibratedMethod",
+    "ChannelStatistics",
     "CheckpointError",
+    "ExpertStatistics",
     "GroupSummary",
     "GroupedSummary",
     "LayerStatistics",
@@ -52,6 +58,8 @@ __all__ = [
     "PrunedWeight",
     "PruningContainer",
     "Register",
+    "ShrinkMethod",
+    "ShrinkReport",
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
@@ -73,13 +81,17 @@ __all__ = [
     "remove",
     "safe_globals",
     "save_pretrained",
+    "shrink",
     "summary",
 ]
 
 _LAZY = {
     "BasePruningMethod": "prunereg._core.method",
+    "BlockStatistics": "prunereg._shrink.contract",
     "CalibratedMethod": "prunereg._oneshot.contract",
+    "ChannelStatistics": "prunereg._shrink.contract",
     "CheckpointError": "prunereg._disk.errors",
+    "ExpertStatistics": "prunereg._shrink.contract",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
     "LayerStatistics": "prunereg._oneshot.contract",
@@ -92,6 +104,8 @@ _LAZY = {
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
     "Register": "prunereg._plugins.hookspec",
+    "ShrinkMethod": "prunereg._shrink.contract",
+    "ShrinkReport": "prunereg._shrink.report",
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",
@@ -109,6 +123,7 @@ _LAZY = {
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
     "save_pretrained": "prunereg._models.huggingface",
+    "shrink": "prunereg._shrink.engine",
     "summary": "prunereg._models.summary",
 }
 

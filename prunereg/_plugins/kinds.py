@@ -93,3 +93,9 @@ declare_kind(
     "`prunereg.oneshot`, `prunereg oneshot`; `prunereg prune` if it needs no calibration",
     commands="oneshot; prune if calibration-free",
 )
+declare_kind(
+    "shrink",
+    "prunereg._shrink.contract:ShrinkMethod",
+    "`prunereg.shrink`, `prunereg shrink`",
+    commands="shrink",
+)

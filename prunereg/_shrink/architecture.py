@@ -1,0 +1,310 @@
+"""The removable parts of a decoder block, found by their Hugging Face names, and how removing them is written.
+
+A *unit group* is a set of equal units inside one block (the channels of an MLP,
+the key/value groups of an attention) together with every tensor entry that
+belongs to each unit: :class:`Cut` lists, per tensor, where each unit's entries lie
+along one dim (fused projections such as Phi-3's ``qkv_proj`` hold several
+segments). The *writer* is the projection whose input channels the methods score.
+Experts are found as a router (``gate``) beside an ``experts`` module holding one
+slice per expert along the first dim of each of its tensors.
+
+Nothing here slices a tensor itself: :mod:`prunereg._slim.surgery` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunereg._oneshot.blocks import is_conv1d, weight_matrix
+from prunereg._slim.surgery import keep_indices, sync_shape_attributes
+
+#: The module attributes that count heads, rewritten when key/value groups go.
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_head")
+KV_HEAD_COUNTS = ("num_key_value_heads", "num_kv_heads")
+EXPERT_COUNTS = ("num_experts", "num_local_experts")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where each unit's entries lie in ``module.<tensor>`` along ``dim``: ``(offset, width)`` per segment.
+
+    Unit ``u`` owns entries ``offset + u * width + [0, width)`` of every segment;
+    the segments cover the whole dim.
+    """
+
+    module: nn.Module
+    tensor: str
+    dim: int
+    segments: tuple[tuple[int, int], ...]
+
+    def kept_entries(self, kept_units: Tensor) -> Tensor:
+        parts = []
+        for offset, width in self.segments:
+            entries = kept_units[:, None] * width + torch.arange(width)
+            parts.append(offset + entries.reshape(-1))
+        return torch.cat(parts)
+
+
+@dataclass
+class UnitGroup:
+    """The units of one kind in one block: ``n_units`` of them, each ``channels_per_unit`` writer inputs."""
+
+    kind: str  # "mlp" or "heads"
+    owner: nn.Module  # the MLP or attention module
+    n_units: int
+    writer: nn.Module
+    channels_per_unit: int
+    cuts: list[Cut] = field(default_factory=list)
+    bias_flag: str | None = None  # the config flag that gives the writer a bias, if it has none now
+    query_heads_per_unit: int = 1
+
+    def cut_new_biases(self) -> None:
+        """Add the cuts of biases created after the group was found (:func:`add_zero_biases`)."""
+        with_bias = {id(cut.module) for cut in self.cuts if cut.tensor == "bias"}
+        for cut in list(self.cuts):
+            linear = cut.module
+            is_output_cut = cut.tensor == "weight" and cut.dim == 0 and isinstance(linear, nn.Linear)
+            if is_output_cut and id(linear) not in with_bias and getattr(linear, "bias", None) is not None:
+                self.cuts.append(Cut(linear, "bias", 0, cut.segments))
+
+    def writer_weight(self) -> Tensor:
+        """The writer's weight as ``[out, in]``: its input channels are the columns."""
+        return weight_matrix(self.writer)
+
+
+@dataclass
+class Experts:
+    """A mixture-of-experts layer: its router and the module holding the experts' tensors."""
+
+    owner: nn.Module
+    router: nn.Module
+    experts: nn.Module
+    n_experts: int
+
+
+def _linear_cuts(layer: nn.Module, side: str, segments: tuple[tuple[int, int], ...]) -> list[Cut]:
+    """The cuts of a Linear (or Conv1D) along its outputs (``side="out"``) or inputs, bias included for outputs."""
+    conv = is_conv1d(layer)
+    if side == "out":
+        cuts = [Cut(layer, "weight", 1 if conv else 0, segments)]
+        if getattr(layer, "bias", None) is not None:
+            cuts.append(Cut(layer, "bias", 0, segments))
+        return cuts
+    return [Cut(layer, "weight", 0 if conv else 1, segments)]
+
+
+def _child(module: nn.Module, *names: str) -> nn.Module | None:
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return None
+
+
+def _sub(module: nn.Module, name: str) -> nn.Module:
+    child = getattr(module, name)
+    assert isinstance(child, nn.Module)
+    return child
+
+
+def _has(module: nn.Module, *names: str) -> bool:
+    return all(isinstance(getattr(module, name, None), nn.Module) for name in names)
+
+
+def find_mlp(block: nn.Module, config: Any) -> UnitGroup | str:
+    """The block's MLP channels as a unit group, or why they cannot be removed."""
+    mlp = _child(block, "mlp")
+    if mlp is None:
+        return f"{type(block).__name__} has no 'mlp' module prunereg knows"
+    if find_experts(block) is not None:
+        return f"{type(block).__name__}'s MLP is a mixture of experts; shrink experts=... instead"
+    if _has(mlp, "gate_proj", "up_proj", "down_proj"):
+        down = _sub(mlp, "down_proj")
+        size = weight_matrix(down).shape[1]
+        cuts = _linear_cuts(_sub(mlp, "gate_proj"), "out", ((0, 1),)) + _linear_cuts(
+            _sub(mlp, "up_proj"), "out", ((0, 1),)
+        )
+    elif _has(mlp, "gate_up_proj", "down_proj"):  # Phi-3: gate and up stacked in one projection
+        down = _sub(mlp, "down_proj")
+        size = weight_matrix(down).shape[1]
+        cuts = _linear_cuts(_sub(mlp, "gate_up_proj"), "out", ((0, 1), (size, 1)))
+    elif _has(mlp, "c_fc", "c_proj"):  # GPT-2
+        down = _sub(mlp, "c_proj")
+        size = weight_matrix(down).shape[1]
+        cuts = _linear_cuts(_sub(mlp, "c_fc"), "out", ((0, 1),))
+    else:
+        return f"{type(mlp).__name__} is no gate/up/down or fc/proj MLP prunereg knows"
+    cuts += _linear_cuts(down, "in", ((0, 1),))
+    flag = None if getattr(down, "bias", None) is not None else "mlp_bias"
+    return UnitGroup("mlp", mlp, size, down, 1, cuts, bias_flag=flag)
+
+
+def find_heads(block: nn.Module, config: Any) -> UnitGroup | str:
+    """The block's attention key/value groups (each with its query heads) as a unit group, or why not."""
+    attention = _child(block, "self_attn", "attn", "attention")
+    if attention is None:
+        return f"{type(block).__name__} has no attention module prunereg knows"
+    if _has(attention, "c_attn"):
+        return (
+            f"{type(attention).__name__} derives head_dim from the hidden size and the head count, "
+            "so no config can state fewer heads"
+        )
+    n_heads = _config_int(config, "num_attention_heads")
+    n_kv = _config_int(config, "num_key_value_heads") or n_heads
+    if not n_heads or not n_kv or n_heads % n_kv:
+        return "the config does not state num_attention_heads (and num_key_value_heads) prunereg can use"
+    head_dim = getattr(attention, "head_dim", None)
+    if not isinstance(head_dim, int):
+        return f"{type(attention).__name__} has no head_dim attribute"
+    ratio = n_heads // n_kv
+    q_width, kv_width = ratio * head_dim, head_dim
+    if _has(attention, "q_proj", "k_proj", "v_proj", "o_proj"):
+        cuts = _linear_cuts(_sub(attention, "q_proj"), "out", ((0, q_width),))
+        cuts += _linear_cuts(_sub(attention, "k_proj"), "out", ((0, kv_width),))
+        cuts += _linear_cuts(_sub(attention, "v_proj"), "out", ((0, kv_width),))
+    elif _has(attention, "qkv_proj", "o_proj"):  # Phi-3: q, k and v stacked
+        q_size, kv_size = n_heads * head_dim, n_kv * head_dim
+        segments = ((0, q_width), (q_size, kv_width), (q_size + kv_size, kv_width))
+        cuts = _linear_cuts(_sub(attention, "qkv_proj"), "out", segments)
+    else:
+        return f"{type(attention).__name__} has no q/k/v/o projections prunereg knows"
+    writer = _sub(attention, "o_proj")
+    if weight_matrix(writer).shape[1] != n_heads * head_dim:
+        return f"{type(attention).__name__}.o_proj does not read num_attention_heads * head_dim inputs"
+    cuts += _linear_cuts(writer, "in", ((0, q_width),))
+    flag = None if getattr(writer, "bias", None) is not None else "attention_bias"
+    return UnitGroup("heads", attention, n_kv, writer, q_width, cuts, bias_flag=flag, query_heads_per_unit=ratio)
+
+
+def find_experts(block: nn.Module) -> Experts | None:
+    """The block's mixture-of-experts layer (a router ``gate`` beside an ``experts`` module), if any."""
+    for module in block.modules():
+        router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+        if not (isinstance(router, nn.Module) and isinstance(experts, nn.Module)):
+            continue
+        weight = getattr(router, "weight", None)
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            continue
+        n = weight.shape[0]
+        stacked = [p for p in experts.parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == n]
+        if stacked:
+            return Experts(module, router, experts, n)
+    return None
+
+
+def _config_int(config: Any, name: str) -> int | None:
+    value = getattr(config, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# -- removal ------------------------------------------------------------------------------
+
+
+class Journal:
+    """What removal replaced (tensors, size attributes), so that a failed shrink can put the model back."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+        self._seen: set[int] = set()
+        self.lists: list[tuple[nn.ModuleList, list[nn.Module]]] = []
+
+    def keep(self, module: nn.Module) -> None:
+        """Remember ``module``'s tensors and plain attributes as they are now (once per module)."""
+        if id(module) in self._seen:
+            return
+        self._seen.add(id(module))
+        plain = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        self._entries.append((module, dict(module._parameters), dict(module._buffers), plain))
+
+    def restore(self) -> None:
+        for module, parameters, buffers, plain in reversed(self._entries):
+            module._parameters.clear()
+            module._parameters.update(parameters)
+            module._buffers.clear()
+            module._buffers.update(buffers)
+            for key, value in plain.items():
+                object.__setattr__(module, key, value)
+        for module_list, modules in self.lists:
+            for key in list(module_list._modules):
+                del module_list._modules[key]
+            for index, module in enumerate(modules):
+                module_list._modules[str(index)] = module
+
+
+def remove_units(group: UnitGroup, kept: Tensor, journal: Journal) -> None:
+    """Keep only the units ``kept`` (sorted indices) of ``group``, through the surgery, and fix size attributes."""
+    for cut in group.cuts:
+        journal.keep(cut.module)
+        keep_indices(cut.module, cut.tensor, cut.dim, cut.kept_entries(kept))
+    for module in {id(cut.module): cut.module for cut in group.cuts}.values():
+        sync_shape_attributes(module)
+    journal.keep(group.owner)
+    n_kept = int(kept.numel())
+    if group.kind == "mlp":
+        _set_ints(group.owner, ("intermediate_size", "intermediate_dim"), n_kept)
+    else:
+        _set_ints(group.owner, KV_HEAD_COUNTS, n_kept)
+        _set_ints(group.owner, HEAD_COUNTS, n_kept * group.query_heads_per_unit)
+
+
+def add_zero_biases(owner: nn.Module, journal: Journal) -> None:
+    """Give every Linear directly inside ``owner`` a zero bias if it has none (what ``mlp_bias=True`` would build)."""
+    for module in owner.children():
+        if isinstance(module, nn.Linear) and module.bias is None:
+            journal.keep(module)
+            weight = module.weight
+            module.bias = nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device))
+
+
+def compensate_bias(group: UnitGroup, removed_channels: Tensor, mean: Tensor, journal: Journal) -> None:
+    """Add the mean contribution of the removed writer inputs to the writer's bias (FLAP's compensation).
+
+    The writer must already have a bias (:func:`add_zero_biases`); the sum runs in
+    float32 and the new bias, a new tensor, is stored in the writer's dtype.
+    """
+    writer = group.writer
+    bias = writer.bias
+    assert isinstance(bias, Tensor)
+    journal.keep(writer)
+    weight = group.writer_weight().detach().float()
+    index = removed_channels.to(weight.device)
+    contribution = weight[:, index] @ mean.to(weight.device, torch.float32)[index]
+    new_bias = (bias.detach().float() + contribution).to(bias.dtype)
+    writer.bias = nn.Parameter(new_bias, requires_grad=bias.requires_grad)
+
+
+def remove_experts(layer: Experts, kept: Tensor, journal: Journal) -> None:
+    """Keep only the experts ``kept`` of ``layer``: their slices of every expert tensor and their router rows."""
+    n = layer.n_experts
+    for module in (layer.experts, layer.router):
+        journal.keep(module)
+        for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if tensor.dim() >= 1 and tensor.shape[0] == n:
+                keep_indices(module, name, 0, kept)
+    journal.keep(layer.owner)
+    for module in (layer.owner, layer.router, layer.experts):
+        _set_ints(module, EXPERT_COUNTS, int(kept.numel()))
+    layer.n_experts = int(kept.numel())
+
+
+def remove_blocks(blocks: nn.ModuleList, removed: Sequence[int], journal: Journal) -> None:
+    """Take the blocks at ``removed`` out of ``blocks`` and renumber the ``layer_idx`` of those left."""
+    journal.lists.append((blocks, list(blocks)))
+    for index in sorted(removed, reverse=True):
+        del blocks[index]
+    for new_index, block in enumerate(blocks):
+        for module in block.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                journal.keep(module)
+                setattr(module, "layer_idx", new_index)  # noqa: B010 - any module's attribute
+
+
+def _set_ints(module: nn.Module, names: Sequence[str], value: int) -> None:
+    for name in names:
+        if isinstance(vars(module).get(name), int):
+            setattr(module, name, value)

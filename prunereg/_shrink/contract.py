@@ -1,0 +1,132 @@
+"""The contract for shrink methods: scores for the parts of a language model that can be removed whole.
+
+A shrink method (FLAP, Wanda-sp, a magnitude baseline, ShortGPT's block
+influence, REAP) scores three kinds of *units*, each optional (``TARGETS``):
+
+- ``"channels"``: the input channels of a block's output projections, the MLP's
+  down projection (one channel per intermediate neuron) and the attention's output
+  projection (``head_dim`` channels per head). :meth:`ShrinkMethod.channel_scores`
+  scores each channel from the projection's weight and :class:`ChannelStatistics`
+  of its input; the engine sums a head's channels, and a key/value group's heads.
+- ``"blocks"``: whole decoder blocks, from :class:`BlockStatistics` of the block's
+  input and output hidden states (:meth:`ShrinkMethod.block_score`).
+- ``"experts"``: the experts of a mixture-of-experts layer, from
+  :class:`ExpertStatistics` of the routing (:meth:`ShrinkMethod.expert_scores`).
+
+The engine removes the lowest-scored units. ``STATISTICS`` names what the engine
+must gather from the calibration set; a method that asks for none runs without one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from prunereg._plugins.isolation import guard_plugin_methods
+
+KIND = "shrink"
+
+#: What a method can score.
+TARGET_NAMES = frozenset({"channels", "blocks", "experts"})
+
+#: The statistics an engine gathers: the moments of each projection input, the block cosine, the routing.
+STATISTIC_NAMES = frozenset({"channel_moments", "block_cosine", "expert_routing"})
+
+
+@dataclass(frozen=True)
+class ChannelStatistics:
+    """What the calibration set says about each input channel of an output projection.
+
+    Over ``n_tokens`` tokens: ``sq_norms[j]`` is the sum of ``x_j ** 2``, ``mean[j]``
+    the mean of ``x_j`` and ``variance[j]`` its sample variance (divided by
+    ``n_tokens - 1``), all float32. Empty (``n_tokens`` 0, tensors None) for a
+    method that asked for no statistics.
+    """
+
+    n_tokens: int
+    sq_norms: torch.Tensor | None = None
+    mean: torch.Tensor | None = None
+    variance: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class BlockStatistics:
+    """How much one decoder block changes its input: ``cosine_sum`` is the sum over tokens of cos(input, output)."""
+
+    n_tokens: int
+    cosine_sum: float
+
+
+@dataclass(frozen=True)
+class ExpertStatistics:
+    """The routing of one mixture-of-experts layer over the calibration tokens, per expert (float32 ``[experts]``).
+
+    ``routed[e]`` counts the tokens routed to expert e, ``gate_sum[e]`` sums their
+    routing weights, ``output_norm_sum[e]`` the norms of the expert's outputs on
+    them and ``weighted_norm_sum[e]`` the routing weight times that norm.
+    """
+
+    routed: torch.Tensor
+    gate_sum: torch.Tensor
+    output_norm_sum: torch.Tensor
+    weighted_norm_sum: torch.Tensor
+
+
+class ShrinkMethod:
+    """A method that scores channels, decoder blocks or experts, the lowest of which ``prunereg.shrink`` removes.
+
+    Subclasses set ``TARGETS`` (which units they score), ``STATISTICS`` (what the
+    engine gathers for them) and implement the matching ``*_scores`` method. A
+    method with ``compensates_bias`` true asks the engine to add the mean
+    contribution of each removed channel to its projection's bias (FLAP): the
+    engine then gathers ``channel_moments`` as well.
+    """
+
+    PRUNING_TYPE: ClassVar[str] = KIND
+    TARGETS: ClassVar[frozenset[str]] = frozenset()
+    STATISTICS: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        for what, names, known in (
+            ("TARGETS", cls.TARGETS, TARGET_NAMES),
+            ("STATISTICS", cls.STATISTICS, STATISTIC_NAMES),
+        ):
+            unknown = set(names) - known
+            if unknown:
+                raise TypeError(f"{cls.__name__}.{what} names unknown entries: {', '.join(sorted(unknown))}")
+        # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
+        guard_plugin_methods(cls, ("__init__", "channel_scores", "block_score", "expert_scores"))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @property
+    def compensates_bias(self) -> bool:
+        """Whether the engine adds removed channels' mean contribution to the output projection's bias (FLAP)."""
+        return False
+
+    def channel_scores(self, weight: torch.Tensor, statistics: ChannelStatistics) -> torch.Tensor:
+        """One score per input channel of an output projection (``weight``: float32 ``[out, in]``), ``[in]``.
+
+        Higher means more important; the lowest go. The weight is left untouched.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not score channels")
+
+    def block_score(self, statistics: BlockStatistics) -> float:
+        """How important one decoder block is; the blocks with the lowest scores are removed."""
+        raise NotImplementedError(f"{type(self).__name__} does not score decoder blocks")
+
+    def expert_scores(self, statistics: ExpertStatistics) -> torch.Tensor:
+        """One score per expert of a mixture-of-experts layer (``[experts]``); the lowest are removed."""
+        raise NotImplementedError(f"{type(self).__name__} does not score experts")
+
+    def needs(self, target: str) -> frozenset[str]:
+        """The statistics this method needs to score ``target`` units (all of ``STATISTICS`` that apply)."""
+        wanted = {"channels": {"channel_moments"}, "blocks": {"block_cosine"}, "experts": {"expert_routing"}}[target]
+        needed = set(self.STATISTICS) & wanted
+        if target == "channels" and self.compensates_bias:
+            needed.add("channel_moments")
+        return frozenset(needed)

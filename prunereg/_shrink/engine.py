@@ -1,0 +1,444 @@
+"""``prunereg.shrink``: remove MLP channels, attention heads, decoder blocks and experts, the config rewritten to match.
+
+The calibration loop is the one-shot engine's (:mod:`prunereg._oneshot.capture`):
+the calibration set is run up to the first block once, then each block in turn
+is observed (the statistics its method asks for), shrunk, and run again to feed
+the next block, so memory is the weights plus one block's activations. Blocks
+are scored in the same pass and the lowest removed at the end (ShortGPT scores
+every block from one pass over the model). Every block loses the same number of
+units, so the rewritten config states the new shape and stock ``transformers``
+reloads the saved model.
+
+Every argument is checked before anything changes: a refusal leaves the model
+as it was. A failure midway (the method raises, Ctrl-C) puts every replaced
+tensor, attribute and config value back before the error propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunereg._oneshot.blocks import find_blocks
+from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
+from prunereg._oneshot.contract import check_sparsity
+from prunereg._oneshot.engine import _calibration_mode, _check_not_reparametrized, _input_device
+from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
+from prunereg._progress import progress as progress_bar
+from prunereg._shrink.architecture import (
+    Experts,
+    Journal,
+    UnitGroup,
+    add_zero_biases,
+    compensate_bias,
+    find_experts,
+    find_heads,
+    find_mlp,
+    remove_blocks,
+    remove_experts,
+    remove_units,
+)
+from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
+from prunereg._shrink.gather import BlockObservation, observe_block
+from prunereg._shrink.report import BlockShrink, ShrinkReport
+
+#: Each argument of :func:`shrink` and the kind of unit its method must score.
+TARGET_OF = {"mlp": "channels", "heads": "channels", "layers": "blocks", "experts": "experts"}
+_NONE = ChannelStatistics(0)
+
+
+def shrink(
+    model: nn.Module,
+    method: str | ShrinkMethod = "flap",
+    calibration: Tensor | Iterable[Tensor] | None = None,
+    *,
+    mlp: float = 0.0,
+    heads: float = 0.0,
+    layers: int = 0,
+    experts: float = 0.0,
+    blocks: str | None = None,
+    batch_size: int = 2,
+    matmul_precision: str = "medium",
+    progress: bool | None = None,
+    **method_options: Any,
+) -> ShrinkReport:
+    """Make a causal language model smaller in place: fewer MLP channels, heads, blocks or experts.
+
+    ``method`` is a registered name of kind ``shrink`` (``"flap"``, ``"wanda_sp"``,
+    ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), with ``method_options``
+    passed to its constructor, or a configured :class:`prunereg.ShrinkMethod`.
+    ``calibration`` holds token ids (``[n_samples, seq_len]``, run in batches of
+    ``batch_size``, or an iterable of batches); a method that needs no statistics
+    (``magnitude_sp``) runs without it.
+
+    - ``mlp``: the share of each MLP's intermediate channels removed (gate and up
+      rows with the down projection's columns);
+    - ``heads``: the share of each attention's key/value groups removed, each with
+      its query heads (a model without grouped queries: the share of its heads);
+    - ``layers``: how many decoder blocks are removed, the lowest-scored;
+    - ``experts``: the share of each mixture-of-experts layer's experts removed,
+      router rows included.
+
+    Every block loses the same number of units and the config is rewritten
+    (``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads``,
+    ``head_dim``, ``num_hidden_layers``, ``layer_types``, ``num_local_experts`` /
+    ``num_experts``, and ``mlp_bias`` / ``attention_bias`` where a method adds a
+    bias compensation), so ``save_pretrained`` then stock
+    ``AutoModelForCausalLM.from_pretrained`` gives the same logits.
+
+    ``matmul_precision`` is torch's float32 matmul precision of the calibration
+    forwards (see :func:`prunereg.oneshot`); statistics and scores run in full
+    float32. A request the model or its config cannot express raises a one-line
+    ``ValueError`` (or ``TypeError``) before anything changes.
+    """
+    job = ShrinkJob.prepare(
+        model, method, calibration, mlp=mlp, heads=heads, layers=layers, experts=experts, blocks=blocks,
+        batch_size=batch_size, matmul_precision=matmul_precision, method_options=method_options,
+    )  # fmt: skip
+    return job.run(progress)
+
+
+@dataclass
+class BlockPlan:
+    """What to remove from one block: its unit groups with the number of units each keeps."""
+
+    groups: dict[str, UnitGroup] = field(default_factory=dict)
+    keep: dict[str, int] = field(default_factory=dict)
+    experts: Experts | None = None
+    keep_experts: int = 0
+
+
+@dataclass
+class ShrinkJob:
+    """A checked shrink request: the method, the blocks and what each loses, the calibration batches."""
+
+    model: nn.Module
+    method: ShrinkMethod
+    method_name: str
+    blocks_path: str
+    blocks: nn.ModuleList
+    plans: list[BlockPlan]
+    layers: int
+    needs: frozenset[str]
+    batches: list[Tensor]
+    matmul_precision: str
+    width: dict[str, Any]
+
+    @classmethod
+    def prepare(
+        cls,
+        model: nn.Module,
+        method: str | ShrinkMethod,
+        calibration: Tensor | Iterable[Tensor] | None,
+        *,
+        mlp: float,
+        heads: float,
+        layers: int,
+        experts: float,
+        blocks: str | None,
+        batch_size: int,
+        matmul_precision: str,
+        method_options: dict[str, Any],
+    ) -> ShrinkJob:
+        """Check every argument and build the method; nothing in ``model`` changes."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        config = getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"shrink rewrites a Hugging Face config, and {type(model).__name__} has none")
+        shares = {
+            name: check_sparsity(value, name) for name, value in (("mlp", mlp), ("heads", heads), ("experts", experts))
+        }
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+            raise ValueError(f"layers must be a number of blocks (an int >= 0), not {layers!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_matmul_precision(matmul_precision)
+        wanted = [name for name, share in shares.items() if share > 0] + (["layers"] if layers else [])
+        if not wanted:
+            raise ValueError("nothing to remove: give mlp, heads or experts (a share) or layers (a count)")
+        instance, name = _build_method(method, method_options)
+        for what in wanted:
+            if TARGET_OF[what] not in instance.TARGETS:
+                scores = ", ".join(sorted(instance.TARGETS)) or "nothing"
+                raise ValueError(f"{what}=... needs a method that scores {TARGET_OF[what]}; {name} scores {scores}")
+        blocks_path, block_list = find_blocks(model, blocks)
+        _check_not_reparametrized(model)
+        if layers >= len(block_list):
+            raise ValueError(f"layers={layers} would leave none of the {len(block_list)} blocks of {blocks_path}")
+        plans = [_plan_block(f"{blocks_path}.{i}", b, config, shares, instance, name) for i, b in enumerate(block_list)]
+        if shares["experts"] and not any(plan.experts for plan in plans):
+            raise ValueError(f"experts=... needs a mixture-of-experts model; {blocks_path} holds none")
+        _check_config(config, plans, layers)
+        needs = frozenset().union(*(instance.needs(TARGET_OF[what]) for what in wanted))
+        batches: list[Tensor] = []
+        if needs:
+            if calibration is None:
+                raise ValueError(f"{name} needs calibration data (token ids) for {', '.join(sorted(needs))}")
+            batches = list(batches_of(calibration, batch_size, _input_device(model)))
+            if not batches:
+                raise ValueError("calibration holds no token ids")
+        width = _width_config(config, plans, instance)
+        return cls(
+            model, instance, name, blocks_path, block_list, plans, layers, needs, batches, matmul_precision, width
+        )
+
+    def run(self, progress: bool | None) -> ShrinkReport:
+        """Shrink every block in turn, then remove blocks and rewrite the config; all or nothing."""
+        start = time.perf_counter()
+        config = self.model.config
+        config_before = dict(vars(config))
+        journal = Journal()
+        report = ShrinkReport(self.method_name, _n_params(self.model), 0, 0, self.blocks_path)
+        try:
+            with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
+                inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if self.needs else None
+                report.n_tokens = sum(batch.numel() for batch in self.batches) if self.needs else 0
+                label = f"{self.method_name} {self.blocks_path}"
+                for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
+                    report.blocks.append(self._shrink_block(index, inputs, journal))
+            if self.layers:
+                scores = [block.score for block in report.blocks]
+                order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
+                report.removed_blocks = sorted(order[: self.layers])
+                for index in report.removed_blocks:
+                    report.blocks[index].removed = True
+                remove_blocks(self.blocks, report.removed_blocks, journal)
+            _rewrite_config(config, self.width, report, self.blocks)
+        except BaseException:
+            journal.restore()
+            vars(config).clear()
+            vars(config).update(config_before)
+            raise
+        report.config = {
+            key: [config_before.get(key), value]
+            for key, value in vars(config).items()
+            if config_before.get(key) != value
+        }
+        report.params_after = _n_params(self.model)
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _shrink_block(self, index: int, inputs: BlockInputs | None, journal: Journal) -> BlockShrink:
+        block, plan = self.blocks[index], self.plans[index]
+        result = BlockShrink(index)
+        observation = None
+        if inputs is not None:
+            writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
+            routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
+            n_experts = plan.experts.n_experts if plan.experts is not None else 0
+            cosine = "block_cosine" in self.needs
+            observation = observe_block(block, inputs, writers, routed, n_experts, cosine=cosine)
+        if self.layers:
+            statistics = observation.block if observation is not None else BlockStatistics(0, 0.0)
+            result.score = float(self.method.block_score(statistics))
+        changed = False
+        with matmul_precision("highest"):
+            for kind, group in plan.groups.items():
+                result.before[kind] = group.n_units
+                result.kept[kind] = plan.keep[kind]
+                if plan.keep[kind] < group.n_units:
+                    self._shrink_group(group, plan.keep[kind], observation, journal)
+                    changed = True
+            if plan.experts is not None and plan.keep_experts:
+                result.before["experts"] = plan.experts.n_experts
+                result.kept["experts"] = plan.keep_experts
+                if plan.keep_experts < plan.experts.n_experts:
+                    kept = self._kept_experts(plan.experts, plan.keep_experts, observation)
+                    remove_experts(plan.experts, kept, journal)
+                    changed = True
+        if inputs is not None and observation is not None and index + 1 < len(self.blocks):
+            if changed:
+                with _config_as(self.model.config, self.width):
+                    advance(block, inputs)
+            else:
+                inputs.hidden = observation.outputs
+        return result
+
+    def _shrink_group(
+        self, group: UnitGroup, keep: int, observation: BlockObservation | None, journal: Journal
+    ) -> None:
+        statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
+        weight = group.writer_weight().detach().float()
+        scores = _checked_scores(self.method.channel_scores(weight, statistics), weight.shape[1], "channel_scores")
+        unit_scores = scores.reshape(group.n_units, group.channels_per_unit).sum(dim=1)
+        kept, removed = _split(unit_scores, keep)
+        if self.method.compensates_bias and removed.numel():
+            assert statistics.mean is not None  # needs() asked for channel_moments
+            if group.writer.bias is None:
+                add_zero_biases(group.owner, journal)
+                group.cut_new_biases()
+            width = group.channels_per_unit
+            channels = (removed[:, None] * width + torch.arange(width)).reshape(-1)
+            compensate_bias(group, channels, statistics.mean, journal)
+        remove_units(group, kept, journal)
+
+    def _kept_experts(self, layer: Experts, keep: int, observation: BlockObservation | None) -> Tensor:
+        statistics = observation.experts if observation is not None else None
+        if statistics is None:
+            zeros = torch.zeros(layer.n_experts)
+            statistics = ExpertStatistics(zeros, zeros, zeros, zeros)
+        scores = _checked_scores(self.method.expert_scores(statistics), layer.n_experts, "expert_scores")
+        return _split(scores, keep)[0]
+
+
+# -- checks -------------------------------------------------------------------------------
+
+
+def _build_method(method: str | ShrinkMethod, options: dict[str, Any]) -> tuple[ShrinkMethod, str]:
+    if isinstance(method, ShrinkMethod):
+        if options:
+            raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
+        return method, type(method).__name__
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a registered name or a ShrinkMethod instance, not {type(method).__name__}")
+    from prunereg._plugins.loading import registry
+
+    cls = registry().resolve(method)
+    if not (isinstance(cls, type) and issubclass(cls, ShrinkMethod)):
+        raise TypeError(
+            f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; shrink needs one of kind shrink "
+            f"({', '.join(registry().names('shrink')) or 'none installed'})"
+        )
+    return cls(**options), method
+
+
+def _plan_block(
+    where: str, block: nn.Module, config: Any, shares: dict[str, float], method: ShrinkMethod, name: str
+) -> BlockPlan:
+    plan = BlockPlan()
+    for kind, finder, unit in (("mlp", find_mlp, "channel"), ("heads", find_heads, "key/value group")):
+        share = shares[kind]
+        if not share:
+            continue
+        found = finder(block, config)
+        if isinstance(found, str):
+            raise ValueError(f"cannot remove {kind} of {where}: {found}")
+        if not found.writer_weight().dtype.is_floating_point:
+            raise TypeError(f"{where} has {found.writer_weight().dtype} weights; shrink needs floating-point ones")
+        keep = found.n_units - round(share * found.n_units)
+        if keep < 1:
+            raise ValueError(f"{kind}={share:g} would leave no {unit} of the {found.n_units} in {where}")
+        if method.compensates_bias and found.bias_flag is not None and not hasattr(config, found.bias_flag):
+            raise ValueError(
+                f"{name} adds a bias compensation to {where}'s {type(found.writer).__name__} output projection, "
+                f"which has no bias, and {type(config).__name__} has no {found.bias_flag!r} to create one "
+                "(pass compensate=False to score without it)"
+            )
+        plan.groups[kind], plan.keep[kind] = found, keep
+    if shares["experts"]:
+        layer = find_experts(block)
+        if layer is not None:
+            keep = layer.n_experts - round(shares["experts"] * layer.n_experts)
+            top_k = getattr(layer.router, "top_k", None) or getattr(config, "num_experts_per_tok", None) or 1
+            if keep < max(1, int(top_k)):
+                raise ValueError(
+                    f"experts={shares['experts']:g} would leave {keep} of the {layer.n_experts} experts in {where}, "
+                    f"fewer than the {top_k} each token is routed to"
+                )
+            plan.experts, plan.keep_experts = layer, keep
+    return plan
+
+
+def _check_config(config: Any, plans: list[BlockPlan], layers: int) -> None:
+    """Refuse what the config cannot state: a size it has no key for, or blocks that would differ."""
+    if any("mlp" in plan.groups for plan in plans) and _mlp_key(config) is None:
+        raise ValueError(f"{type(config).__name__} has no intermediate_size (or n_inner) to state the new MLP width")
+    for kind in ("mlp", "heads"):
+        shapes = {(plan.groups[kind].n_units, plan.keep[kind]) for plan in plans if kind in plan.groups}
+        if len(shapes) > 1:
+            raise ValueError(f"the blocks' {kind} differ in size, which one config value cannot state")
+    expert_shapes = {(plan.experts.n_experts, plan.keep_experts) for plan in plans if plan.experts is not None}
+    if len(expert_shapes) > 1:
+        raise ValueError("the blocks' expert counts differ, which one config value cannot state")
+    if expert_shapes and _expert_key(config) is None:
+        raise ValueError(f"{type(config).__name__} has no num_local_experts or num_experts to state the new count")
+    if layers and not isinstance(getattr(config, "num_hidden_layers", None), int):
+        raise ValueError(f"{type(config).__name__} has no num_hidden_layers to state the new depth")
+
+
+def _mlp_key(config: Any) -> str | None:
+    return next((key for key in ("intermediate_size", "n_inner") if hasattr(config, key)), None)
+
+
+def _expert_key(config: Any) -> str | None:
+    return next((key for key in ("num_local_experts", "num_experts") if hasattr(config, key)), None)
+
+
+def _checked_scores(scores: object, size: int, what: str) -> Tensor:
+    if not isinstance(scores, Tensor) or tuple(scores.shape) != (size,):
+        shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"{what} must return a tensor of shape ({size},), got {shape}")
+    scores = scores.detach().float().cpu()
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError(f"{what} returned scores that are not finite")
+    return scores
+
+
+def _split(scores: Tensor, keep: int) -> tuple[Tensor, Tensor]:
+    """The indices of the ``keep`` highest scores and of the others, each sorted; ties keep the earlier unit."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    return order[:keep].sort().values, order[keep:].sort().values
+
+
+def _n_params(model: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod) -> dict[str, Any]:
+    """The config values that state the blocks' new width: every block lost the same, so one value per key."""
+    values: dict[str, Any] = {}
+    first = {kind: plan for plan in reversed(plans) for kind in plan.groups}
+    if "mlp" in first:
+        plan = first["mlp"]
+        values[str(_mlp_key(config))] = plan.keep["mlp"]
+        if method.compensates_bias and plan.groups["mlp"].bias_flag is not None:
+            values["mlp_bias"] = True
+    if "heads" in first:
+        plan = first["heads"]
+        group = plan.groups["heads"]
+        values["head_dim"] = group.channels_per_unit // group.query_heads_per_unit
+        values["num_attention_heads"] = plan.keep["heads"] * group.query_heads_per_unit
+        if hasattr(config, "num_key_value_heads"):
+            values["num_key_value_heads"] = plan.keep["heads"]
+        if method.compensates_bias and group.bias_flag is not None:
+            values["attention_bias"] = True
+    with_experts = [plan for plan in plans if plan.experts is not None and plan.keep_experts]
+    if with_experts:
+        values[str(_expert_key(config))] = with_experts[0].keep_experts
+    return values
+
+
+@contextlib.contextmanager
+def _config_as(config: Any, values: dict[str, Any]) -> Iterator[None]:
+    """``config`` with ``values`` set inside the block (a shrunk block whose code reads the config runs right)."""
+    saved = dict(vars(config))
+    for key, value in values.items():
+        setattr(config, key, value)
+    try:
+        yield
+    finally:
+        vars(config).clear()
+        vars(config).update(saved)
+
+
+def _rewrite_config(config: Any, width: dict[str, Any], report: ShrinkReport, blocks: nn.ModuleList) -> None:
+    """State the new shape in ``config``: the new width, and the new depth if blocks were removed."""
+    for key, value in width.items():
+        setattr(config, key, value)
+    if report.removed_blocks:
+        removed = set(report.removed_blocks)
+        n_before = len(report.blocks)
+        config.num_hidden_layers = len(blocks)
+        layer_types = getattr(config, "layer_types", None)
+        if isinstance(layer_types, list) and len(layer_types) == n_before:
+            config.layer_types = [kind for i, kind in enumerate(layer_types) if i not in removed]
+        if isinstance(getattr(config, "mlp_only_layers", None), list):
+            config.mlp_only_layers = [i for i, block in enumerate(blocks) if find_experts(block) is None]
+            config.decoder_sparse_step = 1
