@@ -30,7 +30,9 @@ implementation. A calibrated method (run by :func:`prunereg.oneshot`)
 subclasses :class:`prunereg.CalibratedMethod` instead and registers with
 ``kind="calibrated"``. Check a class with
 :func:`prunereg.testing.check_pruning_method` (calibrated:
-:func:`prunereg.testing.check_calibrated_method`).
+:func:`prunereg.testing.check_calibrated_method`; shrink, a
+:class:`prunereg.ShrinkMethod` of ``kind="shrink"``:
+:func:`prunereg.testing.check_shrink_method`).
 docs/plugins.md is the full guide.
 """
 
@@ -77,7 +79,9 @@ def prunereg_register_methods(register: Register) -> None:
       :mod:`prunereg._plugins.kinds`: ``"unstructured"``, ``"structured"`` and
       ``"global"`` (:class:`prunereg.BasePruningMethod` subclasses, run by
       ``apply``), ``"calibrated"`` (:class:`prunereg.CalibratedMethod`
-      subclasses, run by :func:`prunereg.oneshot`). Checked when the class is
+      subclasses, run by :func:`prunereg.oneshot`), ``"shrink"``
+      (:class:`prunereg.ShrinkMethod` subclasses, run by :func:`prunereg.shrink`).
+      Checked when the class is
       imported; ``prunereg list`` shows each method's kind.
     - ``summary``: one line saying what the method prunes.
     - ``replace``: take over a name registered earlier (a built-in, say) on

@@ -24,7 +24,7 @@ class ShrinkContract:
 
 
 class Shrink(ShrinkContract):
-    PRUNING_TYPE = "shrink"
+    PRUNING_TYPE = "merge"
 
 
 @pytest.fixture
@@ -61,16 +61,16 @@ def test_every_registered_method_subclasses_its_kinds_contract(name: str) -> Non
 
 
 def test_a_new_kind_is_one_declaration(declared_here: None) -> None:
-    kinds.declare_kind("shrink", f"{__name__}:ShrinkContract", "`prunereg.shrink`")
-    assert kinds.kind_names()[-1] == "shrink" and not kinds.kind("shrink").masks
-    registry = registry_with("halve", f"{__name__}:Shrink", "shrink")
+    kinds.declare_kind("merge", f"{__name__}:ShrinkContract", "`prunereg.merge`")
+    assert kinds.kind_names()[-1] == "merge" and not kinds.kind("merge").masks
+    registry = registry_with("halve", f"{__name__}:Shrink", "merge")
     assert registry.resolve("halve") is Shrink
-    assert registry.names("shrink") == ["halve"]
+    assert registry.names("merge") == ["halve"]
 
 
 def test_a_class_of_another_contract_is_set_aside_naming_the_kinds_contract(declared_here: None) -> None:
-    kinds.declare_kind("shrink", f"{__name__}:ShrinkContract", "`prunereg.shrink`")
-    registry = registry_with("halve", KeepAll, "shrink")
+    kinds.declare_kind("merge", f"{__name__}:ShrinkContract", "`prunereg.merge`")
+    registry = registry_with("halve", KeepAll, "merge")
     with pytest.warns(PluginWarning, match="is not a ShrinkContract subclass"), pytest.raises(UnknownMethodError):
         registry.resolve("halve")
 
@@ -78,8 +78,8 @@ def test_a_class_of_another_contract_is_set_aside_naming_the_kinds_contract(decl
 def test_an_undeclared_kind_is_refused_naming_the_declared_ones() -> None:
     declared = ", ".join(kinds.kind_names())
     assert declared.startswith("unstructured, structured, global, calibrated")
-    with pytest.raises(ValueError, match=f"kind must be one of {declared}, not 'shrink'"):
-        registry_with("halve", f"{__name__}:Shrink", "shrink")
+    with pytest.raises(ValueError, match=f"kind must be one of {declared}, not 'merge'"):
+        registry_with("halve", f"{__name__}:Shrink", "merge")
 
 
 @pytest.mark.parametrize(
@@ -87,8 +87,8 @@ def test_an_undeclared_kind_is_refused_naming_the_declared_ones() -> None:
     [
         ("calibrated", f"{__name__}:ShrinkContract", "already declared"),
         ("Shrink", f"{__name__}:ShrinkContract", "lowercase identifier"),
-        ("shrink", "ShrinkContract", "must look like 'package.module:Class'"),
-        ("shrink", f"{__name__}:", "must look like 'package.module:Class'"),
+        ("merge", "ShrinkContract", "must look like 'package.module:Class'"),
+        ("merge", f"{__name__}:", "must look like 'package.module:Class'"),
     ],
 )
 def test_a_bad_declaration_is_refused(declared_here: None, name: str, contract: str, message: str) -> None:

@@ -1,0 +1,130 @@
+"""The conformance check for shrink methods, exported as ``prunereg.testing.check_shrink_method``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from prunereg._oneshot.conformance import _default_devices, _step
+from prunereg._shrink.contract import (
+    KIND,
+    STATISTIC_NAMES,
+    TARGET_NAMES,
+    BlockStatistics,
+    ChannelStatistics,
+    ExpertStatistics,
+    ShrinkMethod,
+)
+
+_SEED = 1234
+_OUT, _IN, _EXPERTS = 12, 20, 6
+
+
+def check_shrink_method(method: str | type, /, *, devices: Sequence[str] | None = None, **kwargs: Any) -> None:
+    """Check that a shrink method keeps the contract :func:`prunereg.shrink` relies on.
+
+    ``method`` is a registered name or a :class:`prunereg.ShrinkMethod` subclass;
+    ``kwargs`` go to its constructor. Checked on each of ``devices`` (default: cpu,
+    and cuda when present), for every target in the class's ``TARGETS``:
+
+    - the class: a ``ShrinkMethod`` of kind ``shrink`` (the registered kind, for a
+      name) that scores at least one target, with ``TARGETS`` and ``STATISTICS``
+      the engine knows;
+    - ``channel_scores``: one finite score per input channel of the weight, on its
+      device; the same result for the same input; the weight and statistics unchanged;
+    - ``block_score``: a finite float, the same for the same statistics;
+    - ``expert_scores``: one finite score per expert, the same for the same statistics.
+
+    Raises ``AssertionError`` naming the method, the check and the device.
+    """
+    cls, label = _method_class(method)
+    with _step(label, "constructor"):
+        try:
+            instance = cls(**kwargs)
+        except Exception as error:
+            raise AssertionError(f"{cls.__name__}(**{kwargs!r}) raised {type(error).__name__}: {error}") from None
+    for device in devices if devices is not None else _default_devices():
+        for target in sorted(cls.TARGETS):
+            with _step(label, f"{target} scores on {device}"):
+                {"channels": _check_channels, "blocks": _check_blocks, "experts": _check_experts}[target](
+                    instance, device
+                )
+
+
+def _method_class(method: str | type) -> tuple[type[ShrinkMethod], str]:
+    if isinstance(method, str):
+        from prunereg._plugins.loading import registry
+
+        info = registry().info(method)
+        cls = registry().resolve(method)
+        label = f"shrink method {method!r} ({info.target})"
+        if info.kind != KIND:
+            raise AssertionError(f"{label}: registered as kind {info.kind!r}, not {KIND!r}")
+    else:
+        cls, label = method, f"shrink method {getattr(method, '__qualname__', method)!r}"
+    if not (isinstance(cls, type) and issubclass(cls, ShrinkMethod)):
+        raise AssertionError(f"{label}: not a prunereg.ShrinkMethod subclass")
+    if cls.PRUNING_TYPE != KIND:
+        raise AssertionError(f"{label}: PRUNING_TYPE must be {KIND!r}, not {cls.PRUNING_TYPE!r}")
+    if not cls.TARGETS or not set(cls.TARGETS) <= TARGET_NAMES:
+        raise AssertionError(f"{label}: TARGETS must be a non-empty subset of {sorted(TARGET_NAMES)}")
+    if not set(cls.STATISTICS) <= STATISTIC_NAMES:
+        raise AssertionError(f"{label}: STATISTICS must be a subset of {sorted(STATISTIC_NAMES)}")
+    return cls, label
+
+
+def _check_channels(method: ShrinkMethod, device: str) -> None:
+    generator = torch.Generator().manual_seed(_SEED)
+    tokens = torch.randn(64, _IN, generator=generator, dtype=torch.float64)
+    weight = torch.randn(_OUT, _IN, generator=generator).to(device)
+    statistics = ChannelStatistics(
+        tokens.shape[0],
+        tokens.square().sum(0).float().to(device),
+        tokens.mean(0).float().to(device),
+        tokens.var(0).float().to(device),
+    )
+    copies = [t.clone() for t in (weight, statistics.sq_norms, statistics.mean, statistics.variance) if t is not None]
+    scores = method.channel_scores(weight, statistics)
+    if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (_IN,):
+        raise AssertionError(f"channel_scores must return a tensor of shape ({_IN},), got {_describe(scores)}")
+    if scores.device != weight.device:
+        raise AssertionError(f"channel_scores returned scores on {scores.device}, the weight is on {weight.device}")
+    if not bool(torch.isfinite(scores).all()):
+        raise AssertionError("channel_scores returned scores that are not finite")
+    if not torch.equal(method.channel_scores(weight, statistics), scores):
+        raise AssertionError("channel_scores gave a different result for the same input")
+    after = [t for t in (weight, statistics.sq_norms, statistics.mean, statistics.variance) if t is not None]
+    if not all(torch.equal(a, b) for a, b in zip(after, copies)):
+        raise AssertionError("channel_scores changed its inputs")
+
+
+def _check_blocks(method: ShrinkMethod, device: str) -> None:
+    statistics = BlockStatistics(n_tokens=64, cosine_sum=51.2)
+    score = method.block_score(statistics)
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise AssertionError(f"block_score must return a finite float, got {score!r}")
+    if method.block_score(statistics) != score:
+        raise AssertionError("block_score gave a different result for the same statistics")
+
+
+def _check_experts(method: ShrinkMethod, device: str) -> None:
+    generator = torch.Generator().manual_seed(_SEED)
+    routed = torch.randint(0, 20, (_EXPERTS,), generator=generator).float()
+    routed[0] = 0  # an expert no token reached
+    gate_sum = routed * torch.rand(_EXPERTS, generator=generator)
+    norm_sum = routed * torch.rand(_EXPERTS, generator=generator) * 3
+    statistics = ExpertStatistics(routed, gate_sum, norm_sum, gate_sum * norm_sum / routed.clamp(min=1))
+    scores = method.expert_scores(statistics)
+    if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (_EXPERTS,):
+        raise AssertionError(f"expert_scores must return a tensor of shape ({_EXPERTS},), got {_describe(scores)}")
+    if not bool(torch.isfinite(scores).all()):
+        raise AssertionError("expert_scores returned scores that are not finite (an expert no token reached?)")
+    if not torch.equal(method.expert_scores(statistics), scores):
+        raise AssertionError("expert_scores gave a different result for the same statistics")
+
+
+def _describe(value: object) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
