@@ -1,4 +1,4 @@
-"""The shrink kind: the built-in methods are registered, listed and pass the conformance check; a broken one fails it."""
+"""The shrink kind: the built-in methods are registered, listed and pass the conformance check; broken ones fail."""
 
 from __future__ import annotations
 
