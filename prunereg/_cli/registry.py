@@ -52,6 +52,8 @@ def _runs_with(kind: str, cls: type) -> list[str]:
     """The commands that run a method of ``kind`` and class ``cls``."""
     if kind == "calibrated":
         return ["oneshot", "prune"] if getattr(cls, "runs_without_calibration", lambda: False)() else ["oneshot"]
+    if kind == "shrink":
+        return ["shrink"]
     return ["prune", "prune --global"] if kind == "unstructured" else ["prune"]
 
 
@@ -116,10 +118,10 @@ def info_command(name: str, as_json: bool) -> None:
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--kind",
-    type=click.Choice(["unstructured", "calibrated"]),
+    type=click.Choice(["unstructured", "calibrated", "shrink"]),
     default="unstructured",
     show_default=True,
-    help="A mask method like torch's, or a calibrated method for prunereg.oneshot.",
+    help="A mask method like torch's, a calibrated method for prunereg.oneshot, a shrink method for prunereg.shrink.",
 )
 def new_plugin_command(name: str, directory: Path | None, kind: str) -> None:
     """Write a complete plugin package prunereg-NAME into DIRECTORY (default ./prunereg-NAME).

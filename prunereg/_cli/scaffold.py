@@ -20,7 +20,11 @@ if TYPE_CHECKING:
     from importlib.abc import Traversable
 
 #: The template folders each kind of plugin is written from.
-TEMPLATES = {"unstructured": ("template",), "calibrated": ("template", "template_calibrated")}
+TEMPLATES = {
+    "unstructured": ("template",),
+    "calibrated": ("template", "template_calibrated"),
+    "shrink": ("template", "template_shrink"),
+}
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
@@ -34,7 +38,9 @@ class PluginNames:
     module: str  # prunereg_foo_bar
     class_name: str  # FooBarPruning
     prunereg_version: str
-    kind: str = "unstructured"  # "calibrated": a method for prunereg.oneshot, from template_calibrated/
+    kind: str = (
+        "unstructured"  # "calibrated": for prunereg.oneshot, from template_calibrated/; "shrink": template_shrink/
+    )
 
     @classmethod
     def from_name(cls, name: str) -> PluginNames:
