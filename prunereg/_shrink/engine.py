@@ -234,7 +234,11 @@ class ShrinkJob:
             routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
             n_experts = plan.experts.n_experts if plan.experts is not None else 0
             cosine = "block_cosine" in self.needs
-            observation = observe_block(block, inputs, writers, routed, n_experts, cosine=cosine)
+            unchanged = all(plan.keep[kind] == group.n_units for kind, group in plan.groups.items()) and (
+                plan.experts is None or plan.keep_experts in (0, plan.experts.n_experts)
+            )
+            keep = unchanged and index + 1 < len(self.blocks)
+            observation = observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep)
         if self.layers:
             statistics = observation.block if observation is not None else BlockStatistics(0, 0.0)
             result.score = float(self.method.block_score(statistics))
@@ -254,10 +258,10 @@ class ShrinkJob:
                     remove_experts(plan.experts, kept, journal)
                     changed = True
         if inputs is not None and observation is not None and index + 1 < len(self.blocks):
-            if changed:
+            if changed or len(observation.outputs) != len(inputs):
                 with _config_as(self.model.config, self.width):
                     advance(block, inputs)
-            else:
+            else:  # the block is as it was: its outputs from the observing pass feed the next
                 inputs.hidden = observation.outputs
         return result
 

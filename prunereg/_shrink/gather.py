@@ -108,12 +108,16 @@ def observe_block(
     n_experts: int,
     *,
     cosine: bool,
+    keep_outputs: bool,
 ) -> BlockObservation:
     """Run every calibration batch through ``block`` and gather the statistics asked for.
 
     ``writers`` are the projections (by unit kind) whose input moments are wanted;
     ``experts`` the module whose routing is wanted (None for none); ``cosine`` whether
-    the block's input/output cosine is. The outputs are kept: the next block's inputs.
+    the block's input/output cosine is. ``keep_outputs``: keep the block's outputs,
+    the next block's inputs when this block is not changed (else each batch's
+    output lives only while its cosine is taken, and memory stays one set of
+    activations).
     """
     observation = BlockObservation()
     moments = {kind: RunningMoments() for kind in writers}
@@ -137,7 +141,8 @@ def observe_block(
                 n_tokens += cos.numel()
                 cosine_sum += float(cos.double().sum())
                 observation.seconds += time.perf_counter() - start
-            observation.outputs.append(output)
+            if keep_outputs:
+                observation.outputs.append(output)
     finally:
         for handle in handles:
             handle.remove()
