@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
     from prunereg._shrink.engine import shrink
     from prunereg._shrink.report import ShrinkReport
+    from prunereg._shrink.streaming import shrink_folder
 
 __version__ = "0.1.0"
 
@@ -82,6 +83,7 @@ __all__ = [
     "safe_globals",
     "save_pretrained",
     "shrink",
+    "shrink_folder",
     "summary",
 ]
 
@@ -124,6 +126,7 @@ _LAZY = {
     "safe_globals": "prunereg._models.serialization",
     "save_pretrained": "prunereg._models.huggingface",
     "shrink": "prunereg._shrink.engine",
+    "shrink_folder": "prunereg._shrink.streaming",
     "summary": "prunereg._models.summary",
 }
 

@@ -76,7 +76,18 @@ if TYPE_CHECKING:
     metavar="KEY=VALUE",
     help="A method option, e.g. -o compensate=False (repeatable; see prunereg info METHOD).",
 )
-@click.option("--dtype", type=click.Choice(_DTYPES), default="auto", show_default=True, help="Load the model as.")
+@click.option(
+    "--dtype",
+    type=click.Choice(_DTYPES),
+    default="auto",
+    show_default=True,
+    help="Load the model as (not with --stream).",
+)
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="Read one block at a time from MODEL_DIR's safetensors files (models larger than memory).",
+)
 @click.option(
     "--eval",
     "eval_file",
@@ -102,6 +113,7 @@ def shrink_command(
     matmul_precision: str,
     options: tuple[str, ...],
     dtype: str,
+    stream: bool,
     eval_file: Path | None,
     eval_window: int,
     eval_tokens: int | None,
@@ -120,6 +132,8 @@ def shrink_command(
     prunereg shrink ./SmolLM2 ./SmolLM2-short -m block_influence --layers 6 --calibration text.txt --eval test.txt
     """
     output = _output_folder(output_dir, model_dir, force)
+    if stream and dtype != "auto":
+        raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     method_options = _parse_options(options)
     _refuse_shrink_arguments(method_options)
     try:
@@ -131,6 +145,7 @@ def shrink_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
+    from prunereg._shrink.streaming import shrink_folder_into
 
     report: ShrinkReport | None = None
     before = after = None
@@ -138,18 +153,33 @@ def shrink_command(
         tokenizer = load_tokenizer(model_dir)
         ids = _calibration_ids(tokenizer, calibration, samples, seq_len) if calibration is not None else None
         eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+        arguments: dict[str, Any] = {
+            "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,
+            "matmul_precision": matmul_precision,
+        }  # fmt: skip
+
+        def load(folder: Path, label: str = "MODEL_DIR") -> Any:
+            return load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
+
         with cleanup_on_signals(), output as staging:
-            model: Any = load_causal_lm(model_dir, dtype=_torch_dtype(dtype), label="MODEL_DIR")
-            output.require_free_space(_bytes_to_write(model, False))
-            if eval_ids is not None:
-                before = prunereg.perplexity(model, eval_ids, window=eval_window)
-            report = prunereg.shrink(
-                model, method, ids, mlp=mlp, heads=heads, layers=layers, experts=experts, batch_size=batch_size,
-                matmul_precision=matmul_precision, **method_options,
-            )  # fmt: skip
-            if eval_ids is not None:
-                after = prunereg.perplexity(model, eval_ids, window=eval_window)
-            model.save_pretrained(staging)
+            if stream:
+                if eval_ids is not None:
+                    before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
+                report = shrink_folder_into(
+                    model_dir, output, staging, method, ids, blocks=None, progress=None, label="MODEL_DIR",
+                    options={**arguments, "method_options": method_options},
+                )  # fmt: skip
+                if eval_ids is not None:
+                    after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
+            else:
+                model = load(model_dir)
+                output.require_free_space(_bytes_to_write(model, False))
+                if eval_ids is not None:
+                    before = prunereg.perplexity(model, eval_ids, window=eval_window)
+                report = prunereg.shrink(model, method, ids, **arguments, **method_options)
+                if eval_ids is not None:
+                    after = prunereg.perplexity(model, eval_ids, window=eval_window)
+                model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
     if as_json:
         click.echo(json.dumps({**report.as_dict(), "perplexity_before": before, "perplexity_after": after}, indent=2))

@@ -206,16 +206,21 @@ def _config_int(config: Any, name: str) -> int | None:
 
 
 class Journal:
-    """What removal replaced (tensors, size attributes), so that a failed shrink can put the model back."""
+    """What removal replaced (tensors, size attributes), so that a failed shrink can put the model back.
 
-    def __init__(self) -> None:
+    A journal made with ``enabled=False`` keeps nothing (streaming: a failed run
+    leaves no output folder, and each block's old tensors must be freed).
+    """
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
         self._entries: list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
         self._seen: set[int] = set()
         self.lists: list[tuple[nn.ModuleList, list[nn.Module]]] = []
 
     def keep(self, module: nn.Module) -> None:
         """Remember ``module``'s tensors and plain attributes as they are now (once per module)."""
-        if id(module) in self._seen:
+        if not self.enabled or id(module) in self._seen:
             return
         self._seen.add(id(module))
         plain = {k: v for k, v in vars(module).items() if not k.startswith("_")}
@@ -294,7 +299,8 @@ def remove_experts(layer: Experts, kept: Tensor, journal: Journal) -> None:
 
 def remove_blocks(blocks: nn.ModuleList, removed: Sequence[int], journal: Journal) -> None:
     """Take the blocks at ``removed`` out of ``blocks`` and renumber the ``layer_idx`` of those left."""
-    journal.lists.append((blocks, list(blocks)))
+    if journal.enabled:
+        journal.lists.append((blocks, list(blocks)))
     for index in sorted(removed, reverse=True):
         del blocks[index]
     for new_index, block in enumerate(blocks):

@@ -28,7 +28,13 @@ from torch import Tensor, nn
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
 from prunereg._oneshot.contract import check_sparsity
-from prunereg._oneshot.engine import _calibration_mode, _check_not_reparametrized, _input_device
+from prunereg._oneshot.engine import (
+    BlockWeights,
+    InMemory,
+    _calibration_mode,
+    _check_not_reparametrized,
+    _input_device,
+)
 from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
 from prunereg._progress import progress as progress_bar
 from prunereg._shrink.architecture import (
@@ -189,12 +195,20 @@ class ShrinkJob:
             model, instance, name, blocks_path, block_list, plans, layers, needs, batches, matmul_precision, width
         )
 
-    def run(self, progress: bool | None) -> ShrinkReport:
-        """Shrink every block in turn, then remove blocks and rewrite the config; all or nothing."""
+    def run(
+        self, progress: bool | None, weights: BlockWeights | None = None, *, restore_on_error: bool = True
+    ) -> ShrinkReport:
+        """Shrink every block in turn, then remove blocks and rewrite the config.
+
+        ``weights`` fetches each block's weights before it runs and takes them
+        back after (streaming; default: all in memory). ``restore_on_error``
+        keeps what each removal replaced, to put the model back on a failure.
+        """
+        weights = weights if weights is not None else InMemory()
         start = time.perf_counter()
         config = self.model.config
         config_before = dict(vars(config))
-        journal = Journal()
+        journal = Journal(enabled=restore_on_error)
         report = ShrinkReport(self.method_name, _n_params(self.model), 0, 0, self.blocks_path)
         try:
             with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
@@ -202,7 +216,7 @@ class ShrinkJob:
                 report.n_tokens = sum(batch.numel() for batch in self.batches) if self.needs else 0
                 label = f"{self.method_name} {self.blocks_path}"
                 for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                    report.blocks.append(self._shrink_block(index, inputs, journal))
+                    report.blocks.append(self._shrink_block(index, inputs, journal, weights))
             if self.layers:
                 scores = [block.score for block in report.blocks]
                 order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
@@ -225,8 +239,11 @@ class ShrinkJob:
         report.seconds = time.perf_counter() - start
         return report
 
-    def _shrink_block(self, index: int, inputs: BlockInputs | None, journal: Journal) -> BlockShrink:
+    def _shrink_block(
+        self, index: int, inputs: BlockInputs | None, journal: Journal, weights: BlockWeights
+    ) -> BlockShrink:
         block, plan = self.blocks[index], self.plans[index]
+        weights.fetch(index, block)
         result = BlockShrink(index)
         observation = None
         if inputs is not None:
@@ -263,6 +280,7 @@ class ShrinkJob:
                     advance(block, inputs)
             else:  # the block is as it was: its outputs from the observing pass feed the next
                 inputs.hidden = observation.outputs
+        weights.done(index, block, pruned=True)
         return result
 
     def _shrink_group(

@@ -116,3 +116,23 @@ def test_the_command_runs_as_a_real_subprocess(folder: Path) -> None:
     assert completed.returncode == 0, completed.stderr
     assert "wanda_sp:" in completed.stdout and "wrote" in completed.stdout
     assert AutoModelForCausalLM.from_pretrained(folder / "small").config.intermediate_size == 36
+
+
+def test_streaming_writes_the_same_model(folder: Path) -> None:
+    assert CliRunner().invoke(main, _args(folder, "--mlp", "0.5", "--heads", "0.5")).exit_code == 0
+    args = _args(folder, "--mlp", "0.5", "--heads", "0.5", "--stream", "--eval", str(folder / "eval.txt"))
+    args[2] = str(folder / "streamed")
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "perplexity on eval.txt:" in result.output
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        in_memory = AutoModelForCausalLM.from_pretrained(folder / "small")(ids).logits
+        streamed = AutoModelForCausalLM.from_pretrained(folder / "streamed")(ids).logits
+    assert torch.equal(in_memory, streamed)
+    assert (folder / "streamed" / "tokenizer.json").is_file()
+
+
+def test_stream_refuses_a_dtype(folder: Path) -> None:
+    result = CliRunner().invoke(main, _args(folder, "--mlp", "0.5", "--stream", "--dtype", "bfloat16"))
+    assert result.exit_code != 0 and "--stream keeps the checkpoint's dtype" in result.output

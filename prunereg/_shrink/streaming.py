@@ -1,0 +1,172 @@
+"""Shrinking a Hugging Face model folder one decoder block at a time, for models larger than memory.
+
+The streaming of :mod:`prunereg._oneshot.streaming`: the model is built empty,
+the weights outside the blocks are loaded, and each block is read from the
+folder's safetensors files, shrunk, written as its own shard and emptied again.
+What differs is the output's shape: a block's shard holds its cut tensors (and
+the biases a bias compensation creates), blocks removed at the end have their
+shards deleted and the blocks after them are renamed to their new indices, and
+``config.json`` is the shrunk model's. The output folder is written through
+:class:`~prunereg._disk.folder.AtomicFolder`: whole, or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from prunereg._disk.folder import AtomicFolder
+from prunereg._disk.model_dir import check_links
+from prunereg._models.hf_folder import CONFIG_NAME, empty_causal_lm, is_gguf_marker
+from prunereg._oneshot.blocks import find_blocks
+from prunereg._oneshot.streaming import CheckpointReader, StreamedBlocks, _empty, _refuse_incomplete
+from prunereg._shrink.contract import ShrinkMethod
+from prunereg._shrink.engine import ShrinkJob
+from prunereg._shrink.report import ShrinkReport
+
+
+class ShrunkBlocks(StreamedBlocks):
+    """Streamed blocks whose shards hold whatever the block holds after shrinking, renamed when blocks go."""
+
+    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
+        prefix = f"{self.blocks_path}.{index}."
+        parameters = {name for name, _ in block.named_parameters()}
+        tensors = {
+            self.key_of(prefix + name): tensor
+            for name, tensor in block.state_dict().items()
+            if prefix + name in self.names or name in parameters  # a bias the compensation created is new
+        }
+        self._write(index, tensors)
+        _empty(block)
+
+    def key_of(self, name: str) -> str:
+        """The checkpoint key of model name ``name``, also for a tensor the checkpoint did not have."""
+        if name in self.names:
+            return self.names[name]
+        strips = any(key != model_name for model_name, key in self.names.items())
+        return name.partition(".")[2] if strips else name  # a checkpoint without the base model's prefix
+
+    def drop_and_renumber(self, n_blocks: int, removed: Iterable[int]) -> None:
+        """Delete the shards of the ``removed`` blocks and rename the keys of the later ones to their new index."""
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        gone = set(removed)
+        new_index = 0
+        for index in range(n_blocks):
+            shard = f"model-{index + 1:05d}-of-{self.n_shards:05d}.safetensors"
+            path = self.output / shard
+            keys = [key for key, file in self.weight_map.items() if file == shard]
+            if index in gone:
+                with safe_open(str(path), framework="pt") as handle:
+                    for key in keys:
+                        tensor = handle.get_tensor(key)
+                        self.total_size -= tensor.numel() * tensor.element_size()
+                        del self.weight_map[key]
+                path.unlink()
+                continue
+            if new_index != index:
+                old, new = self._block_key(index), self._block_key(new_index)
+                with safe_open(str(path), framework="pt") as handle:
+                    tensors = {new + key[len(old) :]: handle.get_tensor(key) for key in keys}
+                save_file(tensors, str(path), metadata={"format": "pt"})
+                for key in keys:
+                    del self.weight_map[key]
+                self.weight_map.update(dict.fromkeys(tensors, shard))
+            new_index += 1
+
+    def _block_key(self, index: int) -> str:
+        return self.key_of(f"{self.blocks_path}.{index}.x")[:-1]
+
+
+def shrink_folder(
+    model_dir: str | Path,
+    output_dir: str | Path,
+    method: str | ShrinkMethod = "flap",
+    calibration: Tensor | Iterable[Tensor] | None = None,
+    *,
+    mlp: float = 0.0,
+    heads: float = 0.0,
+    layers: int = 0,
+    experts: float = 0.0,
+    blocks: str | None = None,
+    batch_size: int = 2,
+    matmul_precision: str = "medium",
+    progress: bool | None = None,
+    replace: bool = False,
+    **method_options: Any,
+) -> ShrinkReport:
+    """Shrink the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
+
+    Arguments as :func:`prunereg.shrink`; the weights in ``model_dir`` must be
+    safetensors files. ``output_dir`` gets the shrunk weights, one shard per
+    kept block, the shrunk config and the folder's other files, so stock
+    ``from_pretrained(output_dir)`` loads the smaller model. Peak memory: the
+    weights outside the blocks, one block and one block's calibration activations.
+
+    ``model_dir`` is read as untrusted input, as :func:`prunereg.oneshot_folder`
+    reads it; ``output_dir`` appears only when complete, replacing a folder that
+    holds files only with ``replace=True`` and never when it is or holds ``model_dir``.
+    """
+    folder = AtomicFolder(
+        output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
+        keep={"model_dir": model_dir},
+    )  # fmt: skip
+    folder.check()
+    options: dict[str, Any] = {
+        "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,
+        "matmul_precision": matmul_precision, "method_options": method_options,
+    }  # fmt: skip
+    with folder as staging:
+        return shrink_folder_into(
+            Path(model_dir), folder, staging, method, calibration, blocks=blocks, progress=progress,
+            label="model_dir", options=options,
+        )  # fmt: skip
+
+
+def shrink_folder_into(
+    source: Path,
+    folder: AtomicFolder,
+    staging: Path,
+    method: str | ShrinkMethod,
+    calibration: Tensor | Iterable[Tensor] | None,
+    *,
+    blocks: str | None,
+    progress: bool | None,
+    label: str,
+    options: dict[str, Any],
+) -> ShrinkReport:
+    """:func:`shrink_folder`'s work: shrink ``source`` into ``staging``, the open ``folder``'s staging folder.
+
+    ``options`` are :meth:`ShrinkJob.prepare`'s keyword arguments but ``blocks``;
+    ``label`` names ``source`` in errors.
+    """
+    check_links(source, label)
+    reader = CheckpointReader(source, label)
+    folder.require_free_space(reader.size())
+    model = empty_causal_lm(source, label)
+    blocks_path, block_list = find_blocks(model, blocks)
+    n_blocks = len(block_list)
+    streamed = ShrunkBlocks(model, reader, blocks_path, staging, n_blocks)
+    rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
+    tensors = reader.read(rest.values())
+    model.load_state_dict({name: tensors[key] for name, key in rest.items()}, strict=False, assign=True)
+    del tensors
+    tie_weights = getattr(model, "tie_weights", None)
+    if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
+        tie_weights()
+    _refuse_incomplete(model, streamed.names, reader.files, source, label)
+    job = ShrinkJob.prepare(model, method, calibration, blocks=blocks_path, **options)
+    report = job.run(progress, streamed, restore_on_error=False)
+    streamed.drop_and_renumber(n_blocks, report.removed_blocks)
+    streamed.finish(list(rest.values()), source)
+    shrunk_config: Any = model.config
+    config = json.loads(shrunk_config.to_json_string(use_diff=False))
+    if is_gguf_marker(config.get("quantization_config")):
+        del config["quantization_config"]
+    (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return report
