@@ -182,3 +182,44 @@ def test_a_failure_midway_puts_every_tensor_attribute_and_config_value_back() ->
     assert model.model.layers[0].self_attn.q_proj.out_features == 32
     ids = calibration_ids(2, 8, seed=3)
     assert _logits(model, ids).shape == (2, 8, 64)
+
+
+class _WidthAndDepth(ShrinkMethod):
+    """A third-party method that scores channels, blocks and experts, to remove all of them in one call."""
+
+    TARGETS = frozenset({"channels", "blocks", "experts"})
+    STATISTICS = frozenset({"channel_moments", "block_cosine", "expert_routing"})
+
+    def channel_scores(self, weight: torch.Tensor, statistics: prunereg.ChannelStatistics) -> torch.Tensor:
+        assert statistics.sq_norms is not None
+        return weight.norm(dim=0) * statistics.sq_norms.sqrt()
+
+    def block_score(self, statistics: prunereg.BlockStatistics) -> float:
+        return 1 - statistics.cosine_sum / statistics.n_tokens
+
+    def expert_scores(self, statistics: prunereg.ExpertStatistics) -> torch.Tensor:
+        return statistics.gate_sum
+
+
+@pytest.mark.parametrize(
+    ("architecture", "options"),
+    [("llama", {"mlp": 0.5, "heads": 0.5, "layers": 1}), ("mixtral", {"experts": 0.5, "heads": 0.5, "layers": 2})],
+)
+def test_one_call_removes_width_and_depth_together_and_the_model_still_reloads(
+    architecture: str, options: dict[str, Any], tmp_path: Any
+) -> None:
+    model = build(architecture)
+    report = prunereg.shrink(model, _WidthAndDepth(), calibration_ids(), **options)
+    assert len(report.removed_blocks) == options["layers"]
+    ids = calibration_ids(2, 12, seed=7)
+    expected = _logits(model, ids)
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(_logits(reloaded, ids), expected, rtol=0, atol=0)
+
+
+def test_the_models_train_and_eval_modes_are_kept() -> None:
+    model = build("llama").train()
+    model.model.layers[1].eval()
+    prunereg.shrink(model, "wanda_sp", calibration_ids(), mlp=0.5)
+    assert model.training and model.model.layers[0].training and not model.model.layers[1].training
