@@ -31,6 +31,9 @@ class WandaSP(ShrinkMethod):
 class Flap(ShrinkMethod):
     """FLAP: channel j scores its input's fluctuation ``Var(X_j)`` times ``||W_:,j||^2`` (the paper's WIFV).
 
+    A head (a key/value group) scores the sum of its channels' squared scores,
+    as the authors' code squares the attention metric; an MLP channel its score.
+
     With ``compensate=True`` (the paper's method) the mean contribution of each
     removed channel, ``W_:,j * mean(X_j)``, is added to the output projection's
     bias, which the config's ``mlp_bias`` / ``attention_bias`` then creates;
@@ -51,6 +54,9 @@ class Flap(ShrinkMethod):
 
     def __repr__(self) -> str:
         return f"Flap(compensate={self.compensate})"
+
+    def unit_scores(self, channel_scores: torch.Tensor, kind: str) -> torch.Tensor:
+        return (channel_scores.square() if kind == "heads" else channel_scores).sum(dim=1)
 
     def channel_scores(self, weight: torch.Tensor, statistics: ChannelStatistics) -> torch.Tensor:
         if statistics.variance is None:

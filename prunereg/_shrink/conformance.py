@@ -35,6 +35,7 @@ def check_shrink_method(method: str | type, /, *, devices: Sequence[str] | None 
       the engine knows;
     - ``channel_scores``: one finite score per input channel of the weight, on its
       device; the same result for the same input; the weight and statistics unchanged;
+      ``unit_scores``: one finite score per unit, for MLP channels and for heads;
     - ``block_score``: a finite float, the same for the same statistics;
     - ``expert_scores``: one finite score per expert, the same for the same statistics.
 
@@ -99,6 +100,14 @@ def _check_channels(method: ShrinkMethod, device: str) -> None:
     after = [t for t in (weight, statistics.sq_norms, statistics.mean, statistics.variance) if t is not None]
     if not all(torch.equal(a, b) for a, b in zip(after, copies)):
         raise AssertionError("channel_scores changed its inputs")
+    for kind, width in (("mlp", 1), ("heads", 4)):
+        units = method.unit_scores(scores.reshape(-1, width), kind)
+        if not isinstance(units, torch.Tensor) or tuple(units.shape) != (_IN // width,):
+            raise AssertionError(
+                f"unit_scores must return one score per unit ({_IN // width},), got {_describe(units)}"
+            )
+        if not bool(torch.isfinite(units).all()):
+            raise AssertionError(f"unit_scores returned scores that are not finite for {kind}")
 
 
 def _check_blocks(method: ShrinkMethod, device: str) -> None:

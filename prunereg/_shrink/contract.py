@@ -7,7 +7,9 @@ influence, REAP) scores three kinds of *units*, each optional (``TARGETS``):
   down projection (one channel per intermediate neuron) and the attention's output
   projection (``head_dim`` channels per head). :meth:`ShrinkMethod.channel_scores`
   scores each channel from the projection's weight and :class:`ChannelStatistics`
-  of its input; the engine sums a head's channels, and a key/value group's heads.
+  of its input, and :meth:`ShrinkMethod.unit_scores` turns the channel scores of
+  each unit (an MLP channel, a key/value group with its query heads) into the
+  unit's score (default: their sum).
 - ``"blocks"``: whole decoder blocks, from :class:`BlockStatistics` of the block's
   input and output hidden states (:meth:`ShrinkMethod.block_score`).
 - ``"experts"``: the experts of a mixture-of-experts layer, from
@@ -98,7 +100,7 @@ class ShrinkMethod:
             if unknown:
                 raise TypeError(f"{cls.__name__}.{what} names unknown entries: {', '.join(sorted(unknown))}")
         # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
-        guard_plugin_methods(cls, ("__init__", "channel_scores", "block_score", "expert_scores"))
+        guard_plugin_methods(cls, ("__init__", "channel_scores", "unit_scores", "block_score", "expert_scores"))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -114,6 +116,14 @@ class ShrinkMethod:
         Higher means more important; the lowest go. The weight is left untouched.
         """
         raise NotImplementedError(f"{type(self).__name__} does not score channels")
+
+    def unit_scores(self, channel_scores: torch.Tensor, kind: str) -> torch.Tensor:
+        """One score per unit from the scores of its channels, ``[units, channels per unit]`` -> ``[units]``.
+
+        ``kind`` is ``"mlp"`` (one channel per unit) or ``"heads"`` (a key/value
+        group: its query heads' ``head_dim`` channels each). Default: the sum.
+        """
+        return channel_scores.sum(dim=1)
 
     def block_score(self, statistics: BlockStatistics) -> float:
         """How important one decoder block is; the blocks with the lowest scores are removed."""

@@ -289,7 +289,8 @@ class ShrinkJob:
         statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
         weight = group.writer_weight().detach().float()
         scores = _checked_scores(self.method.channel_scores(weight, statistics), weight.shape[1], "channel_scores")
-        unit_scores = scores.reshape(group.n_units, group.channels_per_unit).sum(dim=1)
+        per_unit = scores.reshape(group.n_units, group.channels_per_unit)
+        unit_scores = _checked_scores(self.method.unit_scores(per_unit, group.kind), group.n_units, "unit_scores")
         kept, removed = _split(unit_scores, keep)
         if self.method.compensates_bias and removed.numel():
             assert statistics.mean is not None  # needs() asked for channel_moments

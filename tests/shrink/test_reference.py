@@ -88,7 +88,7 @@ def _reference_channels(model: nn.Module, ids: torch.Tensor, score: Score, compe
         mlp.down_proj = _linear(down[:, kept], bias)
         # Attention: one of the two key/value groups, with its query heads; a group scores its o_proj columns' sum.
         o = attention.o_proj.weight.detach()
-        channel_scores = score(o, x_attn)
+        channel_scores = score(o, x_attn) ** (2 if score is _flap else 1)  # FLAP's code squares the attention metric
         group_scores = channel_scores.reshape(n_kv, group_width).sum(dim=1)
         [keep_group] = _lowest(group_scores, 1)[0].tolist()
         [drop_group] = _lowest(group_scores, 1)[1].tolist()
