@@ -176,7 +176,8 @@ def shrink_command(
                 output.require_free_space(_bytes_to_write(model, False))
                 if eval_ids is not None:
                     before = prunereg.perplexity(model, eval_ids, window=eval_window)
-                report = prunereg.shrink(model, method, ids, **arguments, **method_options)
+                # A failure discards the model and OUTPUT_DIR both: nothing to put back.
+                report = prunereg.shrink(model, method, ids, restore_on_error=False, **arguments, **method_options)
                 if eval_ids is not None:
                     after = prunereg.perplexity(model, eval_ids, window=eval_window)
                 model.save_pretrained(staging)

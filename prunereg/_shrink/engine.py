@@ -72,6 +72,7 @@ def shrink(
     batch_size: int = 2,
     matmul_precision: str = "medium",
     progress: bool | None = None,
+    restore_on_error: bool = True,
     **method_options: Any,
 ) -> ShrinkReport:
     """Make a causal language model smaller in place: fewer MLP channels, heads, blocks or experts.
@@ -101,13 +102,17 @@ def shrink(
     ``matmul_precision`` is torch's float32 matmul precision of the calibration
     forwards (see :func:`prunereg.oneshot`); statistics and scores run in full
     float32. A request the model or its config cannot express raises a one-line
-    ``ValueError`` (or ``TypeError``) before anything changes.
+    ``ValueError`` (or ``TypeError``) before anything changes. If shrinking fails
+    midway, ``restore_on_error=True`` puts every replaced tensor, attribute and
+    config value back before the error propagates: the replaced tensors are kept
+    until the call returns (up to a second copy of the shrunk layers); ``False``
+    keeps nothing, and a failure leaves the model half shrunk.
     """
     job = ShrinkJob.prepare(
         model, method, calibration, mlp=mlp, heads=heads, layers=layers, experts=experts, blocks=blocks,
         batch_size=batch_size, matmul_precision=matmul_precision, method_options=method_options,
     )  # fmt: skip
-    return job.run(progress)
+    return job.run(progress, restore_on_error=restore_on_error)
 
 
 @dataclass

@@ -223,3 +223,12 @@ def test_the_models_train_and_eval_modes_are_kept() -> None:
     model.model.layers[1].eval()
     prunereg.shrink(model, "wanda_sp", calibration_ids(), mlp=0.5)
     assert model.training and model.model.layers[0].training and not model.model.layers[1].training
+
+
+def test_without_restore_on_error_a_failure_leaves_the_blocks_already_shrunk() -> None:
+    model = build("llama")
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        prunereg.shrink(model, _FailsOnThirdBlock(), calibration_ids(), mlp=0.5, heads=0.5, restore_on_error=False)
+    assert model.model.layers[0].mlp.down_proj.in_features == 24  # shrunk before the failure, and kept so
+    assert model.model.layers[2].mlp.down_proj.in_features == 48
+    assert model.config.intermediate_size == 48  # the config is rewritten only at the end
