@@ -119,6 +119,11 @@ def _has(module: nn.Module, *names: str) -> bool:
 def find_mlp(block: nn.Module, config: Any) -> UnitGroup | str:
     """The block's MLP channels as a unit group, or why they cannot be removed."""
     mlp = _child(block, "mlp")
+    if mlp is None and _has(block, "fc1", "fc2"):  # OPT: the MLP's two layers sit in the block itself
+        fc2 = _sub(block, "fc2")
+        cuts = _linear_cuts(_sub(block, "fc1"), "out", ((0, 1),)) + _linear_cuts(fc2, "in", ((0, 1),))
+        flag = None if getattr(fc2, "bias", None) is not None else "enable_bias"
+        return UnitGroup("mlp", block, weight_matrix(fc2).shape[1], fc2, 1, cuts, bias_flag=flag)
     if mlp is None:
         return f"{type(block).__name__} has no 'mlp' module prunereg knows"
     if find_experts(block) is not None:

@@ -377,7 +377,9 @@ def _plan_block(
 def _check_config(config: Any, plans: list[BlockPlan], layers: int) -> None:
     """Refuse what the config cannot state: a size it has no key for, or blocks that would differ."""
     if any("mlp" in plan.groups for plan in plans) and _mlp_key(config) is None:
-        raise ValueError(f"{type(config).__name__} has no intermediate_size (or n_inner) to state the new MLP width")
+        raise ValueError(
+            f"{type(config).__name__} has no intermediate_size (or n_inner, ffn_dim) to state the MLP width"
+        )
     for kind in ("mlp", "heads"):
         shapes = {(plan.groups[kind].n_units, plan.keep[kind]) for plan in plans if kind in plan.groups}
         if len(shapes) > 1:
@@ -392,7 +394,7 @@ def _check_config(config: Any, plans: list[BlockPlan], layers: int) -> None:
 
 
 def _mlp_key(config: Any) -> str | None:
-    return next((key for key in ("intermediate_size", "n_inner") if hasattr(config, key)), None)
+    return next((key for key in ("intermediate_size", "n_inner", "ffn_dim") if hasattr(config, key)), None)
 
 
 def _expert_key(config: Any) -> str | None:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tests.support.tiny_lm import VOCAB, calibration_ids, tiny_gpt2, tiny_llama, tiny_mistral
+from tests.support.tiny_lm import VOCAB, calibration_ids, tiny_gpt2, tiny_llama, tiny_mistral, tiny_opt
 
 __all__ = ["ARCHITECTURES", "VOCAB", "build", "calibration_ids", "tiny_llama"]
 
@@ -59,6 +59,7 @@ ARCHITECTURES = {
     "mistral": tiny_mistral,
     "phi3": tiny_phi3,
     "gpt2": _gpt2,
+    "opt": tiny_opt,
     "mixtral": tiny_mixtral,
     "qwen2_moe": tiny_qwen2_moe,
 }

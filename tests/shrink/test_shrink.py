@@ -21,6 +21,8 @@ CASES = [
     *[(arch, "wanda_sp", {"heads": 0.5}) for arch in ("llama", "qwen2", "mistral", "phi3", "mixtral")],
     ("llama", "flap", {"mlp": 0.25, "heads": 0.5}),
     ("gpt2", "flap", {"mlp": 0.5}),
+    ("opt", "flap", {"mlp": 0.5}),
+    ("opt", "block_influence", {"layers": 1}),
     ("qwen2", "flap", {"mlp": 0.5, "compensate": False}),
     ("llama", "magnitude_sp", {"mlp": 0.5, "heads": 0.5}),
     *[(arch, "block_influence", {"layers": 1}) for arch in ("llama", "qwen2", "mistral", "phi3", "gpt2", "mixtral")],
