@@ -154,7 +154,7 @@ def find_heads(block: nn.Module, config: Any) -> UnitGroup | str:
     attention = _child(block, "self_attn", "attn", "attention")
     if attention is None:
         return f"{type(block).__name__} has no attention module prunereg knows"
-    if _has(attention, "c_attn"):
+    if _has(attention, "c_attn") or _has(attention, "out_proj"):  # GPT-2, OPT
         return (
             f"{type(attention).__name__} derives head_dim from the hidden size and the head count, "
             "so no config can state fewer heads"
