@@ -48,9 +48,20 @@ class _ChangesItsInput(prunereg.ShrinkMethod):
         return weight.abs_().sum(dim=0)
 
 
+class _UnitsAsChannels(prunereg.ShrinkMethod):
+    TARGETS = frozenset({"channels"})
+
+    def channel_scores(self, weight: torch.Tensor, statistics: prunereg.ChannelStatistics) -> torch.Tensor:
+        return weight.abs().sum(dim=0)
+
+    def unit_scores(self, channel_scores: torch.Tensor, kind: str) -> torch.Tensor:
+        return channel_scores.reshape(-1)
+
+
 @pytest.mark.parametrize(
     ("method", "message"),
     [
+        (_UnitsAsChannels, "unit_scores must return one score per unit (5,), got (20,)"),
         (_NaNChannels, "not finite"),
         (_WrongShape, "must return a tensor of shape (6,), got (5,)"),
         (_ChangesItsInput, "changed its inputs"),
