@@ -231,3 +231,25 @@ def test_a_text_too_short_names_the_flags(model_dir: Path, tmp_path: Path) -> No
     result = _oneshot(model_dir, tmp_path, "--calibration", str(path))
     assert result.exit_code == 1, result.output
     assert result.stderr == f"Error: '{path}' has 3 tokens; --samples 2 x --seq-len 8 needs 16\n"
+
+
+def test_a_tokenizer_beyond_the_models_vocabulary_is_one_line_before_pruning(model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "mismatched"
+    shutil.copytree(model_dir, folder)
+    words = [f"v{i}" for i in range(200)]  # the model embeds 64 tokens
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i for i, w in enumerate(words, 1)}}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]").save_pretrained(folder)
+    (tmp_path / "calibration.txt").write_text(" ".join(reversed(words)))
+    result = _oneshot(folder, tmp_path, "--calibration", str(tmp_path / "calibration.txt"))
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        "Error: the calibration samples hold the token id 200, but the model's vocabulary has 64 tokens (ids 0 to "
+        "63); tokenise with the model's own tokenizer\n"
+    )
+    assert not (tmp_path / "pruned").exists()
