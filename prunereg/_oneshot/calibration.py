@@ -47,6 +47,8 @@ MARGIN = 64
 #: The first prefix has this many characters per token wanted (and at least _FIRST_CHARS).
 _CHARS_PER_TOKEN = 6
 _FIRST_CHARS = 4096
+#: A whole text longer than this many characters is tokenised a window at a time.
+WINDOW = 1 << 20
 
 #: How errors spell the sample count and length: in Python, and on the command line.
 PYTHON_SPELLING = ("num_samples={}", "seq_len={}")
@@ -132,18 +134,13 @@ class TextFile:
         self._ended = not chunk
 
 
-def first_token_ids(
-    tokenizer: Any, text: str | TextFile, limit: int | None, *, add_special_tokens: bool = True
-) -> list[int]:
-    """The first ``limit`` ids of ``tokenizer(text)`` (all of them if ``limit`` is None), tokenising prefixes.
+def first_token_ids(tokenizer: Any, text: str | TextFile, limit: int, *, add_special_tokens: bool = True) -> list[int]:
+    """The first ``limit`` ids of ``tokenizer(text)``, tokenising prefixes.
 
     Each prefix doubles the last until it holds ``limit + MARGIN`` tokens or
     the whole text; the ids returned are those of the whole text's tokenisation.
     """
     source: _Text = _InMemory(text) if isinstance(text, str) else text
-    if limit is None:
-        whole = text if isinstance(text, str) else text.whole()
-        return _encode(tokenizer, whole, add_special_tokens)
     n_chars = max(_FIRST_CHARS, (limit + MARGIN) * _CHARS_PER_TOKEN)
     while True:
         prefix = source.prefix(n_chars)
@@ -158,7 +155,30 @@ def text_file_ids(
 ) -> Tensor:
     """The first ``limit`` token ids (all if None) of the text file at ``path``, as a 1-D LongTensor."""
     with TextFile(path) as text:
+        if limit is None:
+            return all_token_ids(tokenizer, text.whole(), add_special_tokens=add_special_tokens)
         return _tensor(first_token_ids(tokenizer, text, limit, add_special_tokens=add_special_tokens))
+
+
+def all_token_ids(tokenizer: Any, text: str, *, add_special_tokens: bool = True, window: int = WINDOW) -> Tensor:
+    """``tokenizer(text)``'s ids as a 1-D LongTensor, a text longer than ``window`` characters a window at a time.
+
+    The tokenizer's own memory for a whole text is about a hundred times the
+    text (2.9 GB for 19 MB); a window bounds it. Each window after the first
+    starts a little before where the last one's ids were cut (at a token
+    boundary :data:`MARGIN` tokens before its end), so its first tokens, which
+    may differ from the whole text's, are dropped; the seams are checked (a
+    token boundary at the cut, the same ids after it in both windows), and the
+    whole text is tokenised at once if a check fails or the tokenizer gives no
+    offsets (a slow one).
+    """
+    if len(text) <= window or not getattr(tokenizer, "is_fast", False):
+        return _tensor(_encode(tokenizer, text, add_special_tokens))
+    specials = _special_tokens(tokenizer, text[:1000], add_special_tokens)
+    windowed = _windowed_ids(tokenizer, text, window) if specials is not None else None
+    if specials is None or windowed is None:
+        return _tensor(_encode(tokenizer, text, add_special_tokens))
+    return torch.cat([_tensor(specials[0]), *windowed, _tensor(specials[1])])
 
 
 def samples_from_text_file(
@@ -301,6 +321,49 @@ def check_fits_model(
 
 
 # -- the parts ----------------------------------------------------------------------------------
+
+
+def _windowed_ids(tokenizer: Any, text: str, window: int) -> list[Tensor] | None:
+    """The ids of ``text`` without special tokens, window by window; None where a seam does not hold."""
+    overlap = min(4096, window // 4)
+    pieces: list[Tensor] = []
+    start = 0  # everything before it is in ``pieces``; a token starts there
+    after_cut: list[int] = []  # the last window's ids from the cut on, far enough from its end to be final
+    while True:
+        first = max(0, start - overlap)
+        end = start + window
+        encoded = tokenizer(text[first:end], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        ids = list(encoded["input_ids"])
+        offsets = [(first + a, first + b) for a, b in encoded["offset_mapping"]]
+        at = next((i for i, (a, _) in enumerate(offsets) if a >= start), len(ids))
+        if start and (at == len(ids) or offsets[at][0] != start or (at and offsets[at - 1][1] > start)):
+            return None
+        if ids[at : at + len(after_cut)] != after_cut:
+            return None
+        if end >= len(text):
+            pieces.append(_tensor(ids[at:]))
+            return pieces
+        cut = next(
+            (k for k in range(len(ids) - MARGIN, at, -1) if offsets[k][0] >= offsets[k - 1][1] > offsets[k - 1][0]),
+            None,
+        )
+        if cut is None:
+            return None
+        pieces.append(_tensor(ids[at:cut]))
+        after_cut = ids[cut : cut + MARGIN // 2]
+        start = offsets[cut][0]
+
+
+def _special_tokens(tokenizer: Any, sample: str, add_special_tokens: bool) -> tuple[list[int], list[int]] | None:
+    """The ids ``tokenizer`` puts before and after a text's own (none without ``add_special_tokens``)."""
+    if not add_special_tokens:
+        return [], []
+    with_special = _encode(tokenizer, sample, True)
+    plain = _encode(tokenizer, sample, False)
+    for i in range(len(with_special) - len(plain) + 1):
+        if plain and with_special[i : i + len(plain)] == plain:
+            return with_special[:i], with_special[i + len(plain) :]
+    return None
 
 
 def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:

@@ -27,6 +27,7 @@ from prunereg._oneshot.calibration import (
     CLI_SPELLING,
     MARGIN,
     TextFile,
+    all_token_ids,
     first_token_ids,
     samples_from_text_file,
     text_file_ids,
@@ -82,6 +83,9 @@ class Counting:
     def __call__(self, text: str, **options: Any) -> Any:
         self.lengths.append(len(text))
         return self.tokenizer(text, **options)
+
+    def __getattr__(self, name: str) -> Any:  # is_fast and the rest: the tokenizer's own
+        return getattr(self.tokenizer, name)
 
 
 @pytest.fixture(scope="module", params=["byte-level", "metaspace"])
@@ -150,6 +154,31 @@ def test_prefixes_double_until_one_holds_the_margin_beyond_the_tokens_kept(token
     assert all(b == 2 * a for a, b in itertools.pairwise(lengths))
     assert len(tokenizer(text[: lengths[-1]])["input_ids"]) >= 5000 + MARGIN
     assert len(lengths) == 1 or len(tokenizer(text[: lengths[-2]])["input_ids"]) < 5000 + MARGIN
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_a_whole_text_is_tokenised_a_window_at_a_time_into_the_whole_texts_ids(tokenizer: Any, special: bool) -> None:
+    text = english_like(30_000, seed=8) + "é€😀 " * 50 + english_like(1000, seed=9)  # multi-byte characters too
+    counting = Counting(tokenizer)
+    ids = all_token_ids(counting, text, add_special_tokens=special, window=5000)
+    assert ids.tolist() == tokenizer(text, add_special_tokens=special)["input_ids"]
+    assert counting.calls > len(text) // 5000 and max(counting.lengths) <= 5000 + 1250
+
+
+class _PositionalTokenizer:
+    """A 'fast' tokenizer whose ids depend on where a character sits in the call: no two windows agree."""
+
+    is_fast = True
+
+    def __call__(self, text: str, add_special_tokens: bool = True, **options: Any) -> dict[str, Any]:
+        ids = [(ord(c) + i) % 50 for i, c in enumerate(text)]
+        return {"input_ids": ids, "offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+
+def test_windows_whose_seams_disagree_give_way_to_the_whole_text() -> None:
+    text = english_like(3000, seed=10)
+    ids = all_token_ids(_PositionalTokenizer(), text, window=1000)
+    assert ids.tolist() == _PositionalTokenizer()(text)["input_ids"]
 
 
 # -- what is refused -------------------------------------------------------------------------------
