@@ -48,7 +48,7 @@ MARGIN = 64
 _CHARS_PER_TOKEN = 6
 _FIRST_CHARS = 4096
 #: A whole text longer than this many characters is tokenised a window at a time.
-WINDOW = 1 << 20
+WINDOW = 1 << 18
 
 #: How errors spell the sample count and length: in Python, and on the command line.
 PYTHON_SPELLING = ("num_samples={}", "seq_len={}")
@@ -110,7 +110,7 @@ class TextFile:
 
     def whole(self) -> str:
         while not self._ended:
-            self._read(1 << 20)
+            self._read(-1)  # the rest at once: one copy, not one per chunk
         return self._text
 
     def close(self) -> None:
@@ -123,6 +123,7 @@ class TextFile:
         self.close()
 
     def _read(self, n_chars: int) -> None:
+        """Read ``n_chars`` more characters (-1: all the rest)."""
         try:
             chunk = self._handle.read(n_chars)
         except UnicodeDecodeError as error:
@@ -131,7 +132,7 @@ class TextFile:
                 f"{quoted(self.path)} is not UTF-8 text ({error.reason}: byte 0x{byte}); save it as UTF-8"
             ) from None
         self._text += chunk
-        self._ended = not chunk
+        self._ended = not chunk or n_chars < 0
 
 
 def first_token_ids(tokenizer: Any, text: str | TextFile, limit: int, *, add_special_tokens: bool = True) -> list[int]:
