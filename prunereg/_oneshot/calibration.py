@@ -19,7 +19,9 @@ A text is tokenised by prefixes that double in length until they hold
 :data:`MARGIN` tokens more than are used: truncating a text changes at most the
 tokens of its last word, so the ids kept are those of the whole text (the
 benchmark's perplexities depend on that), while a 20 MB text used for 64 x 256
-tokens is read and tokenised only as far as about twice what is used. Files are
+tokens is read and tokenised only as far as about twice what is used. A text
+used whole (``--eval`` without ``--eval-tokens``) is tokenised :data:`WINDOW`
+characters at a time (:func:`all_token_ids`), into the same ids. Files are
 read only if regular (a FIFO or ``/dev/zero`` is refused unread) and only as far
 as needed. Token ids the model cannot embed and samples longer than it takes are
 refused by :func:`check_fits_model` before any pruning.
@@ -37,6 +39,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from prunereg._disk.errors import CheckpointError
+from prunereg._files.input_file import open_regular
 from prunereg._text import quoted
 
 #: The command line's defaults, also those of ``prunereg.oneshot`` for texts.
@@ -82,9 +86,6 @@ class TextFile:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from prunereg._disk.errors import CheckpointError
-        from prunereg._files.input_file import open_regular
-
         self.path = Path(path)
         try:
             binary = open_regular(self.path, "text file")
@@ -164,8 +165,8 @@ def text_file_ids(
 def all_token_ids(tokenizer: Any, text: str, *, add_special_tokens: bool = True, window: int = WINDOW) -> Tensor:
     """``tokenizer(text)``'s ids as a 1-D LongTensor, a text longer than ``window`` characters a window at a time.
 
-    The tokenizer's own memory for a whole text is about a hundred times the
-    text (2.9 GB for 19 MB); a window bounds it. Each window after the first
+    A fast tokenizer's own memory for a whole text is about 150 times the text
+    (3.1 GB for 20 MB); a window bounds it (0.2 GB). Each window after the first
     starts a little before where the last one's ids were cut (at a token
     boundary :data:`MARGIN` tokens before its end), so its first tokens, which
     may differ from the whole text's, are dropped; the seams are checked (a
