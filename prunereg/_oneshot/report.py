@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -60,6 +60,8 @@ class OneShotReport:
     unpruned: list[str] = field(default_factory=list)
     """Selected layers the calibration forward never called (left dense)."""
     timings: Timings = field(default_factory=Timings)
+    model: Any = field(default=None, repr=False, compare=False)
+    """The pruned model when ``prunereg.oneshot`` loaded it from a folder path (None otherwise)."""
 
     @property
     def overall_sparsity(self) -> float:
@@ -70,7 +72,9 @@ class OneShotReport:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (lists, numbers, strings) for JSON."""
-        return {**asdict(self), "overall_sparsity": self.overall_sparsity}
+        data = asdict(replace(self, model=None))  # the model is not data (and asdict would copy it)
+        del data["model"]
+        return {**data, "overall_sparsity": self.overall_sparsity}
 
     def __str__(self) -> str:
         timings = self.timings
