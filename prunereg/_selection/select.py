@@ -35,6 +35,7 @@ from prunereg._selection.radix import (
     flat_order_keys,
     key_dtype,
     key_width,
+    order_keys,
     promoted_dtype,
 )
 
@@ -240,7 +241,7 @@ def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch
     """
     flat = scores.reshape(-1)
     if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
-        return torch.topk(_nan_lowest(flat), k, largest=largest).indices
+        return torch.topk(nan_lowest(flat), k, largest=largest).indices
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
 
 
@@ -283,17 +284,27 @@ def _select_by_topk(
     device = flat[0].device
     scores = flat[0] if len(flat) == 1 else torch.cat([f.to(device) for f in flat])
     selected = torch.zeros(scores.shape, dtype=torch.bool, device=device)
-    selected[torch.topk(_nan_lowest(scores), k, largest=largest).indices] = True
+    selected[torch.topk(nan_lowest(scores), k, largest=largest).indices] = True
     if len(flat) == 1:
         return [selected.view(chunks[0].shape)]
     pieces = torch.split(selected, [f.numel() for f in flat])
     return [p.view(c.shape).to(c.device) for p, c in zip(pieces, chunks)]
 
 
-def _nan_lowest(scores: torch.Tensor) -> torch.Tensor:
+def nan_lowest(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` ranked by prunereg's one NaN rule: NaN below every number, ``-inf`` included.
+
+    Without NaN (and on ``meta``) the scores themselves; with NaN their integer
+    :func:`~prunereg._selection.radix.order_keys` (the radix engine's order), of
+    the same shape. Sorting, ``topk`` or ``kthvalue`` on the result ranks every
+    number as on the scores and every NaN lowest (all NaN equal), so selecting
+    the lowest prunes NaN first and keeping the highest keeps NaN last. Every
+    selection path (``select_k``, ``prune_lowest``, ``top_indices``, the per-row
+    and N:M helpers) ranks through this function or the radix engine.
+    """
     if scores.is_meta or not scores.is_floating_point() or not bool(scores.isnan().any()):
         return scores
-    return scores.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    return order_keys(scores).view(scores.shape)
 
 
 def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int | torch.Tensor) -> torch.Tensor:
@@ -303,9 +314,11 @@ def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int 
     ones, so keeping ``q`` entries of a row keeps as many survivors as it can;
     among those, higher scores rank first, NaN lowest, and equal scores keep
     the lower index. ``counts`` is an int or a tensor of ``scores.shape[:-1]``.
-    Row-wise methods (N:M groups, per-output-row pruning) share this ranking.
+    NaN ranks below every number (:func:`nan_lowest`), so NaN entries are kept
+    last: pruned first, as everywhere in prunereg. Row-wise methods (N:M groups,
+    per-output-row pruning) share this ranking.
     """
-    by_score = torch.sort(_nan_lowest(scores), dim=-1, descending=True, stable=True).indices
+    by_score = torch.sort(nan_lowest(scores), dim=-1, descending=True, stable=True).indices
     alive_sorted = alive.gather(-1, by_score).to(torch.uint8)
     order = by_score.gather(-1, torch.sort(alive_sorted, dim=-1, descending=True, stable=True).indices)
     if isinstance(counts, torch.Tensor):
