@@ -38,6 +38,7 @@ from prunereg._selection.radix import (
     order_keys,
     promoted_dtype,
 )
+from prunereg._selection.threads import bounded_threads
 
 # Entries up to which torch.topk is used: identical to torch there, and faster
 # than the radix select's fixed cost (its 65536-bin histograms, about 0.2 ms).
@@ -111,7 +112,20 @@ def select_spread(
         if magnitude:
             flat = [f.abs() for f in flat]
         return _select_by_topk(chunks, flat, k, largest)
+    with bounded_threads(min(max(f.numel() for f in flat), BLOCK), flat[0].device):
+        return _select_by_radix(chunks, flat, k, dtype, collectives, largest=largest, magnitude=magnitude)
 
+
+def _select_by_radix(
+    chunks: Sequence[torch.Tensor],
+    flat: list[torch.Tensor],
+    k: int,
+    dtype: torch.dtype,
+    collectives: Collectives | None,
+    *,
+    largest: bool,
+    magnitude: bool,
+) -> list[torch.Tensor]:
     threshold, keys = _search(flat, k, dtype, largest=largest, magnitude=magnitude, collectives=collectives)
     if collectives is None:
         mark = Marker(threshold, keys.workspace)
@@ -154,11 +168,29 @@ def prune_lowest(
         raise ValueError(f"cannot select k={k} of {flat.numel()} entries")
     if default_mask.numel() != flat.numel():
         raise ValueError(f"default_mask has {default_mask.numel()} entries, the scores {flat.numel()}")
-    dtype = flat.dtype
-    low, high = _min_max(default_mask)
-    if flat.is_meta or uses_topk(flat.numel(), flat.device, dtype) or not (math.isfinite(low) and math.isfinite(high)):
+    if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
         return clear_selected(default_mask, select_k([scores], k, largest=largest, magnitude=magnitude)[0])
-    all_ones = low == high == 1
+    with bounded_threads(min(flat.numel(), BLOCK), flat.device):
+        low, high = _min_max(default_mask)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return clear_selected(default_mask, select_k([scores], k, largest=largest, magnitude=magnitude)[0])
+        return _prune_by_radix(
+            flat, k, default_mask, largest=largest, magnitude=magnitude, all_ones=low == high == 1, out=out
+        )
+
+
+def _prune_by_radix(
+    flat: torch.Tensor,
+    k: int,
+    default_mask: torch.Tensor,
+    *,
+    largest: bool,
+    magnitude: bool,
+    all_ones: bool,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`prune_lowest` of a large input: the radix select, the mask built block by block from the keys."""
+    dtype = flat.dtype
     threshold, keys = _search([flat], k, dtype, largest=largest, magnitude=magnitude)
     mark = Marker(threshold, keys.workspace)
     if (
