@@ -65,6 +65,25 @@ def test_the_radix_select_runs_on_one_thread_and_gives_the_callers_count_back(pa
 
 
 @pytest.mark.usefixtures("two_threads")
+def test_global_pruning_streams_on_one_thread_and_gives_the_callers_count_back(monkeypatch):
+    import prunereg.prune as prune
+    from prunereg._selection import radix
+
+    seen: list[int] = []
+    search = radix.find_threshold
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(radix, "find_threshold", recording)
+    layers = [torch.nn.Linear(128, 64), torch.nn.Linear(128, 64)]
+    prune.global_unstructured([(layer, "weight") for layer in layers], prune.L1Unstructured, amount=0.5)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.usefixtures("two_threads")
 def test_the_callers_thread_count_comes_back_when_the_selection_fails(monkeypatch):
     def failing(*args, **kwargs):
         raise RuntimeError("out of memory")
