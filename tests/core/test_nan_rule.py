@@ -170,3 +170,15 @@ def test_nan_ranks_below_minus_infinity_in_the_row_ranking() -> None:
     assert toolkit.lowest_per_row(scores, 1 / 3).tolist() == [[True, False, False]]
     assert toolkit.lowest_n_of_m(scores.repeat(1, 2)[:, :4], 1, 4).tolist() == [[True, False, False, False]]
     assert toolkit.keep_highest_per_row(scores, torch.ones(1, 3, dtype=torch.bool), 2).tolist() == [[False, True, True]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_rule_holds_in_every_float_dtype(dtype: torch.dtype) -> None:
+    scores = torch.tensor([[1.0, NAN, -math.inf, 0.5]], dtype=dtype)
+    nan_only = [[False, True, False, False]]
+    assert toolkit.lowest_per_row(scores, 0.25).tolist() == nan_only
+    assert toolkit.lowest_n_of_m(scores, 1, 4).tolist() == nan_only
+    assert toolkit.lowest_overall(scores, 0.25).tolist() == nan_only
+    assert toolkit.top_indices(scores, 1).tolist() == [1]
+    kept = toolkit.keep_highest_per_row(scores, torch.ones_like(scores, dtype=torch.bool), 3)
+    assert kept.tolist() == [[True, False, True, True]]
