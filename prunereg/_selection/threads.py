@@ -7,9 +7,9 @@ radix select runs tens of operations over blocks of at most
 :data:`~prunereg._selection.select.BLOCK` entries (milliseconds each). Measured
 for ``l1_unstructured`` on 4096 x 4096 float32 on 2 cores, median: 66-100 ms on
 2 threads alone but 370-710 ms beside one busy process, 101 ms on one thread
-either way (the issue's machine); 96-106 ms alone, 753 ms busy on 2 threads, and
-170-200 ms alone, 209 ms busy with the selection on one thread (2 cores of
-another machine; 8192 x 8192: 405-480 ms alone, 3.0 s busy, against 674-968 ms
+either way (a 2-core machine); on 2 pinned cores of another, 96-106 ms alone and
+753 ms busy on 2 threads, against 170-200 ms alone and 209 ms busy with the
+selection on one thread (8192 x 8192: 405-480 ms and 3.0 s, against 674-968 ms
 and 717 ms). So an operation gets a second thread only for every
 :data:`ENTRIES_PER_THREAD` entries it handles, far more than a block holds: the
 selection runs on one thread, slower on an idle machine, several times faster on
