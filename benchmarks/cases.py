@@ -12,6 +12,7 @@ import copy
 import gc
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,46 @@ for _method in _MASK_METHODS:
         case(f"compute_mask/{_method}/{_dtype}", "compute_mask", f"{_method} {_dtype}")(
             _compute_mask_case(_method, _dtype)
         )
+
+
+# compute_mask beside a busy process ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def busy_process() -> Any:
+    """A process that keeps one core busy (``while True: pass``) for the duration of the block."""
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # running before the first timing
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@case(
+    "busy/l1_unstructured/float32",
+    "busy",
+    "l1_unstructured float32 4096 x 4096, alone and beside a busy process",
+    libs=TOGETHER,
+)
+def busy(lib: str, quick: bool) -> dict[str, Any]:
+    """Both libraries' compute_mask, interleaved, first on a quiet machine, then with one core taken."""
+    import torch
+
+    side = 1024 if quick else 4096
+    torch.manual_seed(0)
+    t = torch.randn(side, side)
+    default = torch.ones_like(t)
+    methods = {name: _prune_module(name).L1Unstructured(0.5) for name in BOTH}
+    steps = {name: lambda m=m: m.compute_mask(t, default) for name, m in methods.items()}
+    for step in steps.values():
+        step()
+    rounds = 3 if quick else 7
+    result: dict[str, Any] = {"alone": _interleaved(steps, rounds)}
+    with busy_process():
+        result["busy"] = _interleaved(steps, rounds)
+    return result | {"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "shape": [side, side]}
 
 
 # compute_mask against tensor size --------------------------------------------------

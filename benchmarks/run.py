@@ -156,6 +156,7 @@ def report(
     lines += _targets(results)
     lines += _figures(results)
     lines += _compute_mask_table(results)
+    lines += _busy_table(results)
     lines += _size_table(results)
     lines += _global_table(results)
     lines += _forward_table(results)
@@ -284,6 +285,30 @@ def _figures(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         "Drawn by `python benchmarks/plots.py` from the tables below (`benchmarks/run.py` runs it).",
         "",
     ]
+
+
+def _busy_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "busy"):
+        timed = by_lib.get("together", {})
+        if "busy" not in timed:
+            rows.append(f"| {CASES[name].title} | {_times(timed)} | | | |")
+            continue
+        for lib in ("torch", "prunereg"):
+            alone, busy = timed["alone"][lib], timed["busy"][lib]
+            rows.append(f"| {CASES[name].title} | {lib} | {_seconds(alone)} | {_seconds(busy)} | {busy / alone:.1f}x |")
+        threads, cpus = timed.get("threads"), timed.get("cpus")
+        rows.append(
+            f"| {CASES[name].title} | speed-up | {_ratio(timed['alone']['torch'] / timed['alone']['prunereg'])} | "
+            f"{_ratio(timed['busy']['torch'] / timed['busy']['prunereg'])} | ({threads} threads, {cpus} CPUs) |"
+        )
+    intro = [
+        "Median of interleaved rounds, first alone, then while another process runs `while True: pass`",
+        "(one core taken): prunereg's selection must keep its speed-up when the machine is shared.",
+    ]
+    return _section(
+        "compute_mask beside a busy process", ["case", "library", "alone", "busy", "busy / alone"], rows, intro
+    )
 
 
 def _size_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:

@@ -31,6 +31,7 @@ from prunereg._distributed.layout import is_dtensor, local_shard
 from prunereg._distributed.vectors import SpreadVector
 from prunereg._selection import radix, select
 from prunereg._selection.amount import nparams_to_prune, validate_amount
+from prunereg._selection.threads import bounded_threads
 
 if TYPE_CHECKING:
     from torch import nn
@@ -152,7 +153,8 @@ def _shares(method: BasePruningMethod, entries: list[Entry]) -> list[torch.Tenso
     dtype = radix.promoted_dtype([e.scores for e in entries])
     if select.uses_topk(remaining, entries[0].scores.device, dtype):
         return _concatenated(method, entries)
-    return _streamed(kind, method, entries, remaining)
+    with bounded_threads(select.BLOCK, entries[0].scores.device):  # as select_k's radix path
+        return _streamed(kind, method, entries, remaining)
 
 
 _RANKINGS = ("magnitude", "random")
