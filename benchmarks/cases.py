@@ -350,6 +350,65 @@ def compiled_train_step(lib: str, quick: bool) -> dict[str, Any]:
     return result | {"graphs": {name: counter.frame_count for name, counter in counters.items()}}
 
 
+# many small layers, pruned one by one ------------------------------------------------
+
+SMALL_LAYERS = 400
+SMALL_STEPS = ("l1_unstructured", "l1_unstructured again", "ln_structured", "prune then remove")
+
+
+def _small_layer_step(prune: Any, step: str) -> tuple[Callable[[Any], object], Callable[[Any], object] | None]:
+    """What one step does to one layer, and what it needs done first (outside the time)."""
+    if step == "l1_unstructured":
+        return lambda m: prune.l1_unstructured(m, "weight", amount=0.5), None
+    if step == "l1_unstructured again":
+        return (
+            lambda m: prune.l1_unstructured(m, "weight", amount=0.5),
+            lambda m: prune.l1_unstructured(m, "weight", amount=0.5),
+        )
+    if step == "ln_structured":
+        return lambda m: prune.ln_structured(m, "weight", amount=0.5, n=2, dim=0), None
+
+    def prune_then_remove(m: Any) -> None:
+        prune.l1_unstructured(m, "weight", amount=0.5)
+        prune.remove(m, "weight")
+
+    return prune_then_remove, None
+
+
+@case(
+    "small_layers",
+    "small_layers",
+    f"{SMALL_LAYERS} x nn.Linear(64, 64), pruned one by one, one thread",
+    libs=TOGETHER,
+)
+def small_layers(lib: str, quick: bool) -> dict[str, Any]:
+    """Per-layer time of the pruning calls most users make in a loop over modules, both libraries in one run."""
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    layers, rounds = (100, 3) if quick else (SMALL_LAYERS, 7)
+    torch.manual_seed(0)
+    template = [nn.Linear(64, 64) for _ in range(layers)]
+    result: dict[str, Any] = {"layers": layers, "rounds": rounds}
+    for step in SMALL_STEPS:
+        times: dict[str, list[float]] = {name: [] for name in BOTH}
+        for _ in range(rounds + 1):  # the first round warms up
+            for name in BOTH:
+                run, setup = _small_layer_step(_prune_module(name), step)
+                modules = copy.deepcopy(template)
+                if setup is not None:
+                    for module in modules:
+                        setup(module)
+                gc.collect()
+                start = time.perf_counter()
+                for module in modules:
+                    run(module)
+                times[name].append((time.perf_counter() - start) / layers)
+        result[step] = {name: min(values[1:]) for name, values in times.items()}
+    return result
+
+
 # command line ---------------------------------------------------------------------
 
 

@@ -7,11 +7,13 @@ with it, so it belongs to the core; the built-in plugin re-exports it.
 from __future__ import annotations
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg._core.method import BasePruningMethod
 from prunereg._distributed.layout import to_layout_of
 
 
+@torch_prune.CustomFromMask.register  # isinstance(method, torch's CustomFromMask) holds; the mask stays ours
 class CustomFromMask(BasePruningMethod):
     """Prune where ``mask`` is zero. The mask may live on any device and have any dtype."""
 

@@ -107,6 +107,7 @@ class BasePruningMethod(reparam.PruningHook, ABC):
         return t * self.compute_mask(importance_scores, default_mask=default_mask)
 
 
+@torch_prune.PruningContainer.register  # isinstance(hook, torch's PruningContainer) holds; the masks stay ours
 class PruningContainer(BasePruningMethod):
     """The history of pruning methods applied to one tensor, newest last.
 

@@ -105,15 +105,19 @@ def share(group: list[Site]) -> None:
             member_hook._shared_as = site.qualified
 
 
-def remove(root: nn.Module, name: str) -> nn.Module:
-    """Make the pruning of ``root.<name>`` permanent everywhere its parameter is used under ``root``."""
-    group = sites(root, name)
+def remove(module: nn.Module, name: str) -> nn.Module:
+    """Make the pruning of ``module.<name>`` permanent everywhere its parameter is used under ``module``.
+
+    torch's signature, parameter names included (``remove(module=m, name="weight")``);
+    ``name`` may be dotted, relative to any ancestor, as in the pruning functions.
+    """
+    group = sites(module, name)
     pruned = [site for site in group if reparam.pruning_hooks(site.module, site.name)] or group[:1]
     with reparam.all_or_nothing([(site.module, site.name) for site in pruned]):
         for site in pruned:
             reparam.remove(site.module, site.name)
-    attention.forget_refreshes(root, group[0].qualified)
-    return root
+    attention.forget_refreshes(module, group[0].qualified)
+    return module
 
 
 def refuse_splitting(site: Site) -> None:
