@@ -18,6 +18,8 @@ class CustomFromMask(BasePruningMethod):
     """Prune where ``mask`` is zero. The mask may live on any device and have any dtype."""
 
     PRUNING_TYPE = "global"
+    chosen_by: type[BasePruningMethod] | None = None
+    """The method whose choice the mask is, when one chose it for this tensor (global pruning); summaries name it."""
 
     def __init__(self, mask: torch.Tensor) -> None:
         self.mask = mask

@@ -29,6 +29,7 @@ from prunereg._distributed import global_shares
 from prunereg._distributed.global_shares import Entry
 from prunereg._distributed.layout import is_dtensor, local_shard
 from prunereg._distributed.vectors import SpreadVector
+from prunereg._plugins.loading import registry
 from prunereg._selection import radix, select
 from prunereg._selection.amount import nparams_to_prune, validate_amount
 
@@ -40,7 +41,7 @@ Parameter = tuple["nn.Module", str]
 
 def global_unstructured(
     parameters: Iterable[Parameter],
-    pruning_method: type[BasePruningMethod],
+    pruning_method: type[BasePruningMethod] | str,
     importance_scores: dict[Parameter, torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> None:
@@ -55,6 +56,10 @@ def global_unstructured(
     any ancestor (``(model, "lm_head.weight")``): a parameter tied to others
     under that ancestor is then pruned with the same mask everywhere; one held
     by a module outside the module given is refused (ValueError naming it).
+    ``pruning_method`` may also be a registered name (``"l1_unstructured"``),
+    as :func:`prunereg.get` takes it. Each tensor's hook is a
+    ``CustomFromMask`` as in torch, which remembers the method
+    (``chosen_by``), so :func:`prunereg.summary` names ``l1_unstructured``.
     """
     if not isinstance(parameters, Iterable):
         raise TypeError("global_unstructured(): parameters is not an Iterable")
@@ -62,6 +67,8 @@ def global_unstructured(
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     parameters = list(parameters)
+    if isinstance(pruning_method, str):
+        pruning_method = registry().resolve(pruning_method)
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
         raise TypeError(
             f"global_unstructured(): pruning_method must be a BasePruningMethod subclass, got {pruning_method!r}"
@@ -95,7 +102,9 @@ def global_unstructured(
                 # Listed twice: like torch, keep the zeros of both shares.
                 share = getattr(module, name + "_mask") * share
             installed.add((id(module), name))
-            install_mask(module, name, CustomFromMask(share), share)
+            custom = CustomFromMask(share)
+            custom.chosen_by = pruning_method
+            install_mask(module, name, custom, share)
             _tied.share(group)
 
 

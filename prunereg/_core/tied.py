@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunereg._core import attention, reparam
@@ -118,6 +119,26 @@ def remove(module: nn.Module, name: str) -> nn.Module:
             reparam.remove(site.module, site.name)
     attention.forget_refreshes(module, group[0].qualified)
     return module
+
+
+def make_pruning_permanent(model: nn.Module) -> nn.Module:
+    """Make every pruning under ``model`` permanent: :func:`remove` for each pruned tensor (Lightning's name).
+
+    Tied parameters are removed once for all their holders; hooks that
+    ``torch.nn.utils.prune`` installed are removed too. On an error nothing is
+    removed. Returns ``model``; a model without pruning is left as it is.
+    """
+    pruned = [
+        (f"{path}.{hook._tensor_name}" if path else hook._tensor_name, submodule, hook._tensor_name)
+        for path, submodule in model.named_modules()
+        for hook in list(submodule._forward_pre_hooks.values())
+        if isinstance(hook, torch_prune.BasePruningMethod)
+    ]
+    with reparam.all_or_nothing([(submodule, name) for _, submodule, name in pruned]):
+        for qualified, submodule, name in pruned:
+            if reparam.pruning_hooks(submodule, name):  # not already removed with a tied member
+                remove(model, qualified)
+    return model
 
 
 def refuse_splitting(site: Site) -> None:
