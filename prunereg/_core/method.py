@@ -92,7 +92,6 @@ class BasePruningMethod(reparam.PruningHook, ABC):
             hook = _prune(first.module, first.name, method, importance_scores)
             _tied.share(group)
             _attention.refresh_where_read(module, first.qualified)
-        _attention.warn_if_read_elsewhere(module, first.module, first.name)
         return hook
 
     def prune(

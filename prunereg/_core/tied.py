@@ -253,23 +253,5 @@ def _own_references() -> tuple[int, int]:
 
 def _module_holders(dicts: list[dict[Any, Any]], parameter: torch.Tensor | None) -> list[str]:
     """``Class.attribute`` of every module whose ``_parameters`` is one of ``dicts`` and holds ``parameter``."""
-    holders: list[str] = []
-    # A module holds its _parameters directly or, once its __dict__ exists as an object, through that dict.
-    pending: list[Any] = dicts
-    while pending:
-        module_dicts = []
-        for referrer in gc.get_referrers(*pending):
-            if isinstance(referrer, nn.Module) and any(referrer._parameters is held for held in dicts):
-                holders += [
-                    f"{type(referrer).__name__}.{key}"
-                    for key, value in referrer._parameters.items()
-                    if value is parameter
-                ]
-            elif (
-                type(referrer) is dict
-                and pending is dicts
-                and any(referrer.get("_parameters") is held for held in dicts)
-            ):
-                module_dicts.append(referrer)
-        pending = module_dicts
-    return list(dict.fromkeys(holders))
+    holders = attention.modules_holding(dicts, parameter, "_parameters")
+    return list(dict.fromkeys(f"{type(module).__name__}.{key}" for module, key in holders))
