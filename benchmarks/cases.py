@@ -382,30 +382,35 @@ def _small_layer_step(prune: Any, step: str) -> tuple[Callable[[Any], object], C
     libs=TOGETHER,
 )
 def small_layers(lib: str, quick: bool) -> dict[str, Any]:
-    """Per-layer time of the pruning calls most users make in a loop over modules, both libraries in one run."""
+    """Per-layer time of the pruning calls most users make in a loop over modules, both libraries in one run.
+
+    The libraries alternate call by call, so that both see the same load on a
+    busy machine; each figure is the median time of one call.
+    """
     import torch
     from torch import nn
 
     torch.set_num_threads(1)
-    layers, rounds = (100, 3) if quick else (SMALL_LAYERS, 7)
+    layers, rounds = (100, 3) if quick else (SMALL_LAYERS, 5)
     torch.manual_seed(0)
     template = [nn.Linear(64, 64) for _ in range(layers)]
     result: dict[str, Any] = {"layers": layers, "rounds": rounds}
     for step in SMALL_STEPS:
+        calls = {name: _small_layer_step(_prune_module(name), step) for name in BOTH}
         times: dict[str, list[float]] = {name: [] for name in BOTH}
-        for _ in range(rounds + 1):  # the first round warms up
-            for name in BOTH:
-                run, setup = _small_layer_step(_prune_module(name), step)
-                modules = copy.deepcopy(template)
-                if setup is not None:
-                    for module in modules:
-                        setup(module)
-                gc.collect()
-                start = time.perf_counter()
-                for module in modules:
-                    run(module)
-                times[name].append((time.perf_counter() - start) / layers)
-        result[step] = {name: min(values[1:]) for name, values in times.items()}
+        for round_number in range(rounds + 1):  # the first round warms up
+            modules = {name: copy.deepcopy(template) for name in BOTH}
+            for name, (_, setup) in calls.items():
+                for module in modules[name] if setup is not None else ():
+                    setup(module)
+            gc.collect()
+            for index in range(layers):  # call by call, alternating: both see the same machine load
+                for name, (run, _) in calls.items():
+                    start = time.perf_counter()
+                    run(modules[name][index])
+                    if round_number:
+                        times[name].append(time.perf_counter() - start)
+        result[step] = {name: statistics.median(values) for name, values in times.items()}
     return result
 
 

@@ -97,15 +97,15 @@ def global_unstructured(
     new_masks = global_masks(method, tensors, scores, masks)
     installed = set()
     with reparam.all_or_nothing([tensor for group in groups for tensor in _tied.tensors(group)]):
-        for (module, name), group, share in zip(targets, groups, new_masks):
+        for (root, given), (module, name), group, share in zip(parameters, targets, groups, new_masks):
             if (id(module), name) in installed:
-                # Listed twice: like torch, keep the zeros of both shares.
+                # Listed twice: like torch, keep the zeros of both shares; the sites' hooks changed since.
                 share = getattr(module, name + "_mask") * share
+                group = _tied.sites(root, given)
             installed.add((id(module), name))
             custom = CustomFromMask(share)
             custom.chosen_by = pruning_method
-            install_mask(module, name, custom, share)
-            _tied.share(group)
+            _tied.share(group, install_mask(module, name, custom, share, list(group[0].hooks)))
 
 
 def global_masks(

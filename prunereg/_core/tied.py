@@ -36,17 +36,30 @@ from prunereg._core import attention, reparam
 
 
 class Site(NamedTuple):
-    """One place a parameter is held: ``module.<name>``, known under ``qualified`` from the ancestor."""
+    """One place a parameter is held: ``module.<name>``, known under ``qualified`` from the ancestor.
+
+    ``hooks`` are the pruning hooks acting on it when the site was found
+    (:func:`prunereg._core.reparam.pruning_hooks`): looked up once, then
+    carried with the site through one pruning call instead of looked up
+    again at every step. Installing a hook makes them stale.
+    """
 
     qualified: str
     module: nn.Module
     name: str
+    hooks: tuple[tuple[int, reparam.PruningHook], ...] = ()
+
+    @property
+    def hook(self) -> reparam.PruningHook | None:
+        """The pruning hook acting on the site, None if it is not pruned."""
+        return self.hooks[0][1] if self.hooks else None
 
 
 def resolve(root: nn.Module, name: str) -> Site:
-    """The module holding ``root.<name>`` (``name`` may be dotted) and the attribute's own name."""
+    """The module holding ``root.<name>`` (``name`` may be dotted), the attribute's own name and its hooks."""
     path, _, attribute = name.rpartition(".")
-    return Site(name, root.get_submodule(path) if path else root, attribute)
+    module = root.get_submodule(path) if path else root
+    return Site(name, module, attribute, tuple(reparam.pruning_hooks(module, attribute)))
 
 
 def sites(root: nn.Module, name: str) -> list[Site]:
@@ -56,25 +69,29 @@ def sites(root: nn.Module, name: str) -> list[Site]:
     its unpruned name, as the pruning functions take it.
     """
     named = resolve(root, name)
-    parameter = _held_parameter(named.module, named.name)
+    parameter = named.module._parameters.get(named.name + "_orig" if named.hooks else named.name)
     if parameter is None:
         return [named]
     found = [named]
     for qualified, candidate in root.named_parameters(remove_duplicate=False):
         if candidate is not parameter:
             continue
-        site = resolve(root, qualified)
-        if reparam.pruning_hooks(site.module, site.name.removesuffix("_orig")):
-            site = Site(qualified.removesuffix("_orig"), site.module, site.name.removesuffix("_orig"))
-        if (site.module, site.name) != (named.module, named.name):
-            found.append(site)
+        path, _, attribute = qualified.rpartition(".")
+        module = root.get_submodule(path) if path else root
+        if module is named.module and attribute in (named.name, named.name + "_orig"):
+            continue  # the named site itself, found already
+        found.append(_held_at(qualified, module, attribute))
     return found
 
 
-def _held_parameter(module: nn.Module, name: str) -> torch.nn.Parameter | None:
-    if reparam.pruning_hooks(module, name):
-        return module._parameters.get(name + "_orig")
-    return module._parameters.get(name)
+def _held_at(qualified: str, module: nn.Module, attribute: str) -> Site:
+    """The site of the parameter ``module._parameters[attribute]``: ``<name>_orig`` of a pruned one is ``<name>``."""
+    if attribute.endswith("_orig"):
+        base = attribute.removesuffix("_orig")
+        hooks = tuple(reparam.pruning_hooks(module, base))
+        if hooks:
+            return Site(qualified.removesuffix("_orig"), module, base, hooks)
+    return Site(qualified, module, attribute, tuple(reparam.pruning_hooks(module, attribute)))
 
 
 def tensors(group: list[Site]) -> list[tuple[nn.Module, str]]:
@@ -82,28 +99,29 @@ def tensors(group: list[Site]) -> list[tuple[nn.Module, str]]:
     return [(site.module, site.name) for site in group]
 
 
-def share(group: list[Site]) -> None:
-    """Give every other member of ``group`` the first member's mask and a copy of its hook, and remember the group.
+def share(group: list[Site], hook: reparam.PruningHook) -> None:
+    """Give every other member of ``group`` the first member's mask and a copy of ``hook``, and remember the group.
 
-    Each module gets its own hook object, so each keeps its own record of the
-    tensor it computed; they hold the same Parameter and the same mask tensor.
+    ``hook`` is the one just installed on the first member. Each module gets
+    its own hook object, so each keeps its own record of the tensor it
+    computed; they hold the same Parameter and the same mask tensor.
     """
     first, others = group[0], group[1:]
     if not others:
         return
-    hook = reparam.pruning_hooks(first.module, first.name)[0][1]
     mask = first.module.get_buffer(first.name + "_mask")
+    members = [(first, hook)]
     for site in others:
         copied = copy.copy(hook)
         for record in ("_refs", "_stamp", "_param_order"):
             copied.__dict__.pop(record, None)
         copied._tensor_name = site.name
-        reparam.install(site.module, site.name, copied, mask)
+        reparam.install(site.module, site.name, copied, mask, list(site.hooks))
+        members.append((site, copied))
     names = tuple(site.qualified for site in group)
-    for site in group:
-        for _, member_hook in reparam.pruning_hooks(site.module, site.name):
-            member_hook._shared_with = names
-            member_hook._shared_as = site.qualified
+    for site, member_hook in members:
+        member_hook._shared_with = names
+        member_hook._shared_as = site.qualified
 
 
 def remove(module: nn.Module, name: str) -> nn.Module:
@@ -113,10 +131,10 @@ def remove(module: nn.Module, name: str) -> nn.Module:
     ``name`` may be dotted, relative to any ancestor, as in the pruning functions.
     """
     group = sites(module, name)
-    pruned = [site for site in group if reparam.pruning_hooks(site.module, site.name)] or group[:1]
+    pruned = [site for site in group if site.hooks] or group[:1]
     with reparam.all_or_nothing([(site.module, site.name) for site in pruned]):
         for site in pruned:
-            reparam.remove(site.module, site.name)
+            reparam.remove(site.module, site.name, list(site.hooks))
     attention.forget_refreshes(module, group[0].qualified)
     return module
 
@@ -143,7 +161,7 @@ def make_pruning_permanent(model: nn.Module) -> nn.Module:
 
 def refuse_splitting(site: Site) -> None:
     """Refuse to prune one member of a group pruned together: the others would keep the old mask."""
-    for _, hook in reparam.pruning_hooks(site.module, site.name):
+    for _, hook in site.hooks:
         others = [name for name in getattr(hook, "_shared_with", ()) if name != hook._shared_as]
         if others:
             raise ValueError(
@@ -193,7 +211,7 @@ def refuse_holders_outside(targets: Sequence[tuple[nn.Module, list[Site]]]) -> N
 
 def _key(site: Site) -> str:
     """The key of ``site``'s parameter in its module's ``_parameters``."""
-    return site.name + "_orig" if reparam.pruning_hooks(site.module, site.name) else site.name
+    return site.name + "_orig" if site.hooks else site.name
 
 
 def _has_unexplained_references(group: list[Site]) -> bool:
