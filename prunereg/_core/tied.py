@@ -49,11 +49,6 @@ class Site(NamedTuple):
     name: str
     hooks: tuple[tuple[int, reparam.PruningHook], ...] = ()
 
-    @property
-    def hook(self) -> reparam.PruningHook | None:
-        """The pruning hook acting on the site, None if it is not pruned."""
-        return self.hooks[0][1] if self.hooks else None
-
 
 def resolve(root: nn.Module, name: str) -> Site:
     """The module holding ``root.<name>`` (``name`` may be dotted), the attribute's own name and its hooks."""
