@@ -68,7 +68,9 @@ def sites(root: nn.Module, name: str) -> list[Site]:
     if parameter is None:
         return [named]
     found = [named]
-    for qualified, candidate in root.named_parameters(remove_duplicate=False):
+    # A module without submodules holds its parameters itself: no need for named_parameters' walk.
+    held = root._parameters.items() if not root._modules else root.named_parameters(remove_duplicate=False)
+    for qualified, candidate in held:
         if candidate is not parameter:
             continue
         path, _, attribute = qualified.rpartition(".")
