@@ -186,3 +186,24 @@ def test_container_masks_by_hand():  # torch: test_pruning_container_compute_mas
         assert torch.equal(container.compute_mask(t, default_mask), torch.tensor(mask, dtype=torch.float32))
     with pytest.raises(TypeError):
         container.add_pruning_method(10)  # type: ignore[arg-type]
+
+
+def test_torch_pruning_again_appends_to_prunereg_s_container_with_torch_s_masks():
+    # torch now takes prunereg's container for its own: it appends its method instead of wrapping the container.
+    torch.manual_seed(0)
+    ours, theirs = nn.Linear(8, 8), nn.Linear(8, 8)
+    theirs.load_state_dict(ours.state_dict())
+    prune.l1_unstructured(ours, "weight", amount=0.25)
+    prune.ln_structured(ours, "weight", amount=2, n=2, dim=0)
+    torch_prune.l1_unstructured(ours, "weight", amount=0.25)
+    torch_prune.l1_unstructured(theirs, "weight", amount=0.25)
+    torch_prune.ln_structured(theirs, "weight", amount=2, n=2, dim=0)
+    torch_prune.l1_unstructured(theirs, "weight", amount=0.25)
+    (hook,) = ours._forward_pre_hooks.values()
+    assert type(hook) is prune.PruningContainer and len(hook) == 3
+    assert torch.equal(ours.weight_mask, theirs.weight_mask)
+    x = torch.randn(3, 8)
+    for _ in range(2):
+        ours(x).sum().backward()
+    prune.remove(ours, "weight")
+    assert torch.equal(ours.weight, theirs.weight)
