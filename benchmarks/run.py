@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import memory  # noqa: E402
 import plots  # noqa: E402
-from cases import CASES  # noqa: E402
+from cases import CASES, SMALL_LAYERS, SMALL_STEPS  # noqa: E402
 
 ROOT = HERE.parent
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
@@ -156,9 +156,11 @@ def report(
     lines += _targets(results)
     lines += _figures(results)
     lines += _compute_mask_table(results)
+    lines += _busy_table(results)
     lines += _size_table(results)
     lines += _global_table(results)
     lines += _forward_table(results)
+    lines += _small_layers_table(results)
     lines += _compile_table(results)
     lines += _cli_table(results)
     return "\n".join(lines) + "\n"
@@ -236,6 +238,16 @@ def _targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                 f"{graphs['prunereg']} (torch: {graphs['torch']})",
                 graphs["prunereg"] <= graphs["torch"],
             )
+    for _name, by_lib in _group(results, "small_layers"):
+        timed = by_lib.get("together", {})
+        for step in SMALL_STEPS:
+            if step in timed:
+                ours, theirs = timed[step]["prunereg"], timed[step]["torch"]
+                add(
+                    f"`{step}` on many small layers no slower per call than torch",
+                    f"{ours / theirs:.2f}x torch's time",
+                    ours <= theirs,
+                )
     for name, by_lib in _group(results, "scale"):
         mine = by_lib.get("prunereg", {})
         add(f"`{CASES[name].title}` pruned globally on this machine", _times(mine), "seconds" in mine or None)
@@ -284,6 +296,30 @@ def _figures(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         "Drawn by `python benchmarks/plots.py` from the tables below (`benchmarks/run.py` runs it).",
         "",
     ]
+
+
+def _busy_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "busy"):
+        timed = by_lib.get("together", {})
+        if "busy" not in timed:
+            rows.append(f"| {CASES[name].title} | {_times(timed)} | | | |")
+            continue
+        for lib in ("torch", "prunereg"):
+            alone, busy = timed["alone"][lib], timed["busy"][lib]
+            rows.append(f"| {CASES[name].title} | {lib} | {_seconds(alone)} | {_seconds(busy)} | {busy / alone:.1f}x |")
+        threads, cpus = timed.get("threads"), timed.get("cpus")
+        rows.append(
+            f"| {CASES[name].title} | speed-up | {_ratio(timed['alone']['torch'] / timed['alone']['prunereg'])} | "
+            f"{_ratio(timed['busy']['torch'] / timed['busy']['prunereg'])} | ({threads} threads, {cpus} CPUs) |"
+        )
+    intro = [
+        "Median of interleaved rounds, first alone, then while another process runs `while True: pass`",
+        "(one core taken): prunereg's selection must keep its speed-up when the machine is shared.",
+    ]
+    return _section(
+        "compute_mask beside a busy process", ["case", "library", "alone", "busy", "busy / alone"], rows, intro
+    )
 
 
 def _size_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -365,6 +401,25 @@ def _forward_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
             )
     intro = ["Median of interleaved rounds; *overhead* is against the same model after `remove`."]
     return _section("Forward under torch.no_grad()", ["model", "weights", "forward", "overhead"], rows, intro)
+
+
+def _small_layers_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = []
+    for name, by_lib in _group(results, "small_layers"):
+        timed = by_lib.get("together", {})
+        if "error" in timed:
+            rows.append(f"| {CASES[name].title} | {timed['error']} | | | |")
+            continue
+        for step in SMALL_STEPS:
+            if step in timed:
+                ours, theirs = timed[step]["prunereg"], timed[step]["torch"]
+                rows.append(f"| {step} | {_seconds(theirs)} | {_seconds(ours)} | {ours / theirs:.2f}x |")
+    intro = [
+        f"{SMALL_LAYERS} `nn.Linear(64, 64)` pruned one by one, as a loop over a model's modules does;",
+        "one thread, both libraries in the same process, alternating call by call; median time per call.",
+    ]
+    columns = ["call", "torch", "prunereg", "prunereg / torch"]
+    return _section("Many small layers, one call each", columns, rows, intro)
 
 
 LABELS = (("pruned by torch", "torch"), ("pruned by prunereg", "prunereg"), ("after remove", "removed"))

@@ -17,10 +17,11 @@ if TYPE_CHECKING:
     from prunereg._core.global_pruning import global_unstructured
     from prunereg._core.method import BasePruningMethod, PruningContainer
     from prunereg._core.reparam import is_pruned
-    from prunereg._core.tied import remove
+    from prunereg._core.tied import make_pruning_permanent, remove
     from prunereg._disk.errors import CheckpointError
     from prunereg._files.file_pruning import PruneFileReport, prune_file
     from prunereg._files.offline import apply_masks
+    from prunereg._files.selection import parameters_to_prune
     from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
@@ -74,8 +75,10 @@ __all__ = [
     "is_pruned",
     "list_methods",
     "load_state_dict",
+    "make_pruning_permanent",
     "oneshot",
     "oneshot_folder",
+    "parameters_to_prune",
     "perplexity",
     "prune_file",
     "register",
@@ -118,8 +121,10 @@ _LAZY = {
     "hookimpl": "prunereg._plugins.hookspec",
     "is_pruned": "prunereg._core.reparam",
     "load_state_dict": "prunereg._models.state_dict",
+    "make_pruning_permanent": "prunereg._core.tied",
     "oneshot": "prunereg._oneshot.engine",
     "oneshot_folder": "prunereg._oneshot.streaming",
+    "parameters_to_prune": "prunereg._files.selection",
     "perplexity": "prunereg._oneshot.perplexity",
     "prune_file": "prunereg._files.file_pruning",
     "remove": "prunereg._core.tied",

@@ -2,12 +2,15 @@
 
 Plugins import these (and :mod:`prunereg`) instead of prunereg's private
 modules: torch's rules for ``amount`` and ``dim``, prunereg's sort-free
-selection (exactly ``k`` entries, NaN first, deterministic ties), random draws,
+selection (exactly ``k`` entries, NaN first, deterministic ties) and its per-row,
+N:M and whole-matrix forms for calibrated methods, random draws,
 channel norms and masks, the layout of one tensor for another, the all-or-nothing
 guard that keeps a module intact when pruning several tensors fails half-way,
-and the method that applies a given mask. Every function takes plain tensors
-and DTensors alike (sharded models are pruned shard by shard), so a method
-written with them never asks which one it holds.
+and the method that applies a given mask. Every function but the calibrated
+helpers (``lowest_per_row``, ``lowest_n_of_m``, ``lowest_overall``,
+``keep_highest_per_row``: plain tensors, as a one-shot pass holds them) takes
+plain tensors and DTensors alike (sharded models are pruned shard by shard), so
+a method written with them never asks which one it holds.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from prunereg._distributed.channels import channel_mask, channel_norms
 from prunereg._distributed.draws import rand_like
 from prunereg._distributed.layout import to_layout_of
 from prunereg._distributed.select import prune_lowest, select_k
-from prunereg._selection.amount import nparams_to_prune, validate_amount, validate_amount_init
+from prunereg._selection.amount import count_for, nparams_to_prune, validate_amount, validate_amount_init
 from prunereg._selection.amount import validate_dim as check_dim
 from prunereg._selection.amount import validate_structured as check_structured
+from prunereg._selection.scopes import lowest_n_of_m, lowest_overall, lowest_per_row
 from prunereg._selection.select import clear_selected as prune_where
 from prunereg._selection.select import keep_highest_per_row, top_indices
 
@@ -34,8 +38,12 @@ __all__ = [
     "check_amount",
     "check_dim",
     "check_structured",
+    "count_for",
     "count_to_prune",
     "keep_highest_per_row",
+    "lowest_n_of_m",
+    "lowest_overall",
+    "lowest_per_row",
     "prune_lowest",
     "prune_where",
     "rand_like",
@@ -57,7 +65,7 @@ def count_to_prune(amount: numbers.Real, units: int) -> int:
     """How many of ``units`` entries (or channels) ``amount`` prunes, by torch's rules.
 
     An int is absolute and may not exceed ``units`` (``ValueError``); a float is a
-    fraction, rounded half to even as Python's ``round`` does.
+    fraction, rounded by :func:`count_for` (half to even, as Python's ``round``).
     """
     count = nparams_to_prune(amount, units)
     validate_amount(count, units)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg import BasePruningMethod
 from prunereg.toolkit import (
@@ -42,6 +43,7 @@ class _ChannelPruning(BasePruningMethod):
         raise NotImplementedError  # abstract
 
 
+@torch_prune.RandomStructured.register  # isinstance(method, torch's RandomStructured) holds; the mask stays ours
 class RandomStructured(_ChannelPruning):
     """Prune ``amount`` channels along ``dim`` chosen at random (torch's CPU draws)."""
 
@@ -58,6 +60,7 @@ class RandomStructured(_ChannelPruning):
         return super().apply(module, name, amount=amount, dim=dim)
 
 
+@torch_prune.LnStructured.register  # isinstance(method, torch's LnStructured) holds; the mask stays ours
 class LnStructured(_ChannelPruning):
     """Prune the ``amount`` channels along ``dim`` of lowest ``n``-norm (NaN norms first)."""
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import numbers
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg import BasePruningMethod
 from prunereg.toolkit import check_amount, count_to_prune, prune_lowest, rand_like
 
 
+@torch_prune.Identity.register  # isinstance(method, torch's Identity) holds; the mask stays ours
 class Identity(BasePruningMethod):
     """Prune nothing: the mask is all ones. Useful to set up the reparametrization alone."""
 
@@ -44,6 +46,7 @@ class _AmountUnstructured(BasePruningMethod):
         raise NotImplementedError  # abstract
 
 
+@torch_prune.RandomUnstructured.register  # isinstance(method, torch's RandomUnstructured) holds; the mask stays ours
 class RandomUnstructured(_AmountUnstructured):
     """Prune ``amount`` entries chosen uniformly at random (torch's draws, so the same seed gives torch's mask)."""
 
@@ -59,6 +62,7 @@ class RandomUnstructured(_AmountUnstructured):
         return super().apply(module, name, amount=amount)
 
 
+@torch_prune.L1Unstructured.register  # isinstance(method, torch's L1Unstructured) holds; the mask stays ours
 class L1Unstructured(_AmountUnstructured):
     """Prune the ``amount`` entries of smallest absolute value (NaN first)."""
 

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from prunereg import CalibratedMethod, LayerStatistics, PrunedWeight
-
-from .selection import lowest_n_of_m, lowest_overall, lowest_per_row
+from prunereg.toolkit import lowest_n_of_m, lowest_overall, lowest_per_row
 
 _SCOPES = ("row", "matrix")
 
@@ -18,6 +17,8 @@ class Magnitude(CalibratedMethod):
 
     With a pattern ``"N:M"`` the N smallest of every M consecutive inputs of a row are
     pruned, whatever the scope. It needs no statistics: the baseline calibrated methods are judged against.
+    NaN weights are pruned first in every scope and pattern, as everywhere in prunereg
+    (``prunereg.toolkit.lowest_per_row``, ``lowest_overall``, ``lowest_n_of_m``).
     """
 
     STATISTICS = frozenset()

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from prunereg import CalibratedMethod, LayerStatistics, PrunedWeight
-
-from .selection import lowest_n_of_m, lowest_overall
+from prunereg.toolkit import lowest_n_of_m, lowest_overall
 
 
 class SparseGPT(CalibratedMethod):
@@ -27,7 +26,8 @@ class SparseGPT(CalibratedMethod):
 
     ``blocksize`` columns share one mask choice and one deferred update of the later
     columns (the paper's 128); ``dampening`` adds that share of the mean Hessian
-    diagonal to the diagonal before inverting (the paper's 1 %).
+    diagonal to the diagonal before inverting (the paper's 1 %). Unstructured and N:M
+    alike, a NaN saliency (a NaN weight) is pruned first, as everywhere in prunereg.
     """
 
     STATISTICS = frozenset({"hessian"})

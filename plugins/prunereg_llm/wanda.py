@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from prunereg import CalibratedMethod, LayerStatistics, PrunedWeight
-
-from .selection import lowest_n_of_m, lowest_per_row
+from prunereg.toolkit import lowest_n_of_m, lowest_per_row
 
 
 def wanda_scores(weight: torch.Tensor, input_norms: torch.Tensor) -> torch.Tensor:
@@ -20,7 +19,8 @@ class Wanda(CalibratedMethod):
     """Prune ``|W_ij| * ||X_j||_2`` lowest first, compared within each output row.
 
     With a pattern ``"N:M"`` the N lowest of every M consecutive inputs of a row are
-    pruned instead. The kept weights are not changed.
+    pruned instead. The kept weights are not changed. A NaN score (a NaN weight or
+    input norm) is pruned first, as everywhere in prunereg.
     """
 
     STATISTICS = frozenset({"input_sq_norms"})

@@ -2,12 +2,12 @@
 
 The model and its tokenizer come from MODEL_DIR (``from_pretrained``), read as
 untrusted input (:mod:`prunereg._models.hf_folder`: none of its code runs,
-nothing outside it is read, no weight is made up); the calibration text is
-tokenised whole and its first ``--samples`` x ``--seq-len`` tokens become the
-calibration set. The pruned model, its config and tokenizer (and with
-``--masks`` the masks) are written to OUTPUT_DIR, which ``from_pretrained``
-loads, through :class:`~prunereg._disk.folder.AtomicFolder`: whole or not at
-all. Needs the ``hf`` extra (transformers, accelerate).
+nothing outside it is read, no weight is made up); the calibration text's
+first ``--samples`` x ``--seq-len`` tokens become the calibration set, read
+and tokenised no further than needed (:mod:`prunereg._oneshot.calibration`).
+The pruned model, its config and tokenizer (and with ``--masks`` the masks)
+are written to OUTPUT_DIR, which ``from_pretrained`` loads, through
+:class:`~prunereg._disk.folder.AtomicFolder`: whole or not at all. Needs the ``hf`` extra (transformers, accelerate).
 """
 
 from __future__ import annotations
@@ -146,12 +146,13 @@ def oneshot_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
+    from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._oneshot.streaming import prune_folder_into
 
     results = _Results(eval_file.name if eval_file is not None else None)
     with results.shown_on_failure(as_json), _one_line():
         tokenizer = load_tokenizer(model_dir)
-        ids = _calibration_ids(tokenizer, calibration, samples, seq_len)
+        ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
         eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
         arguments: dict[str, Any] = {
             "sparsity": sparsity, "pattern": pattern, "allocation": allocation, "owl_threshold": owl_threshold,
@@ -303,24 +304,11 @@ def _parse_options(options: tuple[str, ...]) -> dict[str, Any]:
     return parsed
 
 
-def _token_ids(tokenizer: Any, path: Path) -> Any:
-    text = path.read_text(encoding="utf-8")
-    return tokenizer(text, return_tensors="pt").input_ids[0]
-
-
-def _calibration_ids(tokenizer: Any, path: Path, samples: int, seq_len: int) -> Any:
-    """The text's first ``samples * seq_len`` tokens as ``[samples, seq_len]``."""
-    tokens = _token_ids(tokenizer, path)
-    needed = samples * seq_len
-    if tokens.numel() < needed:
-        raise click.ClickException(
-            f"{path} has {tokens.numel()} tokens; --samples {samples} x --seq-len {seq_len} needs {needed}"
-        )
-    return tokens[:needed].reshape(samples, seq_len)
-
-
 def _eval_ids(tokenizer: Any, path: Path, limit: int | None) -> Any:
-    tokens = _token_ids(tokenizer, path)
+    """The evaluation text's first ``--eval-tokens`` tokens (all without it), read no further than needed."""
+    from prunereg._oneshot.calibration import text_file_ids
+
+    tokens = text_file_ids(tokenizer, path, limit)
     if tokens.numel() < 2:
         raise click.ClickException(f"{path} has fewer than 2 tokens to evaluate on")
-    return tokens[:limit] if limit is not None else tokens
+    return tokens

@@ -21,7 +21,6 @@ from prunereg._cli.app import main
 from prunereg._cli.oneshot import (
     _DTYPES,
     _bytes_to_write,
-    _calibration_ids,
     _eval_ids,
     _one_line,
     _output_folder,
@@ -145,13 +144,16 @@ def shrink_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
+    from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._shrink.streaming import shrink_folder_into
 
     report: ShrinkReport | None = None
     before = after = None
     with _one_line():
         tokenizer = load_tokenizer(model_dir)
-        ids = _calibration_ids(tokenizer, calibration, samples, seq_len) if calibration is not None else None
+        ids = None
+        if calibration is not None:
+            ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
         eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
         arguments: dict[str, Any] = {
             "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,

@@ -10,12 +10,15 @@ every weight of its attention and feed-forward the same way.
 When a tensor is pruned through such a reader (``prune.l1_unstructured(attention,
 "out_proj.weight", 0.5)``, or from any module above it), the reader gets a
 :class:`RefreshPruned` forward pre-hook that runs the tensor's pruning hook
-first, so every forward uses ``orig * mask`` as it is now.
+first, so every forward uses ``orig * mask`` as it is now. Pruned where it
+lives, the way any loop over ``nn.Linear`` modules does
+(``prune.l1_unstructured(layer.self_attn.out_proj, "weight", 0.5)``), the
+readers above are found too (:func:`readers_above`), and get the same hook.
 """
 
 from __future__ import annotations
 
-import warnings
+import gc
 from typing import Any
 
 from torch import nn
@@ -24,6 +27,12 @@ from prunereg._core import reparam
 
 READERS: tuple[type[nn.Module], ...] = (nn.MultiheadAttention, nn.TransformerEncoderLayer)
 """Module classes whose forward reads their submodules' tensors directly."""
+
+READ_BY_THEIR_HOLDER: tuple[type[nn.Module], ...] = (
+    nn.modules.linear.NonDynamicallyQuantizableLinear,  # out_proj, which only nn.MultiheadAttention holds
+    nn.MultiheadAttention,  # read by the encoder and decoder layers' fast path
+)
+"""Module classes whose tensors a reader holding them reads directly: only these are looked up from below."""
 
 
 class RefreshPruned:
@@ -49,8 +58,12 @@ class RefreshPruned:
 
 
 def refresh_where_read(root: nn.Module, qualified: str) -> None:
-    """Give every reader on the way from ``root`` to the tensor ``qualified`` a refresh hook (once)."""
-    for reader, relative in _readers_on_path(root, qualified):
+    """Give every reader of the tensor ``qualified`` (named from ``root``) a refresh hook (once).
+
+    The readers are those on the way from ``root`` to the tensor and, when
+    ``root`` is itself read by a module holding it (``out_proj``), those above ``root``.
+    """
+    for reader, relative in _readers(root, qualified):
         path, _, name = relative.rpartition(".")
         refresh = RefreshPruned(path, name)
         if refresh not in reader._forward_pre_hooks.values():
@@ -59,11 +72,60 @@ def refresh_where_read(root: nn.Module, qualified: str) -> None:
 
 def forget_refreshes(root: nn.Module, qualified: str) -> None:
     """Drop the refresh hooks :func:`refresh_where_read` gave for ``qualified``."""
-    for reader, relative in _readers_on_path(root, qualified):
+    for reader, relative in _readers(root, qualified):
         path, _, name = relative.rpartition(".")
         for key, hook in list(reader._forward_pre_hooks.items()):
             if hook == RefreshPruned(path, name):
                 del reader._forward_pre_hooks[key]
+
+
+def _readers(root: nn.Module, qualified: str) -> list[tuple[nn.Module, str]]:
+    above = [(reader, f"{path}.{qualified}") for reader, path in readers_above(root)]
+    return above + _readers_on_path(root, qualified)
+
+
+def readers_above(module: nn.Module) -> list[tuple[nn.Module, str]]:
+    """The readers holding ``module``, directly or through readers above them, with its path from each.
+
+    Modules know nothing of their parents, so the holders are found through the
+    garbage collector (a scan of the objects it tracks); only for the classes
+    readers read directly (:data:`READ_BY_THEIR_HOLDER`), so pruning anything
+    else never pays for it.
+    """
+    found: list[tuple[nn.Module, str]] = []
+    pending = [(module, "")]
+    while pending:
+        child, path = pending.pop()
+        if not isinstance(child, READ_BY_THEIR_HOLDER):
+            continue
+        slots = [
+            held for held in gc.get_referrers(child) if type(held) is dict and any(v is child for v in held.values())
+        ]
+        for holder, key in modules_holding(slots, child, "_modules"):
+            if isinstance(holder, READERS):
+                relative = f"{key}.{path}" if path else key
+                found.append((holder, relative))
+                pending.append((holder, relative))
+    return found
+
+
+def modules_holding(dicts: list[dict[Any, Any]], value: object, slot: str) -> list[tuple[nn.Module, str]]:
+    """Each ``(module, key)`` whose ``slot`` dict (``_parameters``, ``_modules``) is in ``dicts`` and holds ``value``.
+
+    ``dicts`` come from ``gc.get_referrers(value)``; a module holds its slot
+    dicts directly or, once its ``__dict__`` exists as an object, through that dict.
+    """
+    holders: list[tuple[nn.Module, str]] = []
+    pending: list[Any] = dicts
+    while pending:
+        module_dicts = []
+        for referrer in gc.get_referrers(*pending):
+            if isinstance(referrer, nn.Module) and any(referrer.__dict__.get(slot) is held for held in dicts):
+                holders += [(referrer, key) for key, held in referrer.__dict__[slot].items() if held is value]
+            elif type(referrer) is dict and pending is dicts and any(referrer.get(slot) is held for held in dicts):
+                module_dicts.append(referrer)
+        pending = module_dicts
+    return list(dict.fromkeys(holders))
 
 
 def _readers_on_path(root: nn.Module, qualified: str) -> list[tuple[nn.Module, str]]:
@@ -76,18 +138,3 @@ def _readers_on_path(root: nn.Module, qualified: str) -> list[tuple[nn.Module, s
             found.append((module, ".".join(parts[depth:])))
         module = module.get_submodule(parts[depth])
     return found
-
-
-def warn_if_read_elsewhere(root: nn.Module, module: nn.Module, name: str) -> None:
-    """Warn when ``out_proj`` of an attention module is pruned on its own: the attention bypasses its hook.
-
-    ``module.<name>`` is the tensor pruned, named from ``root``.
-    """
-    if module is root and isinstance(module, nn.modules.linear.NonDynamicallyQuantizableLinear):
-        warnings.warn(
-            f"pruning {name!r} of nn.MultiheadAttention's out_proj on its own: the attention reads it "
-            "directly, so training would reuse a stale tensor; prune it from the attention module instead, "
-            f"prune.l1_unstructured(attention, 'out_proj.{name}', ...)",
-            UserWarning,
-            stacklevel=4,
-        )

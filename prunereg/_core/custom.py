@@ -7,15 +7,19 @@ with it, so it belongs to the core; the built-in plugin re-exports it.
 from __future__ import annotations
 
 import torch
+import torch.nn.utils.prune as torch_prune
 
 from prunereg._core.method import BasePruningMethod
 from prunereg._distributed.layout import to_layout_of
 
 
+@torch_prune.CustomFromMask.register  # isinstance(method, torch's CustomFromMask) holds; the mask stays ours
 class CustomFromMask(BasePruningMethod):
     """Prune where ``mask`` is zero. The mask may live on any device and have any dtype."""
 
     PRUNING_TYPE = "global"
+    chosen_by: type[BasePruningMethod] | None = None
+    """The method whose choice the mask is, when one chose it for this tensor (global pruning); summaries name it."""
 
     def __init__(self, mask: torch.Tensor) -> None:
         self.mask = mask

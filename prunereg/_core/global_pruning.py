@@ -29,8 +29,10 @@ from prunereg._distributed import global_shares
 from prunereg._distributed.global_shares import Entry
 from prunereg._distributed.layout import is_dtensor, local_shard
 from prunereg._distributed.vectors import SpreadVector
+from prunereg._plugins.loading import registry
 from prunereg._selection import radix, select
 from prunereg._selection.amount import nparams_to_prune, validate_amount
+from prunereg._selection.threads import bounded_threads
 
 if TYPE_CHECKING:
     from torch import nn
@@ -40,7 +42,7 @@ Parameter = tuple["nn.Module", str]
 
 def global_unstructured(
     parameters: Iterable[Parameter],
-    pruning_method: type[BasePruningMethod],
+    pruning_method: type[BasePruningMethod] | str,
     importance_scores: dict[Parameter, torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> None:
@@ -55,6 +57,10 @@ def global_unstructured(
     any ancestor (``(model, "lm_head.weight")``): a parameter tied to others
     under that ancestor is then pruned with the same mask everywhere; one held
     by a module outside the module given is refused (ValueError naming it).
+    ``pruning_method`` may also be a registered name (``"l1_unstructured"``),
+    as :func:`prunereg.get` takes it. Each tensor's hook is a
+    ``CustomFromMask`` as in torch, which remembers the method
+    (``chosen_by``), so :func:`prunereg.summary` names ``l1_unstructured``.
     """
     if not isinstance(parameters, Iterable):
         raise TypeError("global_unstructured(): parameters is not an Iterable")
@@ -62,6 +68,8 @@ def global_unstructured(
     if not isinstance(importance_scores, dict):
         raise TypeError("global_unstructured(): importance_scores must be of type dict")
     parameters = list(parameters)
+    if isinstance(pruning_method, str):
+        pruning_method = registry().resolve(pruning_method)
     if not (isinstance(pruning_method, type) and issubclass(pruning_method, BasePruningMethod)):
         raise TypeError(
             f"global_unstructured(): pruning_method must be a BasePruningMethod subclass, got {pruning_method!r}"
@@ -90,13 +98,15 @@ def global_unstructured(
     new_masks = global_masks(method, tensors, scores, masks)
     installed = set()
     with reparam.all_or_nothing([tensor for group in groups for tensor in _tied.tensors(group)]):
-        for (module, name), group, share in zip(targets, groups, new_masks):
+        for (root, given), (module, name), group, share in zip(parameters, targets, groups, new_masks):
             if (id(module), name) in installed:
-                # Listed twice: like torch, keep the zeros of both shares.
+                # Listed twice: like torch, keep the zeros of both shares; the sites' hooks changed since.
                 share = getattr(module, name + "_mask") * share
+                group = _tied.sites(root, given)
             installed.add((id(module), name))
-            install_mask(module, name, CustomFromMask(share), share)
-            _tied.share(group)
+            custom = CustomFromMask(share)
+            custom.chosen_by = pruning_method
+            _tied.share(group, install_mask(module, name, custom, share, list(group[0].hooks)))
 
 
 def global_masks(
@@ -152,7 +162,8 @@ def _shares(method: BasePruningMethod, entries: list[Entry]) -> list[torch.Tenso
     dtype = radix.promoted_dtype([e.scores for e in entries])
     if select.uses_topk(remaining, entries[0].scores.device, dtype):
         return _concatenated(method, entries)
-    return _streamed(kind, method, entries, remaining)
+    with bounded_threads(select.BLOCK, entries[0].scores.device):  # as select_k's radix path
+        return _streamed(kind, method, entries, remaining)
 
 
 _RANKINGS = ("magnitude", "random")

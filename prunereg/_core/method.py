@@ -77,9 +77,9 @@ class BasePruningMethod(reparam.PruningHook, ABC):
         module outside ``module`` also holds is refused (ValueError naming it).
         Nothing changes on the module unless every step succeeds.
         """
-        group = _tied.sites(module, name)
+        group = _tied.sites(module, name)  # each site carries its hooks: looked up once per call
         first = group[0]
-        if len(reparam.pruning_hooks(first.module, first.name)) > 1:
+        if len(first.hooks) > 1:
             raise AssertionError(
                 f"Avoid adding multiple pruning hooks to the same tensor {first.name} of "
                 f"module {first.module}. Use a PruningContainer."
@@ -89,10 +89,9 @@ class BasePruningMethod(reparam.PruningHook, ABC):
         _tied.refuse_holders_outside([(module, group)])
         method = cls(*args, **kwargs)
         with reparam.all_or_nothing(_tied.tensors(group)):
-            hook = _prune(first.module, first.name, method, importance_scores)
-            _tied.share(group)
+            hook = _prune(first.module, first.name, method, importance_scores, hooks=list(first.hooks))
+            _tied.share(group, hook)
             _attention.refresh_where_read(module, first.qualified)
-        _attention.warn_if_read_elsewhere(module, first.module, first.name)
         return hook
 
     def prune(
@@ -107,6 +106,7 @@ class BasePruningMethod(reparam.PruningHook, ABC):
         return t * self.compute_mask(importance_scores, default_mask=default_mask)
 
 
+@torch_prune.PruningContainer.register  # isinstance(hook, torch's PruningContainer) holds; the masks stay ours
 class PruningContainer(BasePruningMethod):
     """The history of pruning methods applied to one tensor, newest last.
 
@@ -150,13 +150,17 @@ class PruningContainer(BasePruningMethod):
         return combine_masks(self._pruning_methods[-1], t, default_mask)
 
 
-def install_mask(module: nn.Module, name: str, method: BasePruningMethod, mask: torch.Tensor) -> None:
-    """Prune ``module.<name>`` with ``method`` whose final mask is already known.
+def install_mask(
+    module: nn.Module, name: str, method: BasePruningMethod, mask: torch.Tensor, hooks: reparam.Hooks | None = None
+) -> BasePruningMethod:
+    """Prune ``module.<name>`` with ``method`` whose final mask is already known; the hook now acting on it.
 
     Global pruning computes every tensor's combined mask at once; this registers
     that mask as is, without computing it a second time or copying it.
+    ``hooks``: the tensor's pruning hooks, when the caller has looked them up.
+    Call it inside an ``all_or_nothing`` block over the tensor.
     """
-    _prune(module, name, method, None, mask=mask)
+    return _prune(module, name, method, None, mask=mask, hooks=hooks)
 
 
 def _prune(
@@ -165,17 +169,22 @@ def _prune(
     method: BasePruningMethod,
     importance_scores: torch.Tensor | None,
     mask: torch.Tensor | None = None,
+    hooks: reparam.Hooks | None = None,
 ) -> BasePruningMethod:
-    """Prune ``module.<name>`` with ``method`` (and ``mask``, when already known), on top of any earlier pruning."""
+    """Prune ``module.<name>`` with ``method`` (and ``mask``, when already known), on top of any earlier pruning.
+
+    ``hooks``: the tensor's pruning hooks (:func:`prunereg._core.reparam.pruning_hooks`), when known.
+    Called inside an ``all_or_nothing`` block over the tensor, which undoes it on an error.
+    """
     method._tensor_name = name
-    reparam.check_prunable(module, name)
-    hooks = reparam.pruning_hooks(module, name)
+    hooks = reparam.pruning_hooks(module, name) if hooks is None else hooks
+    reparam.check_prunable(module, name, hooks)
     orig = getattr(module, name)
     importance_scores = reparam.scores_for(orig, importance_scores, f"parameter {name} of {module}")
     if not hooks:
         if mask is None:
             mask = _checked(method.compute_mask(importance_scores, default_mask=torch.ones_like(orig)), orig, name)
-        reparam.install(module, name, method, _compact.stored(mask, orig.dtype, None))
+        reparam.install(module, name, method, _compact.stored(mask, orig.dtype, None), hooks)
         return method
 
     old = hooks[0][1]
@@ -187,9 +196,8 @@ def _prune(
             default_mask = default_mask.to(orig.dtype)
         mask = combine_masks(method, importance_scores, default_mask)
     mask = _compact.stored(mask, orig.dtype, old_mask)
-    with reparam.all_or_nothing([(module, name)]):
-        container.add_pruning_method(method)
-        reparam.install(module, name, container, mask)
+    container.add_pruning_method(method)  # the caller's all_or_nothing block undoes it on an error
+    reparam.install(module, name, container, mask, hooks)
     return container
 
 

@@ -108,38 +108,48 @@ def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]
     ]
 
 
-def check_prunable(module: nn.Module, name: str) -> None:
-    """Refuse to prune ``module.<name>`` for the first time unless it is a Parameter (torch's error)."""
+Hooks = list[tuple[int, PruningHook]]
+"""What :func:`pruning_hooks` returns: the functions below take it from a caller that looked it up already."""
+
+
+def check_prunable(module: nn.Module, name: str, hooks: Hooks | None = None) -> None:
+    """Refuse to prune ``module.<name>`` for the first time unless it is a Parameter (torch's error).
+
+    ``hooks``: its :func:`pruning_hooks`, when the caller has them.
+    """
     orig = getattr(module, name)
-    if not pruning_hooks(module, name) and not isinstance(orig, torch.nn.Parameter):
+    hooks = pruning_hooks(module, name) if hooks is None else hooks
+    if not hooks and not isinstance(orig, torch.nn.Parameter):
         raise TypeError(
             f"cannot assign '{torch.typename(orig)}' object to parameter "
             f"'{name}_orig' (torch.nn.Parameter or None required)"
         )
 
 
-def install(module: nn.Module, name: str, hook: PruningHook, mask: torch.Tensor) -> None:
+def install(module: nn.Module, name: str, hook: PruningHook, mask: torch.Tensor, hooks: Hooks | None = None) -> None:
     """Make ``hook`` the one pruning hook of ``module.<name>``, with ``mask`` as ``<name>_mask``.
 
     The first pruning moves the parameter to ``<name>_orig``; a later one
     replaces the earlier hook (``hook`` then holds its history). Call
-    :func:`check_prunable` first.
+    :func:`check_prunable` first, and this inside an :func:`all_or_nothing`
+    block over the tensor (every pruning call opens one): that block undoes a
+    half-done install. ``hooks``: the tensor's :func:`pruning_hooks` before
+    this call, when the caller has them.
     """
-    first = not pruning_hooks(module, name)
-    with all_or_nothing([(module, name)]):
-        if first:
-            orig = module._parameters[name]
-            hook._param_order = _parameter_order(module, name)
-            module.register_parameter(name + "_orig", orig)
-            del module._parameters[name]
-        else:
-            for key, old in pruning_hooks(module, name):
-                if old is not hook:
-                    hook._param_order = getattr(old, "_param_order", None)
-                del module._forward_pre_hooks[key]
-        module.register_buffer(name + "_mask", mask)
-        set_pruned_tensor(hook, module)
-        module.register_forward_pre_hook(hook)
+    hooks = pruning_hooks(module, name) if hooks is None else hooks
+    if not hooks:
+        orig = module._parameters[name]
+        hook._param_order = _parameter_order(module, name)
+        module.register_parameter(name + "_orig", orig)
+        del module._parameters[name]
+    else:
+        for key, old in hooks:
+            if old is not hook:
+                hook._param_order = getattr(old, "_param_order", None)
+            del module._forward_pre_hooks[key]
+    module.register_buffer(name + "_mask", mask)
+    set_pruned_tensor(hook, module)
+    module.register_forward_pre_hook(hook)
 
 
 def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -187,7 +197,10 @@ class _Snapshot:
         self.buffers = dict(module._buffers)
         self.hooks = dict(module._forward_pre_hooks)
         self.attribute = module.__dict__.get(name, _MISSING)
-        self.hook_states = [(h, dict(h.__dict__)) for _, h in pruning_hooks(module, name)]
+        # Every pruning hook of the module (a copy of their state is what a lookup of this name's would save).
+        self.hook_states = [
+            (h, dict(h.__dict__)) for h in self.hooks.values() if isinstance(h, torch_prune.BasePruningMethod)
+        ]
 
     def restore(self) -> None:
         module = self.module
@@ -339,9 +352,9 @@ def memoize_pruned_tensor(method: PruningHook, copied: PruningHook, memo: dict[i
     memo[id(pruned)] = pruned_copy
 
 
-def remove(module: nn.Module, name: str) -> nn.Module:
-    """Make the pruning of ``module.<name>`` permanent and remove its hook."""
-    for key, hook in pruning_hooks(module, name):
+def remove(module: nn.Module, name: str, hooks: Hooks | None = None) -> nn.Module:
+    """Make the pruning of ``module.<name>`` permanent and remove its hook (``hooks``: its :func:`pruning_hooks`)."""
+    for key, hook in pruning_hooks(module, name) if hooks is None else hooks:
         hook.remove(module)
         del module._forward_pre_hooks[key]
         return module

@@ -29,23 +29,32 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.utils.prune as torch_prune
 from torch import nn
 
 from prunereg._core import attention, reparam
 
 
 class Site(NamedTuple):
-    """One place a parameter is held: ``module.<name>``, known under ``qualified`` from the ancestor."""
+    """One place a parameter is held: ``module.<name>``, known under ``qualified`` from the ancestor.
+
+    ``hooks`` are the pruning hooks acting on it when the site was found
+    (:func:`prunereg._core.reparam.pruning_hooks`): looked up once, then
+    carried with the site through one pruning call instead of looked up
+    again at every step. Installing a hook makes them stale.
+    """
 
     qualified: str
     module: nn.Module
     name: str
+    hooks: tuple[tuple[int, reparam.PruningHook], ...] = ()
 
 
 def resolve(root: nn.Module, name: str) -> Site:
-    """The module holding ``root.<name>`` (``name`` may be dotted) and the attribute's own name."""
+    """The module holding ``root.<name>`` (``name`` may be dotted), the attribute's own name and its hooks."""
     path, _, attribute = name.rpartition(".")
-    return Site(name, root.get_submodule(path) if path else root, attribute)
+    module = root.get_submodule(path) if path else root
+    return Site(name, module, attribute, tuple(reparam.pruning_hooks(module, attribute)))
 
 
 def sites(root: nn.Module, name: str) -> list[Site]:
@@ -55,25 +64,31 @@ def sites(root: nn.Module, name: str) -> list[Site]:
     its unpruned name, as the pruning functions take it.
     """
     named = resolve(root, name)
-    parameter = _held_parameter(named.module, named.name)
+    parameter = named.module._parameters.get(named.name + "_orig" if named.hooks else named.name)
     if parameter is None:
         return [named]
     found = [named]
-    for qualified, candidate in root.named_parameters(remove_duplicate=False):
+    # A module without submodules holds its parameters itself: no need for named_parameters' walk.
+    held = root._parameters.items() if not root._modules else root.named_parameters(remove_duplicate=False)
+    for qualified, candidate in held:
         if candidate is not parameter:
             continue
-        site = resolve(root, qualified)
-        if reparam.pruning_hooks(site.module, site.name.removesuffix("_orig")):
-            site = Site(qualified.removesuffix("_orig"), site.module, site.name.removesuffix("_orig"))
-        if (site.module, site.name) != (named.module, named.name):
-            found.append(site)
+        path, _, attribute = qualified.rpartition(".")
+        module = root.get_submodule(path) if path else root
+        if module is named.module and attribute in (named.name, named.name + "_orig"):
+            continue  # the named site itself, found already
+        found.append(_held_at(qualified, module, attribute))
     return found
 
 
-def _held_parameter(module: nn.Module, name: str) -> torch.nn.Parameter | None:
-    if reparam.pruning_hooks(module, name):
-        return module._parameters.get(name + "_orig")
-    return module._parameters.get(name)
+def _held_at(qualified: str, module: nn.Module, attribute: str) -> Site:
+    """The site of the parameter ``module._parameters[attribute]``: ``<name>_orig`` of a pruned one is ``<name>``."""
+    if attribute.endswith("_orig"):
+        base = attribute.removesuffix("_orig")
+        hooks = tuple(reparam.pruning_hooks(module, base))
+        if hooks:
+            return Site(qualified.removesuffix("_orig"), module, base, hooks)
+    return Site(qualified, module, attribute, tuple(reparam.pruning_hooks(module, attribute)))
 
 
 def tensors(group: list[Site]) -> list[tuple[nn.Module, str]]:
@@ -81,44 +96,69 @@ def tensors(group: list[Site]) -> list[tuple[nn.Module, str]]:
     return [(site.module, site.name) for site in group]
 
 
-def share(group: list[Site]) -> None:
-    """Give every other member of ``group`` the first member's mask and a copy of its hook, and remember the group.
+def share(group: list[Site], hook: reparam.PruningHook) -> None:
+    """Give every other member of ``group`` the first member's mask and a copy of ``hook``, and remember the group.
 
-    Each module gets its own hook object, so each keeps its own record of the
-    tensor it computed; they hold the same Parameter and the same mask tensor.
+    ``hook`` is the one just installed on the first member. Each module gets
+    its own hook object, so each keeps its own record of the tensor it
+    computed; they hold the same Parameter and the same mask tensor.
     """
     first, others = group[0], group[1:]
     if not others:
         return
-    hook = reparam.pruning_hooks(first.module, first.name)[0][1]
     mask = first.module.get_buffer(first.name + "_mask")
+    members = [(first, hook)]
     for site in others:
         copied = copy.copy(hook)
         for record in ("_refs", "_stamp", "_param_order"):
             copied.__dict__.pop(record, None)
         copied._tensor_name = site.name
-        reparam.install(site.module, site.name, copied, mask)
+        reparam.install(site.module, site.name, copied, mask, list(site.hooks))
+        members.append((site, copied))
     names = tuple(site.qualified for site in group)
-    for site in group:
-        for _, member_hook in reparam.pruning_hooks(site.module, site.name):
-            member_hook._shared_with = names
-            member_hook._shared_as = site.qualified
+    for site, member_hook in members:
+        member_hook._shared_with = names
+        member_hook._shared_as = site.qualified
 
 
-def remove(root: nn.Module, name: str) -> nn.Module:
-    """Make the pruning of ``root.<name>`` permanent everywhere its parameter is used under ``root``."""
-    group = sites(root, name)
-    pruned = [site for site in group if reparam.pruning_hooks(site.module, site.name)] or group[:1]
+def remove(module: nn.Module, name: str) -> nn.Module:
+    """Make the pruning of ``module.<name>`` permanent everywhere its parameter is used under ``module``.
+
+    torch's signature, parameter names included (``remove(module=m, name="weight")``);
+    ``name`` may be dotted, relative to any ancestor, as in the pruning functions.
+    """
+    group = sites(module, name)
+    pruned = [site for site in group if site.hooks] or group[:1]
     with reparam.all_or_nothing([(site.module, site.name) for site in pruned]):
         for site in pruned:
-            reparam.remove(site.module, site.name)
-    attention.forget_refreshes(root, group[0].qualified)
-    return root
+            reparam.remove(site.module, site.name, list(site.hooks))
+    attention.forget_refreshes(module, group[0].qualified)
+    return module
+
+
+def make_pruning_permanent(model: nn.Module) -> nn.Module:
+    """Make every pruning under ``model`` permanent: :func:`remove` for each pruned tensor (Lightning's name).
+
+    Tied parameters are removed once for all their holders; hooks that
+    ``torch.nn.utils.prune`` installed are removed too. On an error nothing is
+    removed. Returns ``model``; a model without pruning is left as it is.
+    """
+    pruned = [
+        (f"{path}.{hook._tensor_name}" if path else hook._tensor_name, submodule, hook._tensor_name)
+        for path, submodule in model.named_modules()
+        for hook in list(submodule._forward_pre_hooks.values())
+        if isinstance(hook, torch_prune.BasePruningMethod)
+    ]
+    with reparam.all_or_nothing([(submodule, name) for _, submodule, name in pruned]):
+        for qualified, submodule, name in pruned:
+            if reparam.pruning_hooks(submodule, name):  # not already removed with a tied member
+                remove(model, qualified)
+    return model
 
 
 def refuse_splitting(site: Site) -> None:
     """Refuse to prune one member of a group pruned together: the others would keep the old mask."""
-    for _, hook in reparam.pruning_hooks(site.module, site.name):
+    for _, hook in site.hooks:
         others = [name for name in getattr(hook, "_shared_with", ()) if name != hook._shared_as]
         if others:
             raise ValueError(
@@ -168,7 +208,7 @@ def refuse_holders_outside(targets: Sequence[tuple[nn.Module, list[Site]]]) -> N
 
 def _key(site: Site) -> str:
     """The key of ``site``'s parameter in its module's ``_parameters``."""
-    return site.name + "_orig" if reparam.pruning_hooks(site.module, site.name) else site.name
+    return site.name + "_orig" if site.hooks else site.name
 
 
 def _has_unexplained_references(group: list[Site]) -> bool:
@@ -228,23 +268,5 @@ def _own_references() -> tuple[int, int]:
 
 def _module_holders(dicts: list[dict[Any, Any]], parameter: torch.Tensor | None) -> list[str]:
     """``Class.attribute`` of every module whose ``_parameters`` is one of ``dicts`` and holds ``parameter``."""
-    holders: list[str] = []
-    # A module holds its _parameters directly or, once its __dict__ exists as an object, through that dict.
-    pending: list[Any] = dicts
-    while pending:
-        module_dicts = []
-        for referrer in gc.get_referrers(*pending):
-            if isinstance(referrer, nn.Module) and any(referrer._parameters is held for held in dicts):
-                holders += [
-                    f"{type(referrer).__name__}.{key}"
-                    for key, value in referrer._parameters.items()
-                    if value is parameter
-                ]
-            elif (
-                type(referrer) is dict
-                and pending is dicts
-                and any(referrer.get("_parameters") is held for held in dicts)
-            ):
-                module_dicts.append(referrer)
-        pending = module_dicts
-    return list(dict.fromkeys(holders))
+    holders = attention.modules_holding(dicts, parameter, "_parameters")
+    return list(dict.fromkeys(f"{type(module).__name__}.{key}" for module, key in holders))

@@ -42,12 +42,31 @@ def _sharded_rand_like(t: DTensor) -> DTensor:
     sources = draw_sources(t)
     if sources is None:
         local = _box_draws(t, t.dtype)
+    elif all(keep is None for _, keep in sources) and sum(s.numel() for s, _ in sources) <= DRAW_BLOCK:
+        # torch draws a global vector in one call; on CUDA, draws made one source
+        # at a time would come from other counter offsets and differ.
+        local = torch.cat([part.reshape(-1) for part in _one_draw_boxes([s for s, _ in sources], t.dtype)])
     else:
         # A vector of what earlier pruning left: the draws of each source at its
         # kept entries (flat flags over its local shard; None: all of them).
         draws = [_box_draws(source, t.dtype).reshape(-1) for source, _ in sources]
         local = torch.cat([d if keep is None else d[keep] for d, (_, keep) in zip(draws, sources)])
     return wrap(local, t)
+
+
+def _one_draw_boxes(sources: list[DTensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each source's local box of one ``torch.rand`` over all the sources' entries, in order."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    stream = torch.rand(sum(s.numel() for s in sources), dtype=dtype, device=sources[0].device)
+    boxes, start = [], 0
+    for source in sources:
+        _reject_strided(source)
+        local_shape, offset = compute_local_shape_and_global_offset(source.shape, source.device_mesh, source.placements)
+        full = stream[start : start + source.numel()].view(source.shape)
+        boxes.append(full[tuple(slice(lo, lo + size) for lo, size in zip(offset, local_shape))])
+        start += source.numel()
+    return boxes
 
 
 def _box_draws(t: DTensor, dtype: torch.dtype) -> torch.Tensor:

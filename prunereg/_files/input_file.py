@@ -25,15 +25,18 @@ _KINDS = {
 _NONBLOCKING = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO this way returns at once, so fstat can refuse it
 
 
-def open_regular(path: Path) -> BinaryIO:
-    """``path`` opened for binary reading, or :class:`CheckpointError` unless it is a regular file."""
-    _refuse_unless_regular(path, _status(path))
+def open_regular(path: Path, what: str = "model file") -> BinaryIO:
+    """``path`` opened for binary reading, or :class:`CheckpointError` unless it is a regular file.
+
+    ``what`` names the file the caller expects in the refusal ("give the model file itself").
+    """
+    _refuse_unless_regular(path, _status(path), what)
     try:
         fd = os.open(path, os.O_RDONLY | _NONBLOCKING | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     except OSError as error:
         raise CheckpointError(_cannot_open(path, error)) from error
     try:  # the path may have been swapped for something else since the first look
-        _refuse_unless_regular(path, os.fstat(fd))
+        _refuse_unless_regular(path, os.fstat(fd), what)
         if _NONBLOCKING:
             os.set_blocking(fd, True)
     except BaseException:
@@ -54,13 +57,13 @@ def _status(path: Path) -> os.stat_result:
         raise CheckpointError(_cannot_open(path, error)) from error
 
 
-def _refuse_unless_regular(path: Path, status: os.stat_result) -> None:
+def _refuse_unless_regular(path: Path, status: os.stat_result, what: str = "model file") -> None:
     if stat.S_ISREG(status.st_mode):
         return
     kind = _KINDS.get(stat.S_IFMT(status.st_mode), "not a regular file")
     if kind == "a directory":
-        raise CheckpointError(f"{quoted(path)} is a directory, not a model file")
-    raise CheckpointError(f"{quoted(path)} is {kind}, not a regular file; give the model file itself")
+        raise CheckpointError(f"{quoted(path)} is a directory, not a {what}")
+    raise CheckpointError(f"{quoted(path)} is {kind}, not a regular file; give the {what} itself")
 
 
 def _cannot_open(path: Path, error: OSError) -> str:

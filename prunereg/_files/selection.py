@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from prunereg._files.dtypes import is_prunable
 from prunereg._text import printable
@@ -61,6 +62,40 @@ def default_skip_reason(name: str, tensor: torch.Tensor) -> str | None:
     if tensor.dim() < 2:
         return FEW_DIMENSIONS
     return None
+
+
+def parameters_to_prune(model: nn.Module, ignore: Sequence[str] = ()) -> list[tuple[nn.Module, str]]:
+    """The ``(module, name)`` pairs of ``model`` that ``prunereg prune`` would prune by default, in model order.
+
+    The same rule as for a file (:func:`default_skip_reason`), applied to the
+    model's parameters: weights of ``Linear``, convolutions and GPT-2's
+    ``Conv1D``; embeddings, norms, biases and output heads left out, and so is
+    every parameter sharing its tensor with one of those (a head tied to the
+    embedding). ``ignore`` globs (shell-style, ``*`` also matches dots) leave
+    out the parameters of the modules whose names they match. A pruned
+    parameter is listed under its own name (``weight``, not ``weight_orig``).
+    A tensor several prunable attributes share is one pair, named from
+    ``model`` with a dotted name, so that pruning it prunes every use.
+    Meant for ``prunereg.global_unstructured(prunereg.parameters_to_prune(model), ...)``.
+    """
+    holders: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    skipped: set[int] = set()
+    for qualified, parameter in model.named_parameters(remove_duplicate=False):
+        path, _, attribute = qualified.rpartition(".")
+        module = model.get_submodule(path)
+        if attribute.endswith("_orig") and attribute.removesuffix("_orig") + "_mask" in module._buffers:
+            attribute = attribute.removesuffix("_orig")
+            qualified = qualified.removesuffix("_orig")
+        holders.setdefault(id(parameter), []).append((qualified, module, attribute))
+        if default_skip_reason(qualified, parameter) is not None or _matches(path, ignore):
+            skipped.add(id(parameter))
+    pairs = []
+    for key, places in holders.items():
+        if key in skipped:
+            continue
+        qualified, module, attribute = places[0]
+        pairs.append((module, attribute) if len(places) == 1 else (model, qualified))
+    return pairs
 
 
 @dataclass(frozen=True)

@@ -163,11 +163,17 @@ class _MethodNames:
         self._by_target: dict[str, str] | None = None
 
     def of(self, hook: object) -> tuple[str, ...]:
-        """The names of the methods in ``hook``, oldest first (several for a container)."""
+        """The names of the methods in ``hook``, oldest first (several for a container).
+
+        A mask that global pruning installed (``custom_from_mask``, torch's
+        mechanism) is named after the method that chose it (``chosen_by``).
+        """
         methods = getattr(hook, "_pruning_methods", None)
         if methods is None:
             methods = (hook,)
-        return tuple(self._name(type(method)) for method in methods if method is not None)
+        return tuple(
+            self._name(getattr(method, "chosen_by", None) or type(method)) for method in methods if method is not None
+        )
 
     def _name(self, cls: type) -> str:
         if self._by_target is None:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from prunereg._core import reparam
 from prunereg._oneshot.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
+from prunereg._oneshot.calibration import calibration_ids, check_fits_model, load_model, model_folder
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
 from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
@@ -54,16 +55,20 @@ class InMemory:
 
 
 def oneshot(
-    model: nn.Module,
+    model: nn.Module | str | os.PathLike[str],
     method: str | CalibratedMethod,
     *,
-    calibration: Tensor | Iterable[Tensor],
+    calibration: Any,
+    tokenizer: Any = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
     sparsity: float | None = None,
     pattern: str | None = None,
     allocation: str = "uniform",
     owl_threshold: float = 5.0,
     owl_lambda: float = 0.08,
     layers: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
     blocks: str | None = None,
     batch_size: int = 2,
     permanent: bool = True,
@@ -78,7 +83,15 @@ def oneshot(
     ``"sparsegpt"``, ``"magnitude"``), with ``method_options`` passed to its
     constructor, or a configured :class:`prunereg.CalibratedMethod` instance.
     ``calibration`` holds token ids: a LongTensor ``[n_samples, seq_len]`` (run in
-    batches of ``batch_size`` samples) or an iterable of such batches.
+    batches of ``batch_size`` samples) or an iterable of such batches; or a text,
+    a list of texts, a tokenizer's output or a ``datasets.Dataset`` with a
+    ``text`` column, tokenised with ``tokenizer`` and cut into ``num_samples`` x
+    ``seq_len`` (default 64 x 256) as ``prunereg oneshot`` cuts its text
+    (:mod:`prunereg._oneshot.calibration`). Token ids the model has no embedding
+    for and samples longer than its config allows are refused before anything
+    changes. ``model`` may be a Hugging Face folder's path, loaded as
+    ``prunereg oneshot`` loads MODEL_DIR (none of its code runs) with its own
+    tokenizer for texts; the pruned model is then the report's ``model``.
 
     ``sparsity`` is the share of each layer's weights pruned (default 0.5, or N/M
     with a ``pattern`` such as ``"2:4"``). ``allocation="owl"`` gives each block
@@ -86,9 +99,10 @@ def oneshot(
     ``owl_threshold`` is the paper's M, ``owl_lambda`` its lambda).
 
     Every ``nn.Linear`` (GPT-2: ``Conv1D``) inside the decoder blocks is pruned, or
-    those whose full name matches one of the ``layers`` glob patterns; embeddings
-    and the output head never. ``blocks`` names the ``nn.ModuleList`` of decoder
-    blocks for an architecture prunereg does not know (see ``prunereg._oneshot.blocks``).
+    those whose full name matches one of the ``layers`` glob patterns, less those
+    matching an ``ignore`` glob pattern; embeddings and the output head never.
+    ``blocks`` names the ``nn.ModuleList`` of decoder blocks for an architecture
+    prunereg does not know (see ``prunereg._oneshot.blocks``).
 
     ``permanent=True`` (the default) leaves plain weights with exact zeros, ready
     for ``save_pretrained``; ``permanent=False`` also installs prunereg's
@@ -115,6 +129,11 @@ def oneshot(
     ``None`` (the default) keeps the copy when it takes at most half the memory
     available now.
     """
+    folder = model_folder(model)
+    calibration = calibration_ids(
+        calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=folder
+    )
+    model = load_model(model)
     job = OneShotJob.prepare(
         model,
         method,
@@ -125,6 +144,7 @@ def oneshot(
         owl_threshold=owl_threshold,
         owl_lambda=owl_lambda,
         layers=layers,
+        ignore=ignore,
         blocks=blocks,
         batch_size=batch_size,
         permanent=permanent,
@@ -133,7 +153,10 @@ def oneshot(
     )
     if restore_on_error is None:
         restore_on_error = _copy_fits(job.weight_bytes())
-    return job.run(InMemory(), progress=progress, restore_on_error=restore_on_error)
+    report = job.run(InMemory(), progress=progress, restore_on_error=restore_on_error)
+    if folder is not None:
+        report.model = model
+    return report
 
 
 @dataclass
@@ -171,6 +194,7 @@ class OneShotJob:
         permanent: bool,
         matmul_precision: str,
         method_options: dict[str, Any],
+        ignore: Sequence[str] | None = None,
     ) -> OneShotJob:
         """Check every argument and build the method; nothing in ``model`` changes."""
         if not isinstance(model, nn.Module):
@@ -186,13 +210,14 @@ class OneShotJob:
         if allocation == "owl" and instance.pattern is not None:
             raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
         blocks_path, block_list = find_blocks(model, blocks)
-        layer_names = _select_layers(blocks_path, block_list, layers)
+        layer_names = _select_layers(blocks_path, block_list, layers, _ignored(model, ignore))
         _check_layers(block_list, layer_names, instance)
         _check_not_reparametrized(model)
         device = _input_device(model)
         batches = list(batches_of(calibration, batch_size, device))
         if not batches:
             raise ValueError("calibration holds no token ids")
+        check_fits_model(model, batches)
         return cls(
             model, instance, name, blocks_path, block_list, layer_names, batches,
             allocation, float(owl_threshold), float(owl_lambda), permanent, matmul_precision,
@@ -433,8 +458,20 @@ def _close(a: float, b: float) -> bool:
     return abs(float(a) - float(b)) < 1e-9
 
 
-def _select_layers(blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[str] | None) -> list[list[str]]:
-    """Per block, the names (relative to the block) of the layers to prune."""
+def _ignored(model: nn.Module, ignore: Sequence[str] | None) -> list[str]:
+    """The ``ignore`` glob patterns, each checked to match some module of ``model`` (a typo is not silent)."""
+    patterns = [ignore] if isinstance(ignore, str) else list(ignore or ())
+    names = [name for name, _ in model.named_modules() if name]
+    unused = [p for p in patterns if not any(fnmatch.fnmatchcase(name, p) for name in names)]
+    if unused:
+        raise ValueError(f"ignore {unused} match no module of the model")
+    return patterns
+
+
+def _select_layers(
+    blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[str] | None, ignore: Sequence[str] = ()
+) -> list[list[str]]:
+    """Per block, the names (relative to the block) of the layers to prune: matching ``patterns``, not ``ignore``."""
     if isinstance(patterns, str):
         patterns = [patterns]
     selected = []
@@ -445,6 +482,8 @@ def _select_layers(blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[s
             full_name = f"{blocks_path}.{index}.{name}"
             matching = [p for p in patterns or () if fnmatch.fnmatchcase(full_name, p)]
             used.update(matching)
+            if any(fnmatch.fnmatchcase(full_name, p) for p in ignore):
+                continue
             if patterns is None or matching:
                 names.append(name)
         selected.append(names)

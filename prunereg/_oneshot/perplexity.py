@@ -8,6 +8,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+from prunereg._oneshot.calibration import check_fits_model
+
 #: Positions whose loss is computed in one step (a ``POSITIONS_PER_STEP x vocabulary`` buffer).
 POSITIONS_PER_STEP = 128
 
@@ -34,8 +36,9 @@ def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: 
     tokens = ids.reshape(-1)
     if tokens.numel() < 2:
         raise ValueError("ids must hold at least 2 tokens")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     windows = [w for w in tokens.split(window) if w.numel() >= 2]
+    check_fits_model(model, windows, what="the windows of ids", hint="pass a smaller window")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, predicted = 0.0, 0
     training = model.training
     model.eval()

@@ -26,6 +26,7 @@ from prunereg._disk.folder import AtomicFolder
 from prunereg._disk.model_dir import SAFETENSORS_INDEX, check_links, safetensors_weight_map
 from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
 from prunereg._oneshot.blocks import find_blocks
+from prunereg._oneshot.calibration import calibration_ids
 from prunereg._oneshot.contract import CalibratedMethod
 from prunereg._oneshot.engine import OneShotJob
 from prunereg._oneshot.report import OneShotReport
@@ -152,13 +153,17 @@ def oneshot_folder(
     output_dir: str | Path,
     method: str | CalibratedMethod,
     *,
-    calibration: Tensor | Iterable[Tensor],
+    calibration: Any,
+    tokenizer: Any = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
     sparsity: float | None = None,
     pattern: str | None = None,
     allocation: str = "uniform",
     owl_threshold: float = 5.0,
     owl_lambda: float = 0.08,
     layers: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
     blocks: str | None = None,
     batch_size: int = 2,
     matmul_precision: str = "medium",
@@ -168,7 +173,8 @@ def oneshot_folder(
 ) -> OneShotReport:
     """Prune the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
 
-    Arguments as :func:`prunereg.oneshot`; the weights in ``model_dir`` must be
+    Arguments as :func:`prunereg.oneshot` (a calibration text is tokenised with
+    ``tokenizer`` or else ``model_dir``'s own); the weights in ``model_dir`` must be
     safetensors files (``model.safetensors`` or a sharded index, chosen as
     transformers chooses). ``output_dir`` gets the pruned weights, one shard
     per block, and the folder's other files, so ``from_pretrained(output_dir)``
@@ -186,10 +192,14 @@ def oneshot_folder(
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
+    calibration = calibration_ids(
+        calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
+        label="model_dir",
+    )  # fmt: skip
     options: dict[str, Any] = {
         "sparsity": sparsity, "pattern": pattern, "allocation": allocation, "owl_threshold": owl_threshold,
-        "owl_lambda": owl_lambda, "layers": layers, "batch_size": batch_size, "matmul_precision": matmul_precision,
-        "method_options": method_options,
+        "owl_lambda": owl_lambda, "layers": layers, "ignore": ignore, "batch_size": batch_size,
+        "matmul_precision": matmul_precision, "method_options": method_options,
     }  # fmt: skip
     with folder as staging:
         return prune_folder_into(

@@ -31,10 +31,22 @@ def validate_amount(amount: float, tensor_size: int) -> None:
 
 
 def nparams_to_prune(amount: numbers.Real, tensor_size: int) -> int:
-    """Units to prune: an int is absolute, a float a fraction rounded half to even."""
+    """Units to prune: an int is absolute, a float a fraction (:func:`count_for`)."""
     if isinstance(amount, numbers.Integral):
         return int(amount)
-    return round(cast(float, amount) * tensor_size)  # cast: mypy does not know the numeric tower
+    return count_for(cast(float, amount), tensor_size)  # cast: mypy does not know the numeric tower
+
+
+def count_for(fraction: float, units: int) -> int:
+    """How many of ``units`` entries (or channels) a ``fraction`` in [0, 1] prunes: the nearest whole number.
+
+    ``round(fraction * units)``, half to even as Python's ``round`` (torch's rule
+    for a float ``amount``): the one rounding rule of every fraction in prunereg,
+    a method's float ``amount`` (:func:`nparams_to_prune`) and a calibrated
+    method's ``sparsity`` alike. The fraction is not checked here: methods check
+    it when they are built. An int ``fraction`` counts as a fraction too (1 prunes all).
+    """
+    return round(fraction * units)
 
 
 def validate_structured(t: torch.Tensor) -> None:

@@ -35,8 +35,10 @@ from prunereg._selection.radix import (
     flat_order_keys,
     key_dtype,
     key_width,
+    order_keys,
     promoted_dtype,
 )
+from prunereg._selection.threads import bounded_threads
 
 # Entries up to which torch.topk is used: identical to torch there, and faster
 # than the radix select's fixed cost (its 65536-bin histograms, about 0.2 ms).
@@ -110,7 +112,20 @@ def select_spread(
         if magnitude:
             flat = [f.abs() for f in flat]
         return _select_by_topk(chunks, flat, k, largest)
+    with bounded_threads(min(max(f.numel() for f in flat), BLOCK), flat[0].device):
+        return _select_by_radix(chunks, flat, k, dtype, collectives, largest=largest, magnitude=magnitude)
 
+
+def _select_by_radix(
+    chunks: Sequence[torch.Tensor],
+    flat: list[torch.Tensor],
+    k: int,
+    dtype: torch.dtype,
+    collectives: Collectives | None,
+    *,
+    largest: bool,
+    magnitude: bool,
+) -> list[torch.Tensor]:
     threshold, keys = _search(flat, k, dtype, largest=largest, magnitude=magnitude, collectives=collectives)
     if collectives is None:
         mark = Marker(threshold, keys.workspace)
@@ -153,11 +168,29 @@ def prune_lowest(
         raise ValueError(f"cannot select k={k} of {flat.numel()} entries")
     if default_mask.numel() != flat.numel():
         raise ValueError(f"default_mask has {default_mask.numel()} entries, the scores {flat.numel()}")
-    dtype = flat.dtype
-    low, high = _min_max(default_mask)
-    if flat.is_meta or uses_topk(flat.numel(), flat.device, dtype) or not (math.isfinite(low) and math.isfinite(high)):
+    if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
         return clear_selected(default_mask, select_k([scores], k, largest=largest, magnitude=magnitude)[0])
-    all_ones = low == high == 1
+    with bounded_threads(min(flat.numel(), BLOCK), flat.device):
+        low, high = _min_max(default_mask)
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return clear_selected(default_mask, select_k([scores], k, largest=largest, magnitude=magnitude)[0])
+        return _prune_by_radix(
+            flat, k, default_mask, largest=largest, magnitude=magnitude, all_ones=low == high == 1, out=out
+        )
+
+
+def _prune_by_radix(
+    flat: torch.Tensor,
+    k: int,
+    default_mask: torch.Tensor,
+    *,
+    largest: bool,
+    magnitude: bool,
+    all_ones: bool,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`prune_lowest` of a large input: the radix select, the mask built block by block from the keys."""
+    dtype = flat.dtype
     threshold, keys = _search([flat], k, dtype, largest=largest, magnitude=magnitude)
     mark = Marker(threshold, keys.workspace)
     if (
@@ -240,7 +273,7 @@ def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch
     """
     flat = scores.reshape(-1)
     if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
-        return torch.topk(_nan_lowest(flat), k, largest=largest).indices
+        return torch.topk(nan_lowest(flat), k, largest=largest).indices
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
 
 
@@ -283,17 +316,27 @@ def _select_by_topk(
     device = flat[0].device
     scores = flat[0] if len(flat) == 1 else torch.cat([f.to(device) for f in flat])
     selected = torch.zeros(scores.shape, dtype=torch.bool, device=device)
-    selected[torch.topk(_nan_lowest(scores), k, largest=largest).indices] = True
+    selected[torch.topk(nan_lowest(scores), k, largest=largest).indices] = True
     if len(flat) == 1:
         return [selected.view(chunks[0].shape)]
     pieces = torch.split(selected, [f.numel() for f in flat])
     return [p.view(c.shape).to(c.device) for p, c in zip(pieces, chunks)]
 
 
-def _nan_lowest(scores: torch.Tensor) -> torch.Tensor:
+def nan_lowest(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` ranked by prunereg's one NaN rule: NaN below every number, ``-inf`` included.
+
+    Without NaN (and on ``meta``) the scores themselves; with NaN their integer
+    :func:`~prunereg._selection.radix.order_keys` (the radix engine's order), of
+    the same shape. Sorting, ``topk`` or ``kthvalue`` on the result ranks every
+    number as on the scores and every NaN lowest (all NaN equal), so selecting
+    the lowest prunes NaN first and keeping the highest keeps NaN last. Every
+    selection path (``select_k``, ``prune_lowest``, ``top_indices``, the per-row
+    and N:M helpers) ranks through this function or the radix engine.
+    """
     if scores.is_meta or not scores.is_floating_point() or not bool(scores.isnan().any()):
         return scores
-    return scores.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    return order_keys(scores).view(scores.shape)
 
 
 def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int | torch.Tensor) -> torch.Tensor:
@@ -303,9 +346,11 @@ def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int 
     ones, so keeping ``q`` entries of a row keeps as many survivors as it can;
     among those, higher scores rank first, NaN lowest, and equal scores keep
     the lower index. ``counts`` is an int or a tensor of ``scores.shape[:-1]``.
-    Row-wise methods (N:M groups, per-output-row pruning) share this ranking.
+    NaN ranks below every number (:func:`nan_lowest`), so NaN entries are kept
+    last: pruned first, as everywhere in prunereg. Row-wise methods (N:M groups,
+    per-output-row pruning) share this ranking.
     """
-    by_score = torch.sort(_nan_lowest(scores), dim=-1, descending=True, stable=True).indices
+    by_score = torch.sort(nan_lowest(scores), dim=-1, descending=True, stable=True).indices
     alive_sorted = alive.gather(-1, by_score).to(torch.uint8)
     order = by_score.gather(-1, torch.sort(alive_sorted, dim=-1, descending=True, stable=True).indices)
     if isinstance(counts, torch.Tensor):

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._oneshot.blocks import find_blocks
+from prunereg._oneshot.calibration import calibration_ids, check_fits_model
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
 from prunereg._oneshot.contract import check_sparsity
 from prunereg._oneshot.engine import (
@@ -62,8 +63,11 @@ _NONE = ChannelStatistics(0)
 def shrink(
     model: nn.Module,
     method: str | ShrinkMethod = "flap",
-    calibration: Tensor | Iterable[Tensor] | None = None,
+    calibration: Any = None,
     *,
+    tokenizer: Any = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
     mlp: float = 0.0,
     heads: float = 0.0,
     layers: int = 0,
@@ -80,9 +84,11 @@ def shrink(
     ``method`` is a registered name of kind ``shrink`` (``"flap"``, ``"wanda_sp"``,
     ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), with ``method_options``
     passed to its constructor, or a configured :class:`prunereg.ShrinkMethod`.
-    ``calibration`` holds token ids (``[n_samples, seq_len]``, run in batches of
-    ``batch_size``, or an iterable of batches); a method that needs no statistics
-    (``magnitude_sp``) runs without it.
+    ``calibration`` is what :func:`prunereg.oneshot` accepts: token ids
+    (``[n_samples, seq_len]``, run in batches of ``batch_size``, or an iterable of
+    batches), or a text, texts, a tokenizer's output or a dataset, tokenised with
+    ``tokenizer`` and cut into ``num_samples`` x ``seq_len``; a method that needs no
+    statistics (``magnitude_sp``) runs without it.
 
     - ``mlp``: the share of each MLP's intermediate channels removed (gate and up
       rows with the down projection's columns);
@@ -108,6 +114,8 @@ def shrink(
     until the call returns (up to a second copy of the shrunk layers); ``False``
     keeps nothing, and a failure leaves the model half shrunk.
     """
+    if calibration is not None:
+        calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
     job = ShrinkJob.prepare(
         model, method, calibration, mlp=mlp, heads=heads, layers=layers, experts=experts, blocks=blocks,
         batch_size=batch_size, matmul_precision=matmul_precision, method_options=method_options,
@@ -195,6 +203,7 @@ class ShrinkJob:
             batches = list(batches_of(calibration, batch_size, _input_device(model)))
             if not batches:
                 raise ValueError("calibration holds no token ids")
+            check_fits_model(model, batches)
         width = _width_config(config, plans, instance)
         return cls(
             model, instance, name, blocks_path, block_list, plans, layers, needs, batches, matmul_precision, width

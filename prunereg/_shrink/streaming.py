@@ -23,6 +23,7 @@ from prunereg._disk.folder import AtomicFolder
 from prunereg._disk.model_dir import check_links
 from prunereg._models.hf_folder import CONFIG_NAME, empty_causal_lm, is_gguf_marker
 from prunereg._oneshot.blocks import find_blocks
+from prunereg._oneshot.calibration import calibration_ids
 from prunereg._oneshot.streaming import CheckpointReader, StreamedBlocks, _empty, _refuse_incomplete
 from prunereg._shrink.contract import ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob
@@ -87,8 +88,11 @@ def shrink_folder(
     model_dir: str | Path,
     output_dir: str | Path,
     method: str | ShrinkMethod = "flap",
-    calibration: Tensor | Iterable[Tensor] | None = None,
+    calibration: Any = None,
     *,
+    tokenizer: Any = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
     mlp: float = 0.0,
     heads: float = 0.0,
     layers: int = 0,
@@ -102,7 +106,8 @@ def shrink_folder(
 ) -> ShrinkReport:
     """Shrink the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
 
-    Arguments as :func:`prunereg.shrink`; the weights in ``model_dir`` must be
+    Arguments as :func:`prunereg.shrink` (a calibration text is tokenised with
+    ``tokenizer`` or else ``model_dir``'s own); the weights in ``model_dir`` must be
     safetensors files. ``output_dir`` gets the shrunk weights, one shard per
     kept block, the shrunk config and the folder's other files, so stock
     ``from_pretrained(output_dir)`` loads the smaller model. Peak memory: the
@@ -117,6 +122,11 @@ def shrink_folder(
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
+    if calibration is not None:
+        calibration = calibration_ids(
+            calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
+            label="model_dir",
+        )  # fmt: skip
     options: dict[str, Any] = {
         "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,
         "matmul_precision": matmul_precision, "method_options": method_options,

@@ -119,10 +119,73 @@ def test_torch_fails_on_the_second_backward():
         run(module, x).sum().backward()
 
 
-def test_pruning_out_proj_on_its_own_warns_and_names_the_fix():
-    module = attention()
-    with pytest.warns(UserWarning, match=r"prune it from the attention module"):
-        prune.l1_unstructured(module.out_proj, "weight", amount=0.5)
+def _train(layer: nn.Module, steps: int) -> list[dict[str, torch.Tensor]]:
+    """``steps`` SGD steps on fixed inputs; every parameter's gradient at each step, by name."""
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    torch.manual_seed(1)
+    grads = []
+    for _ in range(steps):
+        loss(run(layer, torch.randn(2, 3, 8))).backward()
+        grads.append({name: p.grad.clone() for name, p in layer.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad()
+    return grads
+
+
+@pytest.mark.parametrize(
+    ("build", "where", "name"),
+    [
+        (encoder_layer, "self_attn.out_proj", "weight"),
+        (decoder_layer, "multihead_attn.out_proj", "weight"),
+        (attention, "out_proj", "weight"),
+        (encoder_layer, "self_attn", "in_proj_weight"),
+    ],
+)
+def test_pruning_a_tensor_where_it_lives_trains_as_pruning_it_from_the_layer(build, where, name, recwarn):
+    natural, owner = build(), build()
+    prune.l1_unstructured(natural.get_submodule(where), name, amount=0.5)  # what a loop over modules does
+    prune.l1_unstructured(owner, f"{where}.{name}", amount=0.5)
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    for step, (ours, expected) in enumerate(zip(_train(natural, 3), _train(owner, 3))):
+        assert ours.keys() == expected.keys()
+        for key in ours:
+            torch.testing.assert_close(ours[key], expected[key], msg=f"step {step}: {key}")
+    assert torch.equal(
+        natural.get_submodule(where).get_buffer(name + "_mask"),
+        owner.get_submodule(f"{where}").get_buffer(name + "_mask"),
+    )
+
+
+def test_the_fast_path_after_pruning_out_proj_where_it_lives_uses_fresh_values():
+    layer = encoder_layer()
+    prune.l1_unstructured(layer.self_attn.out_proj, "weight", amount=0.5)
+    _train(layer, 1)
+    layer.eval()
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        out = layer(x)
+        expected = functional_call(encoder_layer().eval(), pruned_values(layer), (x,))
+    torch.testing.assert_close(out, expected)
+
+
+def test_remove_where_it_lives_drops_the_refresh_hooks_above():
+    layer = encoder_layer()
+    prune.l1_unstructured(layer.self_attn.out_proj, "weight", amount=0.5)
+    assert layer._forward_pre_hooks and layer.self_attn._forward_pre_hooks
+    prune.remove(layer.self_attn.out_proj, "weight")
+    assert not layer._forward_pre_hooks and not layer.self_attn._forward_pre_hooks
+    assert not prunereg.is_pruned(layer)
+
+
+def test_modules_that_no_reader_holds_are_never_looked_up(monkeypatch):
+    import gc
+
+    def no_scans(*objects):
+        raise AssertionError("gc scan")
+
+    layer = encoder_layer()
+    monkeypatch.setattr(gc, "get_referrers", no_scans)
+    prune.l1_unstructured(layer.linear1, "weight", amount=0.5)  # a plain Linear: nobody reads it from above in training
 
 
 def test_masks_equal_torchs_for_the_same_tensor():

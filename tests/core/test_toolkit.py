@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 import torch.nn.utils.prune as torch_prune
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import prunereg.prune as prune
 from prunereg import toolkit
+from prunereg._selection import amount as _amount
 
 
 @pytest.mark.parametrize("amount", [-1, 1.5, -0.1])
@@ -72,3 +77,30 @@ def test_prune_where_adds_zeros_and_keeps_the_earlier_ones(device):
     if device != "meta":
         assert mask.tolist() == [[0.0, 0.0], [1.0, 1.0]]
         assert default.tolist() == [[1.0, 0.0], [1.0, 1.0]]  # the input is left alone
+
+
+@settings(max_examples=60, deadline=None)
+@given(fraction=st.floats(0, 1), units=st.integers(0, 10_000))
+def test_count_for_is_torchs_rounding_of_a_float_amount(fraction, units):
+    expected = torch_prune._compute_nparams_toprune(fraction, units)
+    assert toolkit.count_for(fraction, units) == toolkit.count_to_prune(fraction, units) == expected
+
+
+def test_count_to_prune_rounds_a_fraction_through_count_for(monkeypatch):
+    """One rounding rule: count_to_prune's float path is count_for, so changing one changes both."""
+    monkeypatch.setattr(_amount, "count_for", lambda fraction, units: 7)
+    assert toolkit.count_to_prune(0.5, 10) == 7
+    assert toolkit.count_to_prune(3, 10) == 3  # an int stays absolute
+
+
+def test_the_llm_methods_select_with_the_toolkit_helpers():
+    """The built-in calibrated methods keep no private copies of the selection."""
+    import prunereg_llm.magnitude
+    import prunereg_llm.sparsegpt
+    import prunereg_llm.wanda
+
+    assert prunereg_llm.magnitude.lowest_per_row is toolkit.lowest_per_row
+    assert prunereg_llm.magnitude.lowest_overall is toolkit.lowest_overall
+    assert prunereg_llm.wanda.lowest_n_of_m is toolkit.lowest_n_of_m
+    assert prunereg_llm.sparsegpt.lowest_overall is toolkit.lowest_overall
+    assert importlib.util.find_spec("prunereg_llm.selection") is None

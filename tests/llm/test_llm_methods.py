@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 import prunereg
 import prunereg.testing
 from prunereg import LayerStatistics
+from prunereg.toolkit import lowest_per_row
 from prunereg_llm.magnitude import Magnitude
-from prunereg_llm.selection import lowest_per_row
 from prunereg_llm.sparsegpt import SparseGPT, obs_sweep, upper_cholesky_of_inverse
 from prunereg_llm.wanda import Wanda
 
@@ -161,11 +161,11 @@ def test_wanda_per_row_matches_explicit_sort(rows: int, columns: int, sparsity: 
     assert torch.equal(result.weight, weight * result.mask)
 
 
-def test_per_row_selection_ranks_nan_highest_and_still_prunes_k_per_row() -> None:
+def test_per_row_selection_prunes_nan_first_and_still_prunes_k_per_row() -> None:
     scores = torch.tensor([[float("nan"), 1.0, float("nan"), 0.5], [float("nan")] * 4, [3.0, float("nan"), 2.0, 1.0]])
     for sparsity in (0.25, 0.5, 0.75, 1.0):
         pruned = lowest_per_row(scores, sparsity)
-        assert torch.equal(pruned, pruned_per_row_reference(scores.nan_to_num(nan=float("inf")), sparsity))
+        assert torch.equal(pruned, pruned_per_row_reference(scores.nan_to_num(nan=-1.0), sparsity))
         assert pruned.sum(dim=1).tolist() == [round(4 * sparsity)] * 3
 
 

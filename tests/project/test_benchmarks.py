@@ -57,3 +57,29 @@ def test_quick_size_sweep_writes_its_table(tmp_path: Path) -> None:
     assert [row.split("|")[2].strip() for row in rows] == ["256", "4096", "65536"]  # entries, small to large
     assert all(row.rstrip(" |").endswith("x") for row in rows)  # both libraries timed: a speed-up each
     assert "![prunereg's speed-up over torch" in report
+
+
+@pytest.mark.slow
+def test_quick_small_layers_case_times_both_libraries_for_every_call(tmp_path: Path) -> None:
+    output = tmp_path / "benchmarks.md"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--quick",
+            "--only",
+            "small_layers",
+            "--output",
+            str(output),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = output.read_text()
+    section = report[report.index("## Many small layers, one call each") :]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and line.rstrip(" |").endswith("x")]
+    calls = [row.split("|")[1].strip() for row in rows]
+    assert calls == ["l1_unstructured", "l1_unstructured again", "ln_structured", "prune then remove"]
+    assert "on many small layers no slower per call than torch" in report  # a target row per call

@@ -235,3 +235,27 @@ def test_without_restore_on_error_a_failure_leaves_the_blocks_already_shrunk() -
     assert model.model.layers[0].mlp.down_proj.in_features == 24  # shrunk before the failure, and kept so
     assert model.model.layers[2].mlp.down_proj.in_features == 48
     assert model.config.intermediate_size == 48  # the config is rewritten only at the end
+
+
+def test_calibration_may_be_a_text_tokenised_as_oneshot_tokenises_it(tmp_path: Any) -> None:
+    from tests.support.tiny_lm import random_text, save_tiny_llama_folder
+
+    save_tiny_llama_folder(tmp_path / "dense")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "dense")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense").eval()
+    report = prunereg.shrink(
+        model, "wanda_sp", random_text(300, seed=1), tokenizer=tokenizer, num_samples=4, seq_len=16, mlp=0.5
+    )
+    assert report.n_tokens == 64 and model.config.intermediate_size == 24
+    streamed = prunereg.shrink_folder(
+        tmp_path / "dense", tmp_path / "small", "wanda_sp", random_text(300, seed=1), num_samples=4, seq_len=16, mlp=0.5
+    )
+    assert streamed.n_tokens == 64
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused_before_anything_changes() -> None:
+    model = build("llama")
+    before = _state(model)
+    with pytest.raises(ValueError, match="hold the token id 1000, but the model's vocabulary has 64 tokens"):
+        prunereg.shrink(model, "wanda_sp", torch.full((2, 8), 1000), mlp=0.5)
+    _assert_unchanged(model, before)
