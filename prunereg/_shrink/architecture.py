@@ -122,7 +122,7 @@ def find_mlp(block: nn.Module, config: Any) -> UnitGroup | str:
     if mlp is None and _has(block, "fc1", "fc2"):  # OPT: the MLP's two layers sit in the block itself
         fc2 = _sub(block, "fc2")
         cuts = _linear_cuts(_sub(block, "fc1"), "out", ((0, 1),)) + _linear_cuts(fc2, "in", ((0, 1),))
-        flag = None if getattr(fc2, "bias", None) is not None else "enable_bias"
+        flag = None if getattr(fc2, "bias", None) is not None else "mlp_bias"  # enable_bias would add more
         return UnitGroup("mlp", block, weight_matrix(fc2).shape[1], fc2, 1, cuts, bias_flag=flag)
     if mlp is None:
         return f"{type(block).__name__} has no 'mlp' module prunereg knows"

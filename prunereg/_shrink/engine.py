@@ -437,8 +437,9 @@ def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod) -> 
     if "mlp" in first:
         plan = first["mlp"]
         values[str(_mlp_key(config))] = plan.keep["mlp"]
-        if method.compensates_bias and plan.groups["mlp"].bias_flag is not None:
-            values["mlp_bias"] = True
+        flag = plan.groups["mlp"].bias_flag
+        if method.compensates_bias and flag is not None:
+            values[flag] = True
     if "heads" in first:
         plan = first["heads"]
         group = plan.groups["heads"]
@@ -447,7 +448,7 @@ def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod) -> 
         if hasattr(config, "num_key_value_heads"):
             values["num_key_value_heads"] = plan.keep["heads"]
         if method.compensates_bias and group.bias_flag is not None:
-            values["attention_bias"] = True
+            values[group.bias_flag] = True
     with_experts = [plan for plan in plans if plan.experts is not None and plan.keep_experts]
     if with_experts:
         values[str(_expert_key(config))] = with_experts[0].keep_experts

@@ -60,6 +60,9 @@ ARCHITECTURES = {
     "phi3": tiny_phi3,
     "gpt2": _gpt2,
     "opt": tiny_opt,
+    "opt-without-biases": lambda seed=0: _from_config(
+        "OPTConfig", "OPTForCausalLM", seed, ffn_dim=48, word_embed_proj_dim=32, enable_bias=False
+    ),
     "mixtral": tiny_mixtral,
     "qwen2_moe": tiny_qwen2_moe,
 }

@@ -127,6 +127,7 @@ REFUSALS = [
     ("gpt2", "wanda_sp", {"heads": 0.5}, ValueError, "no config can state fewer heads"),
     ("opt", "wanda_sp", {"heads": 0.5}, ValueError, "no config can state fewer heads"),
     ("qwen2", "flap", {"mlp": 0.5}, ValueError, "has no 'mlp_bias'"),
+    ("opt-without-biases", "flap", {"mlp": 0.5}, ValueError, "OPTConfig has no 'mlp_bias'"),
     ("llama", "reap", {"experts": 0.5}, ValueError, "needs a mixture-of-experts model"),
     ("mixtral", "reap", {"experts": 0.75}, ValueError, "fewer than the 2 each token is routed to"),
     ("mixtral", "wanda_sp", {"mlp": 0.5}, ValueError, "mixture of experts"),
