@@ -40,6 +40,7 @@ from prunereg._core import tied as _tied
 from prunereg._core.compact import require_binary
 from prunereg._core.custom import CustomFromMask
 from prunereg._disk.model_dir import check_links, safetensors_weight_map, weight_files
+from prunereg._models.slimmed import CONFIG_KEY, apply_slimmed_shapes
 from prunereg._progress import library_bars
 from prunereg._text import quoted
 
@@ -91,7 +92,12 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     if local:
         check_links(folder, "pretrained")
     masks: dict[str, torch.Tensor] = {}
-    if local and _has_pruned_keys(folder):
+    if local and _is_slimmed(folder, kwargs.get("config")):
+        config = kwargs.get("config") or model_class.config_class.from_pretrained(
+            pretrained, trust_remote_code=kwargs["trust_remote_code"]
+        )
+        model, masks = _slimmed_from_folder(model_class, folder, config)
+    elif local and _has_pruned_keys(folder):
         state = {}
         for file in weight_files(folder, "pretrained").files:
             state.update(safetensors.torch.load_file(str(file)))
@@ -112,6 +118,41 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
         if not reparam.pruning_hooks(site.module, site.name):  # a tied parameter is pruned with its group
             CustomFromMask.apply(model, name, mask.to(getattr(site.module, site.name).device))
     return model
+
+
+def _is_slimmed(folder: Path, config: Any) -> bool:
+    """Whether the config (given, or the folder's ``config.json``) records shapes ``prunereg.slim`` made."""
+    if config is not None:
+        return bool(getattr(config, CONFIG_KEY, None))
+    path = folder / "config.json"
+    try:
+        return bool(json.loads(path.read_text(encoding="utf-8")).get(CONFIG_KEY)) if path.is_file() else False
+    except (OSError, ValueError, AttributeError):
+        return False  # transformers reports an unreadable config itself
+
+
+def _slimmed_from_folder(model_class: Any, folder: Path, config: Any) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A model ``prunereg.slim`` made narrower than its config states: built, given the recorded shapes, loaded."""
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(folder, "pretrained").files:
+        state.update(safetensors.torch.load_file(str(file)))
+    state, masks = _split_pruned(state)
+    model = model_class(config)
+    apply_slimmed_shapes(model, getattr(config, CONFIG_KEY))
+    result = model.load_state_dict(state, strict=False)
+    tied = {name for name in result.missing_keys if _is_tied(model, name)}
+    missing = [name for name in result.missing_keys if name not in tied]
+    if result.unexpected_keys or missing:
+        name = (result.unexpected_keys or missing)[0]
+        raise ValueError(f"the slimmed folder's weights do not fit its recorded shapes: {quoted(name)}")
+    return model.eval(), masks
+
+
+def _is_tied(model: nn.Module, name: str) -> bool:
+    """Whether ``name`` is a tensor held under another name too (a tied head, not saved twice)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    target = tensors.get(name)
+    return target is not None and any(t is target and n != name for n, t in tensors.items())
 
 
 def refuse_divergent_ties(model: nn.Module) -> None:
