@@ -66,7 +66,7 @@ def slim(
     with _eval_mode(model):
         exported = export_model(model, args, kwargs)
         graph = build_graph(model, exported, pinned)
-        groups = find_groups(graph)
+        groups = find_groups(graph, every=ratio is None)
         values = _values(model, graph)
         notes: list[str] = []
         if ratio is None:
@@ -92,7 +92,7 @@ def slim(
         params_after=params_after,
         macs_before=macs_before,
         macs_after=macs_after,
-        groups=len(groups),
+        groups=sum(1 for group in groups if group.size > 1 and group.removable),
         removed=sum(len(units) for units in removed.values()),
         changes=changes,
         notes=notes,

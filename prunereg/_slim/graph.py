@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.fx import Node
 
 from prunereg._slim.ids import IdArray, Ids
@@ -60,13 +61,26 @@ class DependencyGraph:
 
 def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model`` on the example inputs, its failure turned into a :class:`SlimError`."""
+    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
+    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
     try:
-        return torch.export.export(model, args, kwargs=kwargs, strict=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
+            return torch.export.export(model, args, kwargs=kwargs, strict=False)
     except Exception as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SlimError(
             f"cannot build the graph of {type(model).__name__} with torch.export: {type(error).__name__}: {first_line}"
         ) from error
+    finally:
+        for module, tensors in held:
+            for key in _plain_tensors(module).keys() - tensors.keys():
+                del module.__dict__[key]
+            module.__dict__.update(tensors)
+
+
+def _plain_tensors(module: nn.Module) -> dict[str, Tensor]:
+    return {key: value for key, value in module.__dict__.items() if isinstance(value, Tensor)}
 
 
 def build_graph(
@@ -736,6 +750,12 @@ def _linear(b: _Builder, node: Node) -> Any:
     return [*x[:-1], weight[0]]
 
 
+_SAME_DIMS = frozenset(
+    "mul _to_copy to clone contiguous detach alias split chunk split_with_sizes unsafe_split unsafe_chunk".split()
+)
+"""Operations between a parameter and a layer that keep its dimensions (a pruning mask, a cast, q/k/v parts)."""
+
+
 def _mark_producer(b: _Builder, arg: Any, dim: int) -> None:
     """Record that ``arg``'s dimension ``dim`` makes channels (following ``orig * mask`` back to the parameter)."""
     seen: set[Node] = set()
@@ -750,14 +770,8 @@ def _mark_producer(b: _Builder, arg: Any, dim: int) -> None:
             target = names.get(current.name)
             if isinstance(target, str) and target in b.graph.tensors and len(_shape(current)) == len(_shape(arg)):
                 b.graph.producers.add((target, dim))
-        elif current.op == "call_function" and _op_name(current.target) in (
-            "mul",
-            "_to_copy",
-            "to",
-            "clone",
-            "contiguous",
-            "detach",
-            "alias",
+        elif current.op == "call_function" and (
+            current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS
         ):
             stack.extend(a for a in current.args if isinstance(a, Node))
 

@@ -48,8 +48,11 @@ class Group:
         return max((len(index) for index in self.members.values()), default=0)
 
 
-def find_groups(graph: DependencyGraph) -> list[Group]:
-    """The groups of ``graph`` with at least two units, one of them removable, in the order the model makes them."""
+def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
+    """The groups of ``graph`` with at least two units, one of them removable, in the order the model makes them.
+
+    ``every``: all groups, also those that must stay whole (to tell why pruned channels cannot go).
+    """
     ids = graph.ids
     roots: dict[TensorDim, Tensor] = {}
     for name, dims in graph.tensors.items():
@@ -81,7 +84,7 @@ def find_groups(graph: DependencyGraph) -> list[Group]:
         group = by_group[linked.find(slot[int(unit_ids[0])])]
         index = {unit: k for k, unit in enumerate(group.units)}
         group.members[key] = torch.tensor([index[u] for u in unit_ids.tolist()], dtype=torch.long)
-    return [g for g in by_group.values() if g.size > 1 and g.removable]
+    return [g for g in by_group.values() if every or (g.size > 1 and g.removable)]
 
 
 def kept_positions(groups: list[Group], removed: dict[int, set[int]]) -> dict[TensorDim, Tensor]:
