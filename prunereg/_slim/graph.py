@@ -121,6 +121,16 @@ def _multihead_attention(graph: DependencyGraph, name: str, module: nn.Multihead
         graph.ids.union_arrays(in_proj[0][part * width : (part + 1) * width], in_proj[1])
 
 
+def _refuse_symbolic(node: Node, builder: _Builder) -> None:
+    values = node.meta.get("val")
+    for value in _flatten(values if isinstance(values, (list, tuple)) else [values]):
+        if isinstance(value, torch.Tensor) and not all(isinstance(size, int) for size in value.shape):
+            raise SlimError(
+                f"{_op_text(node)} in {builder.module_name(node)} makes a shape that depends on the data, "
+                "which slimming cannot follow"
+            )
+
+
 def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
@@ -146,6 +156,7 @@ class _Builder:
             if node.op == "placeholder":
                 self.env[node] = self._placeholder(node, kinds.get(node.name))
             elif node.op == "call_function":
+                _refuse_symbolic(node, self)
                 self.env[node] = self._call(node)
             elif node.op == "output":
                 for value in _flatten(node.args[0]):
