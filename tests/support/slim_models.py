@@ -263,23 +263,24 @@ def wide_and_deep(seed: int = 0) -> Built:
     return WideAndDeep().eval(), (torch.randn(4, 3, 4),)
 
 
-class TwoInputsThreeOutputs(nn.Module):
-    """Two inputs through their own Linear, concatenated into a third; every intermediate is also an output."""
+class TwoInputsTwoOutputs(nn.Module):
+    """Two inputs through their own Linear, concatenated into a third; a second head reads the first branch."""
 
     def __init__(self) -> None:
         super().__init__()
         self.left = nn.Linear(12, 8)
         self.right = nn.Linear(6, 8)
         self.joined = nn.Linear(16, 10)
+        self.aux = nn.Linear(8, 3)
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         left, right = F.relu(self.left(x1)), F.relu(self.right(x2))
-        return left, right, self.joined(torch.cat([left, right], dim=1))
+        return self.joined(torch.cat([left, right], dim=1)), self.aux(left)
 
 
-def two_inputs_three_outputs(seed: int = 0) -> Built:
+def two_inputs_two_outputs(seed: int = 0) -> Built:
     _seeded(seed)
-    return TwoInputsThreeOutputs().eval(), (torch.randn(2, 12), torch.randn(2, 6))
+    return TwoInputsTwoOutputs().eval(), (torch.randn(2, 12), torch.randn(2, 6))
 
 
 class LeNet(nn.Module):
@@ -440,7 +441,7 @@ PEERS: dict[str, Callable[[int], Built]] = {
     "conv3d_net": conv3d_net,
     "residual_mlp": residual_mlp,
     "wide_and_deep": wide_and_deep,
-    "two_inputs_three_outputs": two_inputs_three_outputs,
+    "two_inputs_two_outputs": two_inputs_two_outputs,
     "lenet": lenet,
     "single_channel_output": single_channel_output,
     "scaled_features": scaled_features,
