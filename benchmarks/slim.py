@@ -57,6 +57,8 @@ SWEEP_RATIOS = (0.1, 0.3, 0.5, 0.7)  # four slimming runs of the full Llama: the
 QUICK_SWEEP_RATIOS = (0.3, 0.6)
 SLIM_TIMEOUT = {False: 60, True: 20}  # seconds for one slimming call, full and quick: 10x what Torch-Pruning needs
 PROCESS_TIMEOUT = 600
+BUDGET = 14.5  # minutes: what is still to run after that is skipped, and says so
+MINIMUM_LEFT = 20  # seconds: below this no (model, library) process starts
 
 ORIGINAL, PRUNEREG, TP, TP_HAND = "original", "prunereg", "Torch-Pruning", "Torch-Pruning, hand-configured"
 TOOLS = (ORIGINAL, PRUNEREG, TP, TP_HAND)
@@ -232,6 +234,54 @@ def slim_timed(model: Any, inputs: tuple[Any, ...], ratio: float, spec: Model, t
     return time.perf_counter() - start
 
 
+TAG = 1e-7
+"""Step of the bias values that number attention channels: far below the weights, so no importance notices."""
+
+
+def _attention_projections(model: Any) -> list[tuple[Any, list[Any]]]:
+    """Each attention module with its query and key projections (ViT and Llama: q_proj/k_proj; BERT: query/key)."""
+    found = []
+    for module in model.modules():
+        for query, key in (("q_proj", "k_proj"), ("query", "key")):
+            if hasattr(module, query) and hasattr(module, key):
+                found.append((module, [getattr(module, query), getattr(module, key)]))
+    return found
+
+
+def _head_dim(module: Any) -> int | None:
+    return getattr(module, "head_dim", None) or getattr(module, "attention_head_size", None)
+
+
+def tag_attention_channels(model: Any) -> None:
+    """Number each query/key output channel in its bias, so the channels a library kept can be read back."""
+    import torch
+
+    with torch.no_grad():
+        for _, projections in _attention_projections(model):
+            for projection in projections:
+                if getattr(projection, "bias", None) is not None:
+                    projection.bias.copy_(torch.arange(projection.bias.numel()) * TAG)
+
+
+def heads_kept_whole(model: Any, head_dims: list[int | None]) -> bool | None:
+    """Whether every head the slimmed attention computes holds channels of one original head only (None: no tags).
+
+    Removing channels anywhere in q and k still runs, but the module then regroups
+    the survivors into heads that mix channels of different original heads: another
+    function than any subset of the original heads.
+    """
+    verdicts = []
+    for (module, projections), old_dim in zip(_attention_projections(model), head_dims):
+        new_dim = _head_dim(module)
+        for projection in projections:
+            if getattr(projection, "bias", None) is None or old_dim is None or new_dim is None:
+                continue
+            kept = (projection.bias.detach() / TAG).round().long().tolist()
+            chunks = [kept[start : start + new_dim] for start in range(0, len(kept), new_dim)]
+            verdicts.append(all(len({index // old_dim for index in chunk}) == 1 for chunk in chunks))
+    return all(verdicts) if verdicts else None
+
+
 def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
     """Build ``name``, slim it with ``tool`` (the original: not at all) and measure it."""
     import torch
@@ -241,6 +291,8 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
     torch.set_num_threads(THREADS)
     spec = MODELS[name]
     model, inputs = getattr(slim_models, spec.builder)(0, full=not quick)
+    tag_attention_channels(model)
+    head_dims = [_head_dim(module) for module, _ in _attention_projections(model)]
     shapes = slim_models.output_shapes(model, inputs)
     batches = (1, 4) if quick else (1, 32)
     repeats = {1: 2 if quick else 5, batches[1]: 1}  # a batch-32 forward takes seconds: one, after a warm-up
@@ -275,6 +327,7 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
             return {"error": _failure(error)}
         if after != shapes:
             return {"error": f"output shapes changed: {shapes} -> {after}"}
+        result["heads_whole"] = heads_kept_whole(model, head_dims)
     result["params"] = slim_models.parameter_count(model)
     result["macs"] = macs(model, inputs, spec)
     for batch in batches:
@@ -285,13 +338,15 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
 # the runner -----------------------------------------------------------------------------------------
 
 
-def run_in_subprocess(name: str, tool: str, quick: bool, sweep: bool = False) -> dict[str, Any]:
+def run_in_subprocess(
+    name: str, tool: str, quick: bool, sweep: bool = False, timeout: float = PROCESS_TIMEOUT
+) -> dict[str, Any]:
     command = [sys.executable, __file__, "--one", name, tool] + ["--quick"] * quick + ["--one-sweep"] * sweep
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TRANSFORMERS_VERBOSITY": "error"}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=PROCESS_TIMEOUT, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"error": f"process timed out after {PROCESS_TIMEOUT} s"}
+        return {"error": f"process stopped after {timeout:.0f} s"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -310,11 +365,16 @@ def tools_for(name: str) -> tuple[str, ...]:
     return TOOLS if MODELS[name].hand else TOOLS[:3]
 
 
+def _works(result: dict[str, Any]) -> bool:
+    """Ran, kept the output shapes, and left every attention head made of one original head's channels."""
+    return "error" not in result and result.get("heads_whole") is not False
+
+
 def sweep_tools(name: str, results: dict[str, dict[str, Any]]) -> list[str]:
     """prunereg, and the Torch-Pruning call that worked at the main ratio (hand-configured if it was needed)."""
     tools = [PRUNEREG]
     for tool in (TP, TP_HAND):
-        if tool in results.get(name, {}) and "error" not in results[name][tool]:
+        if tool in results.get(name, {}) and _works(results[name][tool]):
             tools.append(tool)
             break
     return tools
@@ -344,7 +404,7 @@ def main_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[int
     big = batches[1]
     columns = [
         "model", "library", "parameters", "MACs", "latency, batch 1", "speed-up", f"latency, batch {big}",
-        "speed-up", "slimming time", "peak memory", "hand configuration",
+        "speed-up", "slimming time", "peak memory", "heads whole", "hand configuration",
     ]  # fmt: skip
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, by_tool in results.items():
@@ -352,7 +412,7 @@ def main_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[int
         for tool, result in by_tool.items():
             hand = {ORIGINAL: "-", PRUNEREG: "none", TP: "none", TP_HAND: spec.hand or "-"}[tool]
             if "error" in result:
-                cells = [f"failed: `{result['error']}`", "", "", "", "", "", "", ""]
+                cells = [f"failed: `{result['error']}`", "", "", "", "", "", "", "", ""]
             else:
                 cells = [
                     f"{_count(result['params'])} ({result['params'] / original.get('params', result['params']):.0%})",
@@ -365,6 +425,7 @@ def main_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[int
                 cells += [
                     _seconds(result["seconds"]) if "seconds" in result else "-",
                     f"{result['peak'] / 2**20:.0f} MiB" if "peak" in result else "-",
+                    {True: "yes", False: "**no**", None: "-"}[result.get("heads_whole")],
                 ]
             rows.append(f"| {spec.title} | {tool} | " + " | ".join([*cells, hand]) + " |")
     return rows
@@ -375,12 +436,12 @@ def targets_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[
     rows = ["| model | target | measured | met |", "|---|---|---|---|"]
     for name, by_tool in results.items():
         title, original, mine = MODELS[name].title, by_tool.get(ORIGINAL, {}), by_tool.get(PRUNEREG, {})
-        works = "error" not in mine and PRUNEREG in by_tool
+        works = PRUNEREG in by_tool and _works(mine)
         rows.append(
             f"| {title} | prunereg slims it without hand configuration | "
-            f"{'yes' if works else mine.get('error', 'not run')} | {'yes' if works else 'no'} |"
+            f"{'yes' if works else mine.get('error', 'heads regrouped')} | {'yes' if works else 'no'} |"
         )
-        theirs_tool = next((t for t in (TP, TP_HAND) if t in by_tool and "error" not in by_tool[t]), None)
+        theirs_tool = next((t for t in (TP, TP_HAND) if t in by_tool and _works(by_tool[t])), None)
         if not works or theirs_tool is None or "params" not in original:
             continue
         theirs = by_tool[theirs_tool]
@@ -412,7 +473,7 @@ def sweep_table(sweeps: dict[str, dict[str, list[dict[str, Any]]]], results: dic
             for point in points:
                 if "error" in point:
                     rows.append(
-                        f"| {MODELS[name].title} | {tool} | {point['ratio']:g} | failed: `{point['error']}` | | |"
+                        f"| {MODELS[name].title} | {tool} | {point['ratio'] or '-'} | failed: `{point['error']}` | | |"
                     )
                     continue
                 speed = f"x{base / point['latency']:.2f}" if base else "-"
@@ -497,6 +558,10 @@ def report(
         "against the original; *peak memory* is the resident high-water mark above the loaded model while",
         "slimming. Torch-Pruning's plain call is its README's (`MagnitudePruner`, L2 importance, the output",
         "head in `ignored_layers`); the hand-configured rows add what its examples write for the model.",
+        "*heads whole*: whether each attention head of the slimmed model holds channels of one original head",
+        "only (read back from the query/key biases, numbered before slimming); **no** means the library removed",
+        "channels across heads and the model regroups the survivors into heads that never existed. The targets",
+        "compare against the Torch-Pruning call that ran with heads whole.",
         *(
             []
             if has_torch_pruning()
@@ -514,7 +579,8 @@ def report(
         lines += [
             "### Latency against ratio",
             "",
-            "Batch 1; Torch-Pruning as in the table above (hand-configured where its plain call failed).",
+            "Batch 1; Torch-Pruning as in the targets (hand-configured where its plain call failed or regrouped",
+            "heads).",
             "",
             *([f"![latency at batch 1 against the slimming ratio](images/{image})", ""] if image else []),
             *sweep_table(sweeps, results),
@@ -530,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="these models only")
     parser.add_argument("--output", type=Path, help=f"the page to write the section into (default {DEFAULT_OUTPUT})")
     parser.add_argument("--images", type=Path, help="where the plot goes (default: images/ beside the page)")
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET, help="minutes the whole run may take; what is left then is skipped"
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "LIBRARY"), help=argparse.SUPPRESS)
     parser.add_argument("--one-sweep", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -539,15 +608,27 @@ def main(argv: list[str] | None = None) -> int:
     before, started = load(), time.perf_counter()
     results: dict[str, dict[str, dict[str, Any]]] = {}
     sweeps: dict[str, dict[str, list[dict[str, Any]]]] = {}
+
+    def left() -> float:
+        return args.budget * 60 - (time.perf_counter() - started)
+
     for name in args.models:
         for tool in tools_for(name):
             print(f"{name} [{tool}] ...", end=" ", flush=True, file=sys.stderr)
-            results.setdefault(name, {})[tool] = run_in_subprocess(name, tool, args.quick)
+            results.setdefault(name, {})[tool] = (
+                run_in_subprocess(name, tool, args.quick, timeout=min(PROCESS_TIMEOUT, left()))
+                if left() > MINIMUM_LEFT
+                else {"error": f"skipped: the run's {args.budget:g} minutes were spent"}
+            )
             print(results[name][tool].get("error", "done"), f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     for name in (m for m in SWEEP_MODELS if m in args.models):
         for tool in sweep_tools(name, results):
             print(f"{name} [{tool}] ratio sweep ...", end=" ", flush=True, file=sys.stderr)
-            sweeps.setdefault(name, {})[tool] = run_in_subprocess(name, tool, args.quick, sweep=True).get("sweep", [])
+            if left() <= MINIMUM_LEFT:
+                print(f"skipped: the run's {args.budget:g} minutes were spent", file=sys.stderr)
+                continue
+            swept = run_in_subprocess(name, tool, args.quick, sweep=True, timeout=min(PROCESS_TIMEOUT, left()))
+            sweeps.setdefault(name, {})[tool] = swept.get("sweep", [{"ratio": None, "error": swept.get("error")}])
             print(f"done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     about = machine(before, load()) + f"; the whole run took {(time.perf_counter() - started) / 60:.1f} min"
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.append(str(ROOT / "benchmarks"))
@@ -59,6 +60,63 @@ def test_a_ratio_sweep_uses_the_torch_pruning_call_that_worked_at_the_main_ratio
     assert slim.sweep_tools("llama", results) == [slim.PRUNEREG, slim.TP_HAND]
     assert slim.sweep_tools("resnet50", results) == [slim.PRUNEREG, slim.TP]
     assert slim.sweep_tools("vit", results) == [slim.PRUNEREG]
+
+
+class _Attention(nn.Module):
+    """Four heads of two channels, the way ViT's attention names its projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.head_dim = nn.Linear(4, 8), nn.Linear(4, 8), 2
+
+
+def _keep(module: _Attention, channels: list[int], head_dim: int) -> None:
+    for projection in (module.q_proj, module.k_proj):
+        projection.weight = nn.Parameter(projection.weight[channels])
+        projection.bias = nn.Parameter(projection.bias[channels])
+    module.head_dim = head_dim
+
+
+@pytest.mark.parametrize(
+    ("channels", "head_dim", "whole"),
+    [
+        ([2, 3, 6, 7], 2, True),  # heads 1 and 3 kept whole
+        ([0, 2, 4, 6], 1, True),  # every head narrowed: each still reads one original head
+        ([1, 2, 5, 6], 2, False),  # channels 1 and 2 of heads 0 and 1 regrouped into one head
+    ],
+)
+def test_the_head_check_reads_which_channels_each_slimmed_head_holds(
+    channels: list[int], head_dim: int, whole: bool
+) -> None:
+    model = nn.Sequential(_Attention())
+    slim.tag_attention_channels(model)
+    assert slim.heads_kept_whole(model, [2]) is True
+    _keep(model[0], channels, head_dim)
+    assert slim.heads_kept_whole(model, [2]) is whole
+    assert slim.heads_kept_whole(nn.Sequential(nn.Linear(2, 2)), []) is None  # no attention: no verdict
+
+
+def test_a_library_that_regroups_heads_is_not_the_one_the_targets_compare_with() -> None:
+    results = {
+        "vit": {
+            slim.ORIGINAL: ORIGINAL,
+            slim.PRUNEREG: {**MINE, "heads_whole": True},
+            slim.TP: {**THEIRS, "heads_whole": False},
+            slim.TP_HAND: {**THEIRS, "heads_whole": True, "latency_1": 0.1},
+        }
+    }
+    text = slim.report(results, {}, "a test machine", quick=False, image=None)
+    vit = slim.MODELS["vit"].title
+    assert "| **no** |" in _row(text, vit, "Torch-Pruning")
+    assert _row(text, vit, "speed-up at batch 1 within 10 % of Torch-Pruning, hand-configured's")
+    assert slim.sweep_tools("vit", results) == [slim.PRUNEREG, slim.TP_HAND]
+
+
+def test_a_run_past_its_budget_skips_what_is_left_and_says_so(tmp_path: Path) -> None:
+    page = tmp_path / "benchmarks.md"
+    assert slim.main(["--quick", "--models", "cnn", "--budget", "0", "--output", str(page)]) == 0
+    rows = [line for line in page.read_text().splitlines() if line.startswith(f"| {slim.MODELS['cnn'].title} |")]
+    assert rows and all("skipped: the run's 0 minutes were spent" in row for row in rows[:2])
 
 
 def test_a_slimming_call_that_hangs_is_stopped_and_reported() -> None:
