@@ -67,18 +67,16 @@ def sync_attention(module: nn.Module) -> None:
         return
     heads, kv_heads = counts
     head_dim = getattr(module, "head_dim", getattr(module, "attention_head_size", 0))
-    for name in _HEAD_COUNTS:
+    widths = {name: heads for name in _HEAD_COUNTS}
+    widths.update(all_head_size=heads * head_dim, split_size=heads * head_dim)
+    if kv_heads:
+        widths["num_key_value_heads"] = kv_heads
+    output = _width(getattr(module, "c_proj", None))
+    if output is not None:
+        widths["embed_dim"] = output  # GPT-2's attention: its output width
+    for name, value in widths.items():
         if isinstance(getattr(module, name, None), int):
-            setattr(module, name, heads)
-    if isinstance(getattr(module, "all_head_size", None), int):
-        module.all_head_size = heads * head_dim
-    if isinstance(getattr(module, "split_size", None), int):
-        module.split_size = heads * head_dim
-    if kv_heads and isinstance(getattr(module, "num_key_value_heads", None), int):
-        module.num_key_value_heads = kv_heads
-    output = getattr(module, "c_proj", None)
-    if isinstance(getattr(module, "embed_dim", None), int) and _width(output) is not None:
-        module.embed_dim = _width(output)
+            setattr(module, name, value)
 
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")
