@@ -192,6 +192,8 @@ class _Builder:
             return self.fresh_like(node, self.unfollowed_reason(node))
         name = _op_name(node.target)
         rule = _RULES.get(name)
+        if rule is None and name.endswith("_") and not name.startswith("_"):
+            rule = _RULES.get(name[:-1])  # in place (add_, mul_, relu_): as out of place
         if rule is None:
             if not _any_tensor_input(self, node):
                 return self.fresh_like(node, None)  # a factory (arange, zeros, ...): new positions, pinned below
@@ -718,8 +720,12 @@ def _stack(b: _Builder, node: Node) -> Any:
     return out
 
 
-def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims) -> Dims:
+def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
     shape = _shape(node)
+    if len(right) >= 2:  # x @ W with W a parameter (GPT-2's Conv1D): W's columns make channels
+        _mark_producer(b, operands[1], len(right) - 1)
+    if len(left) >= 2:
+        _mark_producer(b, operands[0], len(left) - 2)
     if len(right) == 1:
         b.union(left[-1], right[0])
         return left[:-1]
@@ -743,7 +749,7 @@ def _matmul(b: _Builder, node: Node) -> Any:
     left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1])
     if left is None or right is None:
         return b.unfollowed(node)
-    return _matmul_dims(b, node, left, right)
+    return _matmul_dims(b, node, left, right, (_a(node)[0], _a(node)[1]))
 
 
 @_rule("addmm", "baddbmm", "addbmm")
@@ -751,7 +757,7 @@ def _addmm(b: _Builder, node: Node) -> Any:
     bias, left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1]), b.dims(_a(node)[2])
     if left is None or right is None:
         return b.unfollowed(node)
-    out = _matmul_dims(b, node, left, right)
+    out = _matmul_dims(b, node, left, right, (_a(node)[1], _a(node)[2]))
     if bias is not None:
         for back in range(1, min(len(bias), len(out)) + 1):
             b.union(bias[-back], out[-back])

@@ -79,7 +79,8 @@ def sync_attention(module: nn.Module) -> None:
             setattr(module, name, value)
 
 
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "embedding_size")
+_PER_STAGE = ("hidden_sizes",)
 _INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim")
 _CONFIG_HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _CONFIG_KV = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
@@ -142,6 +143,10 @@ def _derived_fields(model: nn.Module, config: Any, before: Record) -> dict[str, 
                 old = 4 * hidden_old  # GPT-2's default MLP width
             if isinstance(old, int) and len(new_sizes.get(old, ())) == 1:
                 fields[key] = next(iter(new_sizes[old]))
+    for key in _PER_STAGE:  # a width per stage (ResNet's hidden_sizes)
+        old = getattr(config, key, None)
+        if isinstance(old, list) and old and all(len(new_sizes.get(v, ())) <= 1 for v in old if isinstance(v, int)):
+            fields[key] = [next(iter(new_sizes[v])) if v in new_sizes else v for v in old]
     counts = {c for c in (head_counts(m) for m in model.modules()) if c is not None}
     if len(counts) == 1:
         heads, kv_heads = next(iter(counts))
