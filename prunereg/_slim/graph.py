@@ -57,6 +57,21 @@ class DependencyGraph:
     """Grouped or depthwise convolution's module name to its output channels per group (whole groups go)."""
     norm_groups: dict[str, int] = field(default_factory=dict)
     """GroupNorm's module name to its channels per group (whole groups go)."""
+    macs: list[tuple[list[IdArray], int]] = field(default_factory=list)
+    """Per matrix product or convolution: the dimensions its multiply-accumulates run over, and a constant factor."""
+
+    def count_macs(self, removed: set[int] | None = None) -> int:
+        """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
+        total = 0
+        for dims, factor in self.macs:
+            count = factor
+            for ids in dims:
+                if removed:
+                    count *= sum(1 for root in self.ids.roots(ids).tolist() if root not in removed)
+                else:
+                    count *= ids.numel()
+            total += count
+        return total
 
 
 def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
@@ -721,6 +736,12 @@ def _stack(b: _Builder, node: Node) -> Any:
 
 
 def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
+    out = _matmul_out(b, node, left, right, operands)
+    b.graph.macs.append(([*out, left[-1]], 1))
+    return out
+
+
+def _matmul_out(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
     shape = _shape(node)
     if len(right) >= 2:  # x @ W with W a parameter (GPT-2's Conv1D): W's columns make channels
         _mark_producer(b, operands[1], len(right) - 1)
@@ -774,7 +795,9 @@ def _linear(b: _Builder, node: Node) -> Any:
     if bias is not None:
         b.union(bias[0], weight[0])
     _mark_producer(b, _a(node)[1], 0)
-    return [*x[:-1], weight[0]]
+    out = [*x[:-1], weight[0]]
+    b.graph.macs.append(([*out, x[-1]], 1))
+    return out
 
 
 _SAME_DIMS = frozenset(
@@ -858,7 +881,9 @@ def _conv(b: _Builder, node: Node) -> Any:
         b.graph.conv_groups[_module_path(node)] = per_out
     if bias is not None:
         b.union(bias[0], out_channels)
-    return [*batch, out_channels, *out_spatial]
+    out = [*batch, out_channels, *out_spatial]
+    b.graph.macs.append(([*out, weight[1] if not transposed else weight[0]], math.prod(_shape(_a(node)[1])[2:])))
+    return out
 
 
 def _module_path(node: Node) -> str:
@@ -962,6 +987,8 @@ def _attention(b: _Builder, node: Node) -> Any:
             repeat = q[-back].numel() // k[-back].numel()
             for g in range(k[-back].numel()):
                 b.ids.union_all(torch.cat([q[-back][g * repeat : (g + 1) * repeat], k[-back][g : g + 1]]))
+    b.graph.macs.append(([*q[:-1], k[-2], q[-1]], 1))  # scores
+    b.graph.macs.append(([*q[:-1], v[-1], k[-2]], 1))  # scores @ values
     mask = _a(node)[3] if len(_a(node)) > 3 else _kw(node, "attn_mask")
     mask_dims = b.dims(mask)
     out = [*q[:-1], v[-1]]

@@ -44,24 +44,40 @@ class Importance:
 
 
 def unit_sums(group: Group, values: Mapping[str, Tensor], measure: Callable[[Tensor], Tensor]) -> Tensor:
-    """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64."""
+    """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64.
+
+    ``measure`` sees each tensor in float32 (or float64); the per-unit sums are float64.
+    """
     scores = torch.zeros(group.size, dtype=torch.float64)
     for (name, dim), unit_index in group.members.items():
         tensor = values.get(name)
         if tensor is None:
             continue
-        entries = measure(tensor.detach().to(torch.float64))
+        entries = measure(tensor if tensor.dtype in (torch.float64, torch.float32) else tensor.float())
         if entries.dim() > 1:
             entries = entries.sum(dim=[d for d in range(entries.dim()) if d != dim])
-        scores.index_add_(0, unit_index, entries.cpu())
+        scores.index_add_(0, unit_index, entries.to(device="cpu", dtype=torch.float64))
     return scores
 
 
 class MagnitudeImportance(Importance):
     """The L2 norm of everything a unit holds, across all its coupled layers (group magnitude)."""
 
+    def __init__(self) -> None:
+        self._squares: dict[int, Tensor] = {}
+
+    def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._squares = {}
+
     def __call__(self, group: Group, values: Mapping[str, Tensor]) -> Tensor:
-        return unit_sums(group, values, lambda t: t * t).sqrt()
+        return unit_sums(group, values, self._square).sqrt()
+
+    def _square(self, tensor: Tensor) -> Tensor:
+        # a tensor is in two groups (rows and columns): squared once; keyed by identity, kept alive by values
+        found = self._squares.get(id(tensor))
+        if found is None:
+            found = self._squares[id(tensor)] = tensor * tensor
+        return found
 
 
 class RandomImportance(Importance):

@@ -99,6 +99,6 @@ def test_any_slimmed_model_reloads_from_its_state_dict_and_the_record_of_its_sha
 def test_shapes_naming_what_a_model_lacks_are_refused_before_anything_changes() -> None:
     model, _ = slim_models.lenet()
     weight = model.state_dict()
-    with pytest.raises(KeyError, match="nope.weight"):
+    with pytest.raises(KeyError, match=r"nope\.weight"):
         prunereg.apply_slimmed_shapes(model, {"tensors": {"nope.weight": [1]}, "attributes": {}})
     assert all(torch.equal(weight[k], v) for k, v in model.state_dict().items())
