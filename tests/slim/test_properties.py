@@ -3,6 +3,8 @@ masked channels go with the masked model's outputs kept, and the MACs reported a
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +22,7 @@ class RandomMLP(nn.Module):
 
     def __init__(self, widths: list[int], residual: list[bool], norm: bool, bias: bool) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(widths, widths[1:], strict=False))
+        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in itertools.pairwise(widths))
         self.residual = [r and a == b for r, a, b in zip(residual, widths, widths[1:], strict=False)]
         self.norm = nn.LayerNorm(widths[-1]) if norm else nn.Identity()
         self.head = nn.Linear(widths[-1], 3)
@@ -38,7 +40,7 @@ class RandomCNN(nn.Module):
     def __init__(self, widths: list[int], branch: bool, depthwise: bool, norm: bool) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        for a, b in zip(widths, widths[1:], strict=False):
+        for a, b in itertools.pairwise(widths):
             layers += [nn.Conv2d(a, b, 3, padding=1), nn.BatchNorm2d(b) if norm else nn.Identity(), nn.ReLU()]
         self.trunk = nn.Sequential(*layers)
         last = widths[-1]
