@@ -144,47 +144,53 @@ _BUILTIN: dict[str, type[Importance]] = {
     "random": RandomImportance,
     "taylor": TaylorImportance,
 }
-_LOCAL: dict[str, type[Importance]] = {}
 
 
 def register_importance(name: str, *, replace: bool = False) -> Callable[[_Class], _Class]:
     """Class decorator: make an :class:`Importance` subclass available as ``slim(..., importance=name)``.
 
-    ``ValueError`` when ``name`` is taken (a built-in or an earlier registration) and ``replace`` is not set.
+    The same as ``prunereg.register(name, kind="importance")``: the importance
+    joins the method registry as kind ``importance`` (``prunereg list
+    --kind importance`` shows it), in this process, or for the plugin whose
+    import is running. Taking a built-in importance's name needs
+    ``replace=True``, else ``ValueError``; the registry refuses a name another
+    method or importance holds, as it does for methods.
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"an importance name is an identifier, not {name!r}")
 
     def decorate(cls: _Class) -> _Class:
         if not (isinstance(cls, type) and issubclass(cls, Importance)):
             raise TypeError(f"{cls!r} is not a prunereg.Importance subclass")
-        if not replace and (name in _BUILTIN or name in _LOCAL):
+        if name in _BUILTIN and not replace:
             raise ValueError(f"importance {name!r} is already registered; pass replace=True to redefine it")
-        _LOCAL[name] = cls
+        from prunereg._plugins.loading import register_local
+
+        summary = "".join((cls.__doc__ or "").strip().splitlines()[:1]) or f"The importance {name}"
+        register_local(cls, name, kind="importance", summary=summary, replace=replace)
         return cls
 
     return decorate
 
 
 def importance_names() -> list[str]:
-    """Every importance :func:`prunereg.slim` knows by name: built-in, registered here, and from plugins."""
+    """Every importance :func:`prunereg.slim` knows by name: built-in and registered."""
     from prunereg._plugins.loading import registry
 
-    return sorted({*_BUILTIN, *_LOCAL, *registry().names("importance")})
+    return sorted({*_BUILTIN, *registry().names("importance")})
 
 
 def get_importance(name: str) -> type[Importance]:
-    """The :class:`Importance` subclass called ``name``; ``ValueError`` naming the known ones if none is."""
-    if name in _LOCAL:
-        return _LOCAL[name]
-    if name in _BUILTIN:
-        return _BUILTIN[name]
+    """The :class:`Importance` subclass called ``name`` (a registered one first, then the built-ins).
+
+    ``ValueError`` naming the known importances if there is none.
+    """
     from prunereg._plugins.loading import registry
 
     if name in registry().names("importance"):
         cls = registry().resolve(name)
         if isinstance(cls, type) and issubclass(cls, Importance):
             return cls
+    if name in _BUILTIN:
+        return _BUILTIN[name]
     raise ValueError(f"unknown importance {name!r}; known: {', '.join(importance_names())}")
 
 

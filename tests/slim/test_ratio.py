@@ -83,25 +83,39 @@ def test_the_other_built_in_importances_slim_and_leave_gradients_as_they_were(im
     assert all(p.grad is None for p in model.parameters()) and not model.up.weight.requires_grad
 
 
-def test_a_registered_importance_is_used_by_name() -> None:
-    @prunereg.register_importance("last_first_for_test", replace=True)
-    class LastFirst(prunereg.Importance):
-        def __call__(self, group, values):  # type: ignore[no-untyped-def]
-            return torch.arange(group.size, 0, -1, dtype=torch.float64)  # the last units score lowest
+class LastFirst(prunereg.Importance):
+    """Scores falling along the group: the last units go first."""
 
+    def __call__(self, group, values):  # type: ignore[no-untyped-def]
+        return torch.arange(group.size, 0, -1, dtype=torch.float64)
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@pytest.mark.parametrize("how", ["register_importance", "register"])
+def test_a_registered_importance_is_used_by_name_and_listed_as_kind_importance(how: str) -> None:
+    if how == "register_importance":
+        prunereg.register_importance("last_first")(LastFirst)
+    else:
+        prunereg.register("last_first", kind="importance")(LastFirst)
+    assert "last_first" in prunereg.list_methods("importance")
+    assert prunereg.get_importance("last_first") is LastFirst
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
     kept = model[0].weight.detach()[:3].clone()
-    prunereg.slim(model, torch.randn(2, 4), ratio=0.5, importance="last_first_for_test")
+    prunereg.slim(model, torch.randn(2, 4), ratio=0.5, importance="last_first")
     torch.testing.assert_close(model[0].weight.detach(), kept)
-    assert (
-        "last_first_for_test" in prunereg.get_importance.__module__
-        or prunereg.get_importance("last_first_for_test") is LastFirst
-    )
 
 
-def test_an_importance_name_taken_is_refused_without_replace() -> None:
+@pytest.mark.usefixtures("fresh_registry")
+def test_a_built_in_importance_name_is_taken_only_with_replace() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        prunereg.register_importance("magnitude")(type("Twice", (prunereg.Importance,), {}))
+        prunereg.register_importance("magnitude")(LastFirst)
+    prunereg.register_importance("random", replace=True)(LastFirst)
+    assert prunereg.get_importance("random") is LastFirst
+
+
+def test_an_importance_must_subclass_the_contract() -> None:
+    with pytest.raises(TypeError, match="not a prunereg.Importance subclass"):
+        prunereg.register_importance("plain")(object)
 
 
 @pytest.mark.parametrize(
