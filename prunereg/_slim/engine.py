@@ -76,11 +76,13 @@ def slim(
             scorer.prepare(model, args, kwargs)
             removed = _lowest_units(groups, scorer, values, ratio, round_to)
         keep = kept_positions(groups, removed)
-        params_before, macs_before, outputs_before = _measure(model, args, kwargs)
+        gone = {groups[g].units[k] for g, units in removed.items() for k in units}
+        macs_before, macs_after = graph.count_macs(), graph.count_macs(gone)
+        params_before, outputs_before = _parameter_count(model), _exported_output_shapes(exported)
         before = shapes.snapshot(model)
         with _restored_on_error(model):
             changes = _cut(model, graph, keep)
-            params_after, macs_after, outputs_after = _run_after(model, args, kwargs)
+            params_after, outputs_after = _parameter_count(model), _run_after(model, args, kwargs)
             if outputs_after != outputs_before:
                 raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
             shapes.record(model, before)
@@ -294,6 +296,7 @@ def _cut(model: nn.Module, graph: DependencyGraph, keep: dict[TensorDim, Tensor]
     for (name, dim), positions in keep.items():
         by_tensor.setdefault(name, []).append((dim, positions))
     aliases = _aliases(model)
+    names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
     touched: dict[str, nn.Module] = {}
     changes: list[TensorChange] = []
     for name in sorted(by_tensor, key=list(graph.tensors).index):
@@ -307,7 +310,7 @@ def _cut(model: nn.Module, graph: DependencyGraph, keep: dict[TensorDim, Tensor]
         for other_module, other_attribute in aliases.get(id(old), []):
             holder = other_module._parameters if other_attribute in other_module._parameters else other_module._buffers
             holder[other_attribute] = new
-            touched[_name_of(model, other_module)] = other_module
+            touched[names[id(other_module)]] = other_module
         touched[owner] = module
         if not name.endswith("_mask"):
             changes.append(TensorChange(name.removesuffix("_orig"), before, tuple(new.shape)))
@@ -327,10 +330,6 @@ def _cut(model: nn.Module, graph: DependencyGraph, keep: dict[TensorDim, Tensor]
         if isinstance(module, nn.MultiheadAttention) and any(t.startswith(name + ".") or t == name for t in touched):
             sync_attention(module)
     return changes
-
-
-def _name_of(model: nn.Module, target: nn.Module) -> str:
-    return next(name for name, module in model.named_modules(remove_duplicate=False) if module is target)
 
 
 def _aliases(model: nn.Module) -> dict[int, list[tuple[nn.Module, str]]]:
@@ -367,21 +366,19 @@ def _restored_on_error(model: nn.Module) -> Iterator[None]:
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
-def _measure(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int, list[tuple[int, ...]]]:
-    """Parameters, MACs of one forward on the example inputs, and the output shapes."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        output = model(*args, **kwargs)
-    parameters = sum(p.numel() for p in model.parameters())
-    return parameters, counter.get_total_flops() // 2, _output_shapes(output)
+def _forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    with torch.no_grad():
+        return model(*args, **kwargs)
 
 
-def _run_after(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[int, int, list[tuple[int, ...]]]:
+def _parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _run_after(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The slimmed model's output shapes on the example inputs; a failure becomes a :class:`SlimError`."""
     try:
-        return _measure(model, args, kwargs)
+        return _output_shapes(_forward(model, args, kwargs))
     except Exception as error:  # any failure of the slimmed model is reported, the model restored
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise SlimError(
@@ -390,13 +387,15 @@ def _run_after(
         ) from error
 
 
+def _exported_output_shapes(exported: torch.export.ExportedProgram) -> list[tuple[int, ...]]:
+    """The shapes of the model's outputs as torch.export saw them (no forward needed)."""
+    user = [spec.arg.name for spec in exported.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
+    values = {node.name: node.meta.get("val") for node in exported.graph.nodes}
+    return [tuple(values[name].shape) for name in user if isinstance(values.get(name), Tensor)]
+
+
 def _output_shapes(output: Any) -> list[tuple[int, ...]]:
-    if isinstance(output, Tensor):
-        return [tuple(output.shape)]
-    if hasattr(output, "to_tuple"):
-        return _output_shapes(output.to_tuple())
-    if isinstance(output, Mapping):
-        return [s for value in output.values() for s in _output_shapes(value)]
-    if isinstance(output, (list, tuple)):
-        return [s for value in output for s in _output_shapes(value)]
-    return []
+    """The shapes of the tensors in ``output``, in the order torch.export flattens them."""
+    from torch.utils._pytree import tree_leaves
+
+    return [tuple(leaf.shape) for leaf in tree_leaves(output) if isinstance(leaf, Tensor)]

@@ -57,6 +57,21 @@ class DependencyGraph:
     """Grouped or depthwise convolution's module name to its output channels per group (whole groups go)."""
     norm_groups: dict[str, int] = field(default_factory=dict)
     """GroupNorm's module name to its channels per group (whole groups go)."""
+    macs: list[tuple[list[IdArray], int]] = field(default_factory=list)
+    """Per matrix product or convolution: the dimensions its multiply-accumulates run over, and a constant factor."""
+
+    def count_macs(self, removed: set[int] | None = None) -> int:
+        """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
+        total = 0
+        for dims, factor in self.macs:
+            count = factor
+            for ids in dims:
+                if removed:
+                    count *= sum(1 for root in self.ids.roots(ids).tolist() if root not in removed)
+                else:
+                    count *= ids.numel()
+            total += count
+        return total
 
 
 def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
@@ -159,7 +174,7 @@ class _Builder:
                 _refuse_symbolic(node, self)
                 self.env[node] = self._call(node)
             elif node.op == "output":
-                for value in _flatten(node.args[0]):
+                for value in _flatten(_a(node)[0]):
                     if isinstance(value, Node):
                         for dims in _tensor_dims(self.env.get(value)):
                             self.pin_dims(dims, OUTPUT)
@@ -185,13 +200,15 @@ class _Builder:
 
     def _call(self, node: Node) -> Any:
         if node.target is operator.getitem:
-            container = self.env.get(node.args[0])  # type: ignore[arg-type]
-            index = node.args[1]
+            container = self.env.get(_a(node)[0])
+            index = _a(node)[1]
             if isinstance(container, (list, tuple)) and isinstance(index, int) and index < len(container):
                 return container[index]
             return self.fresh_like(node, self.unfollowed_reason(node))
         name = _op_name(node.target)
         rule = _RULES.get(name)
+        if rule is None and name.endswith("_") and not name.startswith("_"):
+            rule = _RULES.get(name[:-1])  # in place (add_, mul_, relu_): as out of place
         if rule is None:
             if not _any_tensor_input(self, node):
                 return self.fresh_like(node, None)  # a factory (arange, zeros, ...): new positions, pinned below
@@ -206,7 +223,8 @@ class _Builder:
         return None
 
     def module_name(self, node: Node | None = None) -> str:
-        stack = (node or self.node).meta.get("nn_module_stack") or {}  # type: ignore[union-attr]
+        target = node if node is not None else self.node
+        stack = (target.meta.get("nn_module_stack") if target is not None else None) or {}
         if not stack:
             return "the model"
         path = list(stack.values())[-1][0]
@@ -217,7 +235,7 @@ class _Builder:
 
     def unfollowed(self, node: Node) -> Any:
         reason = self.unfollowed_reason(node)
-        for arg in _flatten((node.args, node.kwargs)):
+        for arg in _flatten((_a(node), node.kwargs)):
             for dims in _tensor_dims(self.env.get(arg) if isinstance(arg, Node) else None):
                 self.pin_dims(dims, reason)
         return self.fresh_like(node, reason)
@@ -237,7 +255,7 @@ class _Builder:
             self.ids.pin(ids, reason)
 
     def fixed(self, size: int, why: str = "") -> IdArray:
-        return self.ids.fresh(size, why or f"positions made by {_op_text(self.node)}")  # type: ignore[arg-type]
+        return self.ids.fresh(size, why or f"positions made by {_op_text(self.node)}")
 
     def union(self, a: IdArray, b: IdArray) -> None:
         if a.shape == b.shape:
@@ -288,7 +306,7 @@ class _Builder:
         free = [k for k, ids in enumerate(parts) if not self.ids.all_pinned(ids)]
         if len(free) > 1:
             for k in free[1:]:
-                self.ids.pin(parts[k], f"{_op_text(self.node)} in {self.module_name()} merges two channel dimensions")  # type: ignore[arg-type]
+                self.ids.pin(parts[k], f"{_op_text(self.node)} in {self.module_name()} merges two channel dimensions")
             free = free[:1]
         if not free:
             return self.fixed(math.prod(sizes))
@@ -357,6 +375,15 @@ def _rule(*names: str) -> Callable[[_Rule], _Rule]:
     return register
 
 
+def _a(node: Node) -> tuple[Any, ...]:
+    """A node's positional arguments, untyped (torch.fx types them as a wide union)."""
+    return tuple(node.args)
+
+
+def _kw(node: Node, name: str, default: Any = None) -> Any:
+    return dict(node.kwargs).get(name, default)
+
+
 def _op_name(target: Any) -> str:
     packet = getattr(target, "overloadpacket", None)
     if packet is not None:
@@ -393,7 +420,7 @@ def _tensor_dims(value: Any) -> Iterable[Dims]:
 def _any_tensor_input(builder: _Builder, node: Node) -> bool:
     return any(
         isinstance(arg, Node) and isinstance(arg.meta.get("val"), torch.Tensor)
-        for arg in _flatten((node.args, node.kwargs))
+        for arg in _flatten((_a(node), node.kwargs))
     )
 
 
@@ -504,7 +531,7 @@ _ELEMENTWISE = [
 @_rule(*_ELEMENTWISE)
 def _elementwise(b: _Builder, node: Node) -> Any:
     value = node.meta.get("val")
-    operands = [a for a in _flatten((node.args, node.kwargs)) if isinstance(a, Node)]
+    operands = [a for a in _flatten((_a(node), node.kwargs)) if isinstance(a, Node)]
     if isinstance(value, (tuple, list)):  # native_dropout: (output, mask)
         shape = _shape_of(value[0])
         out = b.broadcast(node, operands, shape)
@@ -520,30 +547,30 @@ def _shape_of(value: Any) -> tuple[int, ...]:
 
 @_rule("softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax")
 def _softmax(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     return list(dims) if dims is not None else b.unfollowed(node)
 
 
 @_rule("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as")
 def _view(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
-    return b.reshape(node, dims, _shape(node.args[0]), _shape(node))
+    return b.reshape(node, dims, _shape(_a(node)[0]), _shape(node))
 
 
 @_rule("permute", "transpose", "t", "swapaxes", "movedim", "numpy_T", "mT")
 def _permute(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
     ndim = len(dims)
     name = _op_name(node.target)
     order = list(range(ndim))
     if name == "permute":
-        order = [_dim(d, ndim) for d in node.args[1]]  # type: ignore[union-attr]
+        order = [_dim(d, ndim) for d in _a(node)[1]]
     elif name in ("transpose", "swapaxes"):
-        a, c = _dim(int(node.args[1]), ndim), _dim(int(node.args[2]), ndim)  # type: ignore[arg-type]
+        a, c = _dim(int(_a(node)[1]), ndim), _dim(int(_a(node)[2]), ndim)
         order[a], order[c] = order[c], order[a]
     elif name in ("t", "numpy_T", "mT"):
         order = order[::-1] if name != "mT" else [*order[:-2], order[-1], order[-2]]
@@ -554,7 +581,7 @@ def _permute(b: _Builder, node: Node) -> Any:
 
 @_rule("expand", "expand_as", "broadcast_to")
 def _expand(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
     shape = _shape(node)
@@ -568,7 +595,7 @@ def _expand(b: _Builder, node: Node) -> Any:
 
 @_rule("repeat")
 def _repeat(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
     shape = _shape(node)
@@ -598,7 +625,7 @@ def _repeat(b: _Builder, node: Node) -> Any:
 )
 def _positional(b: _Builder, node: Node) -> Any:
     """Operations that read fixed positions of one dimension: that dimension keeps its positions."""
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
     name = _op_name(node.target)
@@ -606,20 +633,20 @@ def _positional(b: _Builder, node: Node) -> Any:
     if name in ("tril", "triu"):
         touched = [ndim - 2, ndim - 1]
     elif name == "flip":
-        touched = [_dim(d, ndim) for d in node.args[1]]  # type: ignore[union-attr]
+        touched = [_dim(d, ndim) for d in _a(node)[1]]
     elif name in ("argmax", "argmin"):
-        dim_arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-        touched = list(range(ndim)) if dim_arg is None else [_dim(int(dim_arg), ndim)]  # type: ignore[arg-type]
+        dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim")
+        touched = list(range(ndim)) if dim_arg is None else [_dim(int(dim_arg), ndim)]
     elif name == "roll":
-        touched = [_dim(d, ndim) for d in (node.args[2] if len(node.args) > 2 else range(ndim))]  # type: ignore[union-attr]
+        touched = [_dim(d, ndim) for d in (_a(node)[2] if len(_a(node)) > 2 else range(ndim))]
     else:
-        dim_arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0 if name != "sort" else -1)
-        touched = [_dim(int(dim_arg), ndim)]  # type: ignore[arg-type]
-    shape = _shape(node.args[0])
+        dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0 if name != "sort" else -1)
+        touched = [_dim(int(dim_arg), ndim)]
+    shape = _shape(_a(node)[0])
     if name == "slice":
-        start, end, step = [*node.args[2:5], None, None, None][:3]
+        start, end, step = [*_a(node)[2:5], None, None, None][:3]
         d = touched[0]
-        if (start in (None, 0)) and (end is None or int(end) >= shape[d]) and step in (None, 1):  # type: ignore[call-overload]
+        if (start in (None, 0)) and (end is None or int(end) >= shape[d]) and step in (None, 1):
             return list(dims)  # the whole dimension: nothing read by position
     for d in touched:
         b.positional(dims, d, node)
@@ -640,17 +667,17 @@ def _positional(b: _Builder, node: Node) -> Any:
 
 @_rule("split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split", "unsafe_chunk", "split_copy")
 def _split(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     value = node.meta.get("val")
     if dims is None or not isinstance(value, (list, tuple)):
         return b.unfollowed(node)
     name = _op_name(node.target)
     ndim = len(dims)
     default_dim = 0
-    dim_arg = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", default_dim)
+    dim_arg = _a(node)[2] if len(_a(node)) > 2 else _kw(node, "dim", default_dim)
     if name == "unbind":
-        dim_arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    d = _dim(int(dim_arg), ndim)  # type: ignore[arg-type]
+        dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0)
+    d = _dim(int(dim_arg), ndim)
     ids = dims[d]
     if name == "unbind":
         b.positional(dims, d, node)
@@ -672,44 +699,54 @@ def _split(b: _Builder, node: Node) -> Any:
 
 @_rule("cat", "concat", "concatenate")
 def _cat(b: _Builder, node: Node) -> Any:
-    tensors = [t for t in node.args[0] if isinstance(t, Node)]  # type: ignore[union-attr]
+    tensors = [t for t in _a(node)[0] if isinstance(t, Node)]
     all_dims = [b.dims(t) for t in tensors]
     shape = _shape(node)
-    all_dims = [d for d in all_dims if d is not None and len(d) == len(shape)]
-    if not all_dims:
+    found = [d for d in all_dims if d is not None and len(d) == len(shape)]
+    if len(found) != len(all_dims) or not found:
         return b.unfollowed(node)
-    dim_arg = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    d = _dim(int(dim_arg), len(shape))  # type: ignore[arg-type]
+    dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0)
+    d = _dim(int(dim_arg), len(shape))
     out: Dims = []
     for k in range(len(shape)):
         if k == d:
-            out.append(torch.cat([x[k] for x in all_dims]))
+            out.append(torch.cat([x[k] for x in found]))
         else:
-            for other in all_dims[1:]:
-                b.union(all_dims[0][k], other[k])
-            out.append(all_dims[0][k])
+            for other in found[1:]:
+                b.union(found[0][k], other[k])
+            out.append(found[0][k])
     return out
 
 
 @_rule("stack")
 def _stack(b: _Builder, node: Node) -> Any:
-    tensors = [b.dims(t) for t in node.args[0]]  # type: ignore[union-attr]
-    if any(t is None for t in tensors):
+    tensors = [d for d in (b.dims(t) for t in _a(node)[0]) if d is not None]
+    if len(tensors) != len(_a(node)[0]):
         return b.unfollowed(node)
     shape = _shape(node)
-    dim_arg = node.args[1] if len(node.args) > 1 else 0
-    d = _dim(int(dim_arg), len(shape))  # type: ignore[arg-type]
+    dim_arg = _a(node)[1] if len(_a(node)) > 1 else 0
+    d = _dim(int(dim_arg), len(shape))
     first = tensors[0]
     for other in tensors[1:]:
-        for x, y in zip(first, other, strict=True):  # type: ignore[arg-type]
+        for x, y in zip(first, other, strict=True):
             b.union(x, y)
-    out = list(first)  # type: ignore[arg-type]
+    out = list(first)
     out.insert(d, b.fixed(shape[d]))
     return out
 
 
-def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims) -> Dims:
+def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
+    out = _matmul_out(b, node, left, right, operands)
+    b.graph.macs.append(([*out, left[-1]], 1))
+    return out
+
+
+def _matmul_out(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
     shape = _shape(node)
+    if len(right) >= 2:  # x @ W with W a parameter (GPT-2's Conv1D): W's columns make channels
+        _mark_producer(b, operands[1], len(right) - 1)
+    if len(left) >= 2:
+        _mark_producer(b, operands[0], len(left) - 2)
     if len(right) == 1:
         b.union(left[-1], right[0])
         return left[:-1]
@@ -730,18 +767,18 @@ def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims) -> Dims:
 
 @_rule("matmul", "mm", "bmm")
 def _matmul(b: _Builder, node: Node) -> Any:
-    left, right = b.dims(node.args[0]), b.dims(node.args[1])
+    left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1])
     if left is None or right is None:
         return b.unfollowed(node)
-    return _matmul_dims(b, node, left, right)
+    return _matmul_dims(b, node, left, right, (_a(node)[0], _a(node)[1]))
 
 
 @_rule("addmm", "baddbmm", "addbmm")
 def _addmm(b: _Builder, node: Node) -> Any:
-    bias, left, right = b.dims(node.args[0]), b.dims(node.args[1]), b.dims(node.args[2])
+    bias, left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1]), b.dims(_a(node)[2])
     if left is None or right is None:
         return b.unfollowed(node)
-    out = _matmul_dims(b, node, left, right)
+    out = _matmul_dims(b, node, left, right, (_a(node)[1], _a(node)[2]))
     if bias is not None:
         for back in range(1, min(len(bias), len(out)) + 1):
             b.union(bias[-back], out[-back])
@@ -750,19 +787,22 @@ def _addmm(b: _Builder, node: Node) -> Any:
 
 @_rule("linear")
 def _linear(b: _Builder, node: Node) -> Any:
-    x, weight = b.dims(node.args[0]), b.dims(node.args[1])
-    bias = b.dims(node.args[2]) if len(node.args) > 2 else b.dims(node.kwargs.get("bias"))
+    x, weight = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    bias = b.dims(_a(node)[2]) if len(_a(node)) > 2 else b.dims(_kw(node, "bias"))
     if x is None or weight is None:
         return b.unfollowed(node)
     b.union(x[-1], weight[1])
     if bias is not None:
         b.union(bias[0], weight[0])
-    _mark_producer(b, node.args[1], 0)
-    return [*x[:-1], weight[0]]
+    _mark_producer(b, _a(node)[1], 0)
+    out = [*x[:-1], weight[0]]
+    b.graph.macs.append(([*out, x[-1]], 1))
+    return out
 
 
 _SAME_DIMS = frozenset(
-    "mul _to_copy to clone contiguous detach alias split chunk split_with_sizes unsafe_split unsafe_chunk".split()
+    {"mul", "_to_copy", "to", "clone", "contiguous", "detach", "alias"}
+    | {"split", "chunk", "split_with_sizes", "unsafe_split", "unsafe_chunk"}
 )
 """Operations between a parameter and a layer that keep its dimensions (a pruning mask, a cast, q/k/v parts)."""
 
@@ -798,18 +838,18 @@ def _mark_producer(b: _Builder, arg: Any, dim: int) -> None:
     "conv_transpose3d",
 )
 def _conv(b: _Builder, node: Node) -> Any:
-    x, weight = b.dims(node.args[0]), b.dims(node.args[1])
-    bias = b.dims(node.args[2]) if len(node.args) > 2 else None
+    x, weight = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    bias = b.dims(_a(node)[2]) if len(_a(node)) > 2 else None
     name = _op_name(node.target)
     if name in ("convolution", "_convolution"):
-        transposed = bool(node.args[6])
-        groups = int(node.args[8])  # type: ignore[arg-type]
+        transposed = bool(_a(node)[6])
+        groups = int(_a(node)[8])
     elif name.startswith("conv_transpose"):
         transposed = True
-        groups = int(node.args[6]) if len(node.args) > 6 else 1  # type: ignore[arg-type]
+        groups = int(_a(node)[6]) if len(_a(node)) > 6 else 1
     else:
         transposed = False
-        groups = int(node.args[6]) if len(node.args) > 6 else int(node.kwargs.get("groups", 1))  # type: ignore[arg-type]
+        groups = int(_a(node)[6]) if len(_a(node)) > 6 else int(_kw(node, "groups", 1))
     if x is None or weight is None or (transposed and groups != 1):
         return b.unfollowed(node)
     shape = _shape(node)
@@ -822,11 +862,11 @@ def _conv(b: _Builder, node: Node) -> Any:
     if transposed:
         b.union(channels, weight[0])
         out_channels = weight[1]
-        _mark_producer(b, node.args[1], 1)
+        _mark_producer(b, _a(node)[1], 1)
     elif groups == 1:
         b.union(channels, weight[1])
         out_channels = weight[0]
-        _mark_producer(b, node.args[1], 0)
+        _mark_producer(b, _a(node)[1], 0)
     else:
         # grouped or depthwise: each group's input and output channels go together, whole groups at a time
         per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
@@ -837,11 +877,13 @@ def _conv(b: _Builder, node: Node) -> Any:
             )
             del root
         out_channels = weight[0]
-        _mark_producer(b, node.args[1], 0)
+        _mark_producer(b, _a(node)[1], 0)
         b.graph.conv_groups[_module_path(node)] = per_out
     if bias is not None:
         b.union(bias[0], out_channels)
-    return [*batch, out_channels, *out_spatial]
+    out = [*batch, out_channels, *out_spatial]
+    b.graph.macs.append(([*out, weight[1] if not transposed else weight[0]], math.prod(_shape(_a(node)[1])[2:])))
+    return out
 
 
 def _module_path(node: Node) -> str:
@@ -859,11 +901,11 @@ def _module_path(node: Node) -> str:
     "cudnn_batch_norm",
 )
 def _batch_norm(b: _Builder, node: Node) -> Any:
-    x = b.dims(node.args[0])
+    x = b.dims(_a(node)[0])
     if x is None:
         return b.unfollowed(node)
     channels = x[1] if len(x) > 1 else x[0]
-    for arg in node.args[1:5]:
+    for arg in _a(node)[1:5]:
         stats = b.dims(arg)
         if stats is not None and len(stats) == 1:
             b.union(stats[0], channels)
@@ -875,11 +917,11 @@ def _batch_norm(b: _Builder, node: Node) -> Any:
 
 @_rule("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm")
 def _layer_norm(b: _Builder, node: Node) -> Any:
-    x = b.dims(node.args[0])
+    x = b.dims(_a(node)[0])
     if x is None:
         return b.unfollowed(node)
-    normalized = len(node.args[1])  # type: ignore[arg-type]
-    for arg in node.args[2:4]:
+    normalized = len(_a(node)[1])
+    for arg in _a(node)[2:4]:
         param = b.dims(arg)
         if param is not None:
             for k in range(1, normalized + 1):
@@ -892,14 +934,14 @@ def _layer_norm(b: _Builder, node: Node) -> Any:
 
 @_rule("group_norm", "native_group_norm")
 def _group_norm(b: _Builder, node: Node) -> Any:
-    x = b.dims(node.args[0])
+    x = b.dims(_a(node)[0])
     if x is None:
         return b.unfollowed(node)
     name = _op_name(node.target)
     if name == "group_norm":
-        groups, params = int(node.args[1]), node.args[2:4]  # type: ignore[arg-type]
+        groups, params = int(_a(node)[1]), _a(node)[2:4]
     else:
-        groups, params = int(node.args[6]), node.args[1:3]  # type: ignore[arg-type]
+        groups, params = int(_a(node)[6]), _a(node)[1:3]
     channels = x[1]
     per = channels.numel() // groups
     for arg in params:
@@ -917,11 +959,11 @@ def _group_norm(b: _Builder, node: Node) -> Any:
 
 @_rule("embedding")
 def _embedding(b: _Builder, node: Node) -> Any:
-    weight, indices = b.dims(node.args[0]), b.dims(node.args[1])
+    weight, indices = b.dims(_a(node)[0]), b.dims(_a(node)[1])
     if weight is None or indices is None:
         return b.unfollowed(node)
     b.ids.pin(weight[0], "an embedding's rows are looked up by index")
-    _mark_producer(b, node.args[0], 1)
+    _mark_producer(b, _a(node)[0], 1)
     return [*indices, weight[1]]
 
 
@@ -932,7 +974,7 @@ def _embedding(b: _Builder, node: Node) -> Any:
     "_scaled_dot_product_flash_attention",
 )
 def _attention(b: _Builder, node: Node) -> Any:
-    q, k, v = (b.dims(a) for a in node.args[:3])
+    q, k, v = (b.dims(a) for a in _a(node)[:3])
     if q is None or k is None or v is None:
         return b.unfollowed(node)
     b.union(q[-1], k[-1])
@@ -945,7 +987,9 @@ def _attention(b: _Builder, node: Node) -> Any:
             repeat = q[-back].numel() // k[-back].numel()
             for g in range(k[-back].numel()):
                 b.ids.union_all(torch.cat([q[-back][g * repeat : (g + 1) * repeat], k[-back][g : g + 1]]))
-    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+    b.graph.macs.append(([*q[:-1], k[-2], q[-1]], 1))  # scores
+    b.graph.macs.append(([*q[:-1], v[-1], k[-2]], 1))  # scores @ values
+    mask = _a(node)[3] if len(_a(node)) > 3 else _kw(node, "attn_mask")
     mask_dims = b.dims(mask)
     out = [*q[:-1], v[-1]]
     if mask_dims is not None:
@@ -977,7 +1021,7 @@ def _attention(b: _Builder, node: Node) -> Any:
     "min",
 )
 def _reduce(b: _Builder, node: Node) -> Any:
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
     value = node.meta.get("val")
@@ -1001,16 +1045,16 @@ def _reduce(b: _Builder, node: Node) -> Any:
 
 def _reduced_dims(node: Node, ndim: int) -> list[int]:
     name = _op_name(node.target)
-    dim_arg = node.kwargs.get("dim")
-    if dim_arg is None and len(node.args) > 1:
-        candidate = node.args[2] if name in ("norm",) and len(node.args) > 2 else node.args[1]
+    dim_arg = _kw(node, "dim")
+    if dim_arg is None and len(_a(node)) > 1:
+        candidate = _a(node)[2] if name in ("norm",) and len(_a(node)) > 2 else _a(node)[1]
         if isinstance(candidate, (int, list, tuple)) and not isinstance(candidate, bool):
             dim_arg = candidate
     if dim_arg is None or dim_arg == []:
         return list(range(ndim))
     if isinstance(dim_arg, int):
         return [_dim(dim_arg, ndim)]
-    return [_dim(int(d), ndim) for d in dim_arg]  # type: ignore[union-attr]
+    return [_dim(int(d), ndim) for d in dim_arg]
 
 
 @_rule(
@@ -1044,14 +1088,14 @@ def _reduced_dims(node: Node, ndim: int) -> list[int]:
 )
 def _spatial(b: _Builder, node: Node) -> Any:
     """Pooling, resizing, padding: the leading (batch, channel) dimensions pass, the spatial ones are new."""
-    dims = b.dims(node.args[0])
+    dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
     name = _op_name(node.target)
     value = node.meta.get("val")
     shape = _shape_of(value[0] if isinstance(value, (tuple, list)) else value)
     if name in ("constant_pad_nd", "pad"):
-        padded = len(node.args[1]) // 2  # type: ignore[arg-type]
+        padded = len(_a(node)[1]) // 2
     else:
         padded = next((int(c) for c in "321" if c + "d" in name), 2)
     for k in range(len(dims) - padded, len(dims)):
@@ -1065,14 +1109,14 @@ def _spatial(b: _Builder, node: Node) -> Any:
 
 @_rule("einsum")
 def _einsum(b: _Builder, node: Node) -> Any:
-    equation = str(node.args[0]).replace(" ", "")
-    operands = [b.dims(t) for t in node.args[1]]  # type: ignore[union-attr]
-    if "..." in equation or "->" not in equation or any(o is None for o in operands):
+    equation = str(_a(node)[0]).replace(" ", "")
+    operands = [d for d in (b.dims(t) for t in _a(node)[1]) if d is not None]
+    if "..." in equation or "->" not in equation or len(operands) != len(_a(node)[1]):
         return b.unfollowed(node)
     inputs, output = equation.split("->")
     letters: dict[str, IdArray] = {}
     for spec, dims in zip(inputs.split(","), operands, strict=True):
-        for letter, ids in zip(spec, dims, strict=True):  # type: ignore[arg-type]
+        for letter, ids in zip(spec, dims, strict=True):
             if letter in letters and letters[letter].numel() == ids.numel():
                 b.union(letters[letter], ids)
             elif letter not in letters or ids.numel() > letters[letter].numel():

@@ -44,24 +44,40 @@ class Importance:
 
 
 def unit_sums(group: Group, values: Mapping[str, Tensor], measure: Callable[[Tensor], Tensor]) -> Tensor:
-    """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64."""
+    """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64.
+
+    ``measure`` sees each tensor in float32 (or float64); the per-unit sums are float64.
+    """
     scores = torch.zeros(group.size, dtype=torch.float64)
     for (name, dim), unit_index in group.members.items():
         tensor = values.get(name)
         if tensor is None:
             continue
-        entries = measure(tensor.detach().to(torch.float64))
+        entries = measure(tensor if tensor.dtype in (torch.float64, torch.float32) else tensor.float())
         if entries.dim() > 1:
             entries = entries.sum(dim=[d for d in range(entries.dim()) if d != dim])
-        scores.index_add_(0, unit_index, entries.cpu())
+        scores.index_add_(0, unit_index, entries.to(device="cpu", dtype=torch.float64))
     return scores
 
 
 class MagnitudeImportance(Importance):
     """The L2 norm of everything a unit holds, across all its coupled layers (group magnitude)."""
 
+    def __init__(self) -> None:
+        self._squares: dict[int, Tensor] = {}
+
+    def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._squares = {}
+
     def __call__(self, group: Group, values: Mapping[str, Tensor]) -> Tensor:
-        return unit_sums(group, values, lambda t: t * t).sqrt()
+        return unit_sums(group, values, self._square).sqrt()
+
+    def _square(self, tensor: Tensor) -> Tensor:
+        # a tensor is in two groups (rows and columns): squared once; keyed by identity, kept alive by values
+        found = self._squares.get(id(tensor))
+        if found is None:
+            found = self._squares[id(tensor)] = tensor * tensor
+        return found
 
 
 class RandomImportance(Importance):
@@ -128,47 +144,53 @@ _BUILTIN: dict[str, type[Importance]] = {
     "random": RandomImportance,
     "taylor": TaylorImportance,
 }
-_LOCAL: dict[str, type[Importance]] = {}
 
 
 def register_importance(name: str, *, replace: bool = False) -> Callable[[_Class], _Class]:
     """Class decorator: make an :class:`Importance` subclass available as ``slim(..., importance=name)``.
 
-    ``ValueError`` when ``name`` is taken (a built-in or an earlier registration) and ``replace`` is not set.
+    The same as ``prunereg.register(name, kind="importance")``: the importance
+    joins the method registry as kind ``importance`` (``prunereg list
+    --kind importance`` shows it), in this process, or for the plugin whose
+    import is running. Taking a built-in importance's name needs
+    ``replace=True``, else ``ValueError``; the registry refuses a name another
+    method or importance holds, as it does for methods.
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"an importance name is an identifier, not {name!r}")
 
     def decorate(cls: _Class) -> _Class:
         if not (isinstance(cls, type) and issubclass(cls, Importance)):
             raise TypeError(f"{cls!r} is not a prunereg.Importance subclass")
-        if not replace and (name in _BUILTIN or name in _LOCAL):
+        if name in _BUILTIN and not replace:
             raise ValueError(f"importance {name!r} is already registered; pass replace=True to redefine it")
-        _LOCAL[name] = cls
+        from prunereg._plugins.loading import register_local
+
+        summary = "".join((cls.__doc__ or "").strip().splitlines()[:1]) or f"The importance {name}"
+        register_local(cls, name, kind="importance", summary=summary, replace=replace)
         return cls
 
     return decorate
 
 
 def importance_names() -> list[str]:
-    """Every importance :func:`prunereg.slim` knows by name: built-in, registered here, and from plugins."""
+    """Every importance :func:`prunereg.slim` knows by name: built-in and registered."""
     from prunereg._plugins.loading import registry
 
-    return sorted({*_BUILTIN, *_LOCAL, *registry().names("importance")})
+    return sorted({*_BUILTIN, *registry().names("importance")})
 
 
 def get_importance(name: str) -> type[Importance]:
-    """The :class:`Importance` subclass called ``name``; ``ValueError`` naming the known ones if none is."""
-    if name in _LOCAL:
-        return _LOCAL[name]
-    if name in _BUILTIN:
-        return _BUILTIN[name]
+    """The :class:`Importance` subclass called ``name`` (a registered one first, then the built-ins).
+
+    ``ValueError`` naming the known importances if there is none.
+    """
     from prunereg._plugins.loading import registry
 
     if name in registry().names("importance"):
         cls = registry().resolve(name)
         if isinstance(cls, type) and issubclass(cls, Importance):
             return cls
+    if name in _BUILTIN:
+        return _BUILTIN[name]
     raise ValueError(f"unknown importance {name!r}; known: {', '.join(importance_names())}")
 
 

@@ -67,21 +67,20 @@ def sync_attention(module: nn.Module) -> None:
         return
     heads, kv_heads = counts
     head_dim = getattr(module, "head_dim", getattr(module, "attention_head_size", 0))
-    for name in _HEAD_COUNTS:
+    widths = {name: heads for name in _HEAD_COUNTS}
+    widths.update(all_head_size=heads * head_dim, split_size=heads * head_dim)
+    if kv_heads:
+        widths["num_key_value_heads"] = kv_heads
+    output = _width(getattr(module, "c_proj", None))
+    if output is not None:
+        widths["embed_dim"] = output  # GPT-2's attention: its output width
+    for name, value in widths.items():
         if isinstance(getattr(module, name, None), int):
-            setattr(module, name, heads)
-    if isinstance(getattr(module, "all_head_size", None), int):
-        module.all_head_size = heads * head_dim
-    if isinstance(getattr(module, "split_size", None), int):
-        module.split_size = heads * head_dim
-    if kv_heads and isinstance(getattr(module, "num_key_value_heads", None), int):
-        module.num_key_value_heads = kv_heads
-    output = getattr(module, "c_proj", None)
-    if isinstance(getattr(module, "embed_dim", None), int) and _width(output) is not None:
-        module.embed_dim = _width(output)
+            setattr(module, name, value)
 
 
-_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim")
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "embedding_size")
+_PER_STAGE = ("hidden_sizes",)
 _INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim")
 _CONFIG_HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _CONFIG_KV = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
@@ -144,6 +143,10 @@ def _derived_fields(model: nn.Module, config: Any, before: Record) -> dict[str, 
                 old = 4 * hidden_old  # GPT-2's default MLP width
             if isinstance(old, int) and len(new_sizes.get(old, ())) == 1:
                 fields[key] = next(iter(new_sizes[old]))
+    for key in _PER_STAGE:  # a width per stage (ResNet's hidden_sizes)
+        old = getattr(config, key, None)
+        if isinstance(old, list) and old and all(len(new_sizes.get(v, ())) <= 1 for v in old if isinstance(v, int)):
+            fields[key] = [next(iter(new_sizes[v])) if v in new_sizes else v for v in old]
     counts = {c for c in (head_counts(m) for m in model.modules()) if c is not None}
     if len(counts) == 1:
         heads, kv_heads = next(iter(counts))

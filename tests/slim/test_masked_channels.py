@@ -82,7 +82,7 @@ def test_a_residual_channel_pruned_in_one_addend_only_is_refused_naming_the_othe
     model, x = ResidualMLP(), torch.randn(2, 6)
     prunereg.get("ln_structured").apply(model.stem, "weight", amount=2, n=2, dim=0)
     before = exact_state(model)
-    with pytest.raises(prunereg.SlimError, match="'inner.weight'.*keeps it"):
+    with pytest.raises(prunereg.SlimError, match=r"'inner.weight'.*keeps it"):
         prunereg.slim(model, x)
     assert_unchanged(model, before)
 
@@ -113,7 +113,7 @@ def test_a_layer_with_every_channel_pruned_is_refused() -> None:
     model, x = MLP(), torch.randn(2, 6)
     prunereg.get("ln_structured").apply(model.fc1, "weight", amount=1.0, n=2, dim=0)
     before = exact_state(model)
-    with pytest.raises(prunereg.SlimError, match="every channel of 'fc1.weight'"):
+    with pytest.raises(prunereg.SlimError, match=r"every channel of 'fc1.weight'"):
         prunereg.slim(model, x)
     assert_unchanged(model, before)
 

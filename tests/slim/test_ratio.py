@@ -83,25 +83,39 @@ def test_the_other_built_in_importances_slim_and_leave_gradients_as_they_were(im
     assert all(p.grad is None for p in model.parameters()) and not model.up.weight.requires_grad
 
 
-def test_a_registered_importance_is_used_by_name() -> None:
-    @prunereg.register_importance("last_first_for_test", replace=True)
-    class LastFirst(prunereg.Importance):
-        def __call__(self, group, values):  # type: ignore[no-untyped-def]
-            return torch.arange(group.size, 0, -1, dtype=torch.float64)  # the last units score lowest
+class LastFirst(prunereg.Importance):
+    """Scores falling along the group: the last units go first."""
 
+    def __call__(self, group, values):  # type: ignore[no-untyped-def]
+        return torch.arange(group.size, 0, -1, dtype=torch.float64)
+
+
+@pytest.mark.usefixtures("fresh_registry")
+@pytest.mark.parametrize("how", ["register_importance", "register"])
+def test_a_registered_importance_is_used_by_name_and_listed_as_kind_importance(how: str) -> None:
+    if how == "register_importance":
+        prunereg.register_importance("last_first")(LastFirst)
+    else:
+        prunereg.register("last_first", kind="importance")(LastFirst)
+    assert "last_first" in prunereg.list_methods("importance")
+    assert prunereg.get_importance("last_first") is LastFirst
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
     kept = model[0].weight.detach()[:3].clone()
-    prunereg.slim(model, torch.randn(2, 4), ratio=0.5, importance="last_first_for_test")
+    prunereg.slim(model, torch.randn(2, 4), ratio=0.5, importance="last_first")
     torch.testing.assert_close(model[0].weight.detach(), kept)
-    assert (
-        "last_first_for_test" in prunereg.get_importance.__module__
-        or prunereg.get_importance("last_first_for_test") is LastFirst
-    )
 
 
-def test_an_importance_name_taken_is_refused_without_replace() -> None:
+@pytest.mark.usefixtures("fresh_registry")
+def test_a_built_in_importance_name_is_taken_only_with_replace() -> None:
     with pytest.raises(ValueError, match="already registered"):
-        prunereg.register_importance("magnitude")(type("Twice", (prunereg.Importance,), {}))
+        prunereg.register_importance("magnitude")(LastFirst)
+    prunereg.register_importance("random", replace=True)(LastFirst)
+    assert prunereg.get_importance("random") is LastFirst
+
+
+def test_an_importance_must_subclass_the_contract() -> None:
+    with pytest.raises(TypeError, match="not a prunereg.Importance subclass"):
+        prunereg.register_importance("plain")(object)
 
 
 @pytest.mark.parametrize(
@@ -117,9 +131,9 @@ def test_bad_arguments_are_refused_with_the_model_unchanged(ratio: object, round
 
 
 def test_an_unknown_importance_or_ignored_name_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="unknown importance 'nope'.*magnitude"):
+    with pytest.raises(ValueError, match=r"unknown importance 'nope'.*magnitude"):
         prunereg.slim(Bottleneck(), torch.randn(2, 5), ratio=0.5, importance="nope")
-    with pytest.raises(ValueError, match="'nope', which is no module"):
+    with pytest.raises(ValueError, match=r"'nope', which is no module"):
         prunereg.slim(Bottleneck(), torch.randn(2, 5), ratio=0.5, ignore=["nope"])
 
 
@@ -153,8 +167,10 @@ def test_each_covered_operation_slims_to_a_smaller_model_with_the_same_output_sh
 
 
 def test_a_grouped_conv_loses_whole_groups_and_a_depthwise_conv_its_channels_with_their_inputs() -> None:
-    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.ReLU(),
-                          nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))  # fmt: skip
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2),
+    )  # fmt: skip
     x = torch.randn(1, 3, 6, 6)
     prunereg.slim(model, x, ratio=0.5)
     assert (model[2].groups, model[2].in_channels, model[2].out_channels) == (2, 4, 4)
@@ -206,7 +222,7 @@ def test_a_module_that_reads_a_fixed_width_fails_after_the_cut_and_is_put_back_e
 
     model, x = FixedSplit(), torch.randn(2, 4)
     before = exact_state(model)
-    with pytest.raises(prunereg.SlimError, match="the slimmed model fails.*ignore="):
+    with pytest.raises(prunereg.SlimError, match=r"the slimmed model fails.*ignore="):
         prunereg.slim(model, x, ratio=0.5)
     assert_unchanged(model, before)
 
@@ -263,5 +279,5 @@ def test_an_operation_without_a_rule_pins_what_it_touches_and_says_so_when_maske
     model, x = Cumulative(), torch.randn(2, 4)
     assert prunereg.slim(model, x, ratio=0.5).removed == 0
     prunereg.get("ln_structured").apply(model.fc, "weight", amount=2, n=2, dim=0)
-    with pytest.raises(prunereg.SlimError, match="aten.cumsum in the model reads fixed positions"):
+    with pytest.raises(prunereg.SlimError, match=r"aten.cumsum in the model reads fixed positions"):
         prunereg.slim(model, x)
