@@ -15,7 +15,10 @@ Torch-Pruning runs twice where its examples configure models by hand: once as a
 new user would call it (``MagnitudePruner`` with the output head in
 ``ignored_layers``, as in its README), and once with the hand configuration its
 examples write for that model (head counts, an output transform, attributes
-fixed after pruning), labelled so.
+fixed after pruning), labelled so. On the Llama, where that configuration's graph
+search does not end either, a third run ignores every attention module (the only
+configuration found that runs there). Torch-Pruning's ``__version__`` says 1.6.0;
+the installed distribution is 1.6.1.
 """
 
 from __future__ import annotations
@@ -60,8 +63,11 @@ PROCESS_TIMEOUT = 600
 BUDGET = 14.5  # minutes: what is still to run after that is skipped, and says so
 MINIMUM_LEFT = 20  # seconds: below this no (model, library) process starts
 
-ORIGINAL, PRUNEREG, TP, TP_HAND = "original", "prunereg", "Torch-Pruning", "Torch-Pruning, hand-configured"
-TOOLS = (ORIGINAL, PRUNEREG, TP, TP_HAND)
+ORIGINAL, PRUNEREG, TP = "original", "prunereg", "Torch-Pruning"
+TP_HAND, TP_MLP = "Torch-Pruning, hand-configured", "Torch-Pruning, hand-configured, attention left alone"
+TOOLS = (ORIGINAL, PRUNEREG, TP, TP_HAND, TP_MLP)
+TORCH_PRUNING = (TP, TP_HAND, TP_MLP)
+"""Torch-Pruning's calls, in the order the targets and the sweep look for one that works."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,8 @@ class Model:
     """The output head, which no library may narrow."""
     hand: str | None = None
     """What Torch-Pruning's examples configure by hand for this model; None where its plain call is all."""
+    attention_left_alone: str | None = None
+    """Where even the hand configuration fails: the one that runs, with every attention module ignored."""
     forward: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of every timed forward."""
 
@@ -96,6 +104,7 @@ MODELS = {
         "hf_smollm2_llama",
         "lm_head",
         hand="`num_heads` for q (9) and k/v (3), whole heads, `output_transform` (TP's LLM example)",
+        attention_left_alone="`output_transform`, every attention module in `ignored_layers`: the MLPs alone",
         forward=(("use_cache", False),),
     ),
     "cnn": Model("CNN: concat, depthwise, residual (224x224)", "concat_depthwise_residual_cnn", "head"),
@@ -189,10 +198,27 @@ def slim_torch_pruning_by_hand(model: Any, inputs: tuple[Any, ...], ratio: float
             module.num_key_value_groups = heads // pruner.num_heads[key]
 
 
+def slim_torch_pruning_attention_left_alone(model: Any, inputs: tuple[Any, ...], ratio: float, spec: Model) -> None:
+    """Torch-Pruning with every attention module ignored: on a transformers 5 Llama its graph search then ends."""
+    import torch_pruning as tp
+
+    attentions = [module for module, _ in _attention_projections(model)]
+    pruner = tp.pruner.BasePruner(
+        model,
+        inputs[0],
+        importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
+        pruning_ratio=ratio,
+        ignored_layers=[_module(model, spec.head), *attentions],
+        output_transform=lambda out: out.logits,
+    )
+    pruner.step()
+
+
 SLIMMERS: dict[str, Callable[[Any, tuple[Any, ...], float, Model], None]] = {
     PRUNEREG: slim_prunereg,
     TP: slim_torch_pruning,
     TP_HAND: slim_torch_pruning_by_hand,
+    TP_MLP: slim_torch_pruning_attention_left_alone,
 }
 
 
@@ -362,7 +388,8 @@ def tools_for(name: str) -> tuple[str, ...]:
     """The original and prunereg; Torch-Pruning where installed, hand-configured too where its examples do."""
     if not has_torch_pruning():
         return (ORIGINAL, PRUNEREG)
-    return TOOLS if MODELS[name].hand else TOOLS[:3]
+    spec = MODELS[name]
+    return tuple(t for t in TOOLS if (t != TP_HAND or spec.hand) and (t != TP_MLP or spec.attention_left_alone))
 
 
 def _works(result: dict[str, Any]) -> bool:
@@ -373,7 +400,7 @@ def _works(result: dict[str, Any]) -> bool:
 def sweep_tools(name: str, results: dict[str, dict[str, Any]]) -> list[str]:
     """prunereg, and the Torch-Pruning call that worked at the main ratio (hand-configured if it was needed)."""
     tools = [PRUNEREG]
-    for tool in (TP, TP_HAND):
+    for tool in TORCH_PRUNING:
         if tool in results.get(name, {}) and _works(results[name][tool]):
             tools.append(tool)
             break
@@ -410,7 +437,9 @@ def main_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[int
     for name, by_tool in results.items():
         spec, original = MODELS[name], by_tool.get(ORIGINAL, {})
         for tool, result in by_tool.items():
-            hand = {ORIGINAL: "-", PRUNEREG: "none", TP: "none", TP_HAND: spec.hand or "-"}[tool]
+            hand = {
+                ORIGINAL: "-", PRUNEREG: "none", TP: "none", TP_HAND: spec.hand, TP_MLP: spec.attention_left_alone
+            }[tool] or "-"  # fmt: skip
             if "error" in result:
                 cells = [f"failed: `{result['error']}`", "", "", "", "", "", "", "", ""]
             else:
@@ -441,7 +470,7 @@ def targets_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[
             f"| {title} | prunereg slims it without hand configuration | "
             f"{'yes' if works else mine.get('error', 'heads regrouped')} | {'yes' if works else 'no'} |"
         )
-        theirs_tool = next((t for t in (TP, TP_HAND) if t in by_tool and _works(by_tool[t])), None)
+        theirs_tool = next((t for t in TORCH_PRUNING if t in by_tool and _works(by_tool[t])), None)
         if not works or theirs_tool is None or "params" not in original:
             continue
         theirs = by_tool[theirs_tool]
@@ -492,7 +521,7 @@ def draw_sweep(
 
     plt = plots._style()
     figure, panels = plt.subplots(1, len(sweeps), figsize=(3.6 * len(sweeps), 3.4), squeeze=False)
-    colours = {PRUNEREG: plots.PRUNEREG, TP: plots.TORCH, TP_HAND: "#ef6c00"}
+    colours = {PRUNEREG: plots.PRUNEREG, TP: plots.TORCH, TP_HAND: "#ef6c00", TP_MLP: "#8d6e63"}
     for axes, (name, by_tool) in zip(panels[0], sweeps.items()):
         base = results.get(name, {}).get(ORIGINAL, {}).get("latency_1")
         for (tool, points), marker in zip(by_tool.items(), "osD"):
@@ -557,7 +586,8 @@ def report(
         "for every library); latencies are the median of a few forwards under `torch.no_grad()`, speed-ups",
         "against the original; *peak memory* is the resident high-water mark above the loaded model while",
         "slimming. Torch-Pruning's plain call is its README's (`MagnitudePruner`, L2 importance, the output",
-        "head in `ignored_layers`); the hand-configured rows add what its examples write for the model.",
+        "head in `ignored_layers`); the hand-configured rows add what its examples write for the model and,",
+        "where that fails too, the configuration that runs.",
         "*heads whole*: whether each attention head of the slimmed model holds channels of one original head",
         "only (read back from the query/key biases, numbered before slimming); **no** means the library removed",
         "channels across heads and the model regroups the survivors into heads that never existed. The targets",

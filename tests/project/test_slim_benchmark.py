@@ -60,6 +60,18 @@ def test_a_ratio_sweep_uses_the_torch_pruning_call_that_worked_at_the_main_ratio
     assert slim.sweep_tools("llama", results) == [slim.PRUNEREG, slim.TP_HAND]
     assert slim.sweep_tools("resnet50", results) == [slim.PRUNEREG, slim.TP]
     assert slim.sweep_tools("vit", results) == [slim.PRUNEREG]
+    results["llama"][slim.TP_HAND] = {"error": "SlimTimeout: did not finish in 60 s (stopped)"}
+    results["llama"][slim.TP_MLP] = THEIRS
+    assert slim.sweep_tools("llama", results) == [slim.PRUNEREG, slim.TP_MLP]
+
+
+def test_torch_pruning_runs_by_hand_only_where_its_examples_or_its_failures_call_for_it() -> None:
+    if not slim.has_torch_pruning():
+        assert slim.tools_for("llama") == (slim.ORIGINAL, slim.PRUNEREG)
+        return
+    assert slim.tools_for("resnet50") == (slim.ORIGINAL, slim.PRUNEREG, slim.TP)
+    assert slim.tools_for("vit") == (slim.ORIGINAL, slim.PRUNEREG, slim.TP, slim.TP_HAND)
+    assert slim.tools_for("llama") == slim.TOOLS
 
 
 class _Attention(nn.Module):
