@@ -532,7 +532,9 @@ def draw_sweep(
         if base:
             axes.axhline(base * 1000, color="0.5", linestyle="--", linewidth=1)
             axes.text(0.01, base * 1000, "unslimmed", transform=axes.get_yaxis_transform(), va="bottom", fontsize=8)
-        axes.set(xlabel="ratio (channels removed per group)", ylabel="latency, batch 1 (ms)", ylim=(0, None))
+        highest = max([base or 0.0] + [p["latency"] for points in by_tool.values() for p in points if "latency" in p])
+        axes.set(xlabel="ratio (channels removed per group)", ylabel="latency, batch 1 (ms)")
+        axes.set_ylim(0, highest * 1000 * 1.15)  # room above the unslimmed line for its label
         axes.set_title(MODELS[name].title, loc="left", fontsize=9)
         axes.legend(frameon=False, fontsize=8)
     figure.text(0.01, -0.06, f"Measured: {about} (docs/benchmarks.md)", fontsize=8, color="0.4")
