@@ -1,15 +1,18 @@
 """prunereg.slim against Torch-Pruning 1.6.1, in the same run: docs/benchmarks.md's slimming section and its plot.
 
-    python benchmarks/slim.py                     # full-size models (under 15 minutes on 2 cores); writes the docs
+    python benchmarks/slim.py                     # full-size models; writes the docs (see the time budget below)
     python benchmarks/slim.py --quick             # tiny models: a smoke test, printed, docs left alone
     python benchmarks/slim.py --models resnet50   # some models only (in the docs too)
 
 Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``:
-torch-pruning, transformers, matplotlib); without torch_pruning the Torch-Pruning
-rows say so. The models are built from transformers configs (no download) by
+torch-pruning, transformers, matplotlib); without torch_pruning its rows are
+left out and the section says so. The models are built from transformers configs (no download) by
 tests/support/slim_models.py. Every (model, library) pair runs in a fresh Python
 process with ``torch.set_num_threads(2)``: its peak memory is its own, and a
-library that hangs is stopped after ``SLIM_TIMEOUT`` seconds.
+library that hangs is stopped after ``SLIM_TIMEOUT`` seconds. The full run is
+sized to about 12 minutes on 2 quiet cores (estimated from the models' MACs; it
+was not run where this was written); past ``--budget`` minutes (14.5) what is
+left is skipped and its rows say so.
 
 Torch-Pruning runs twice where its examples configure models by hand: once as a
 new user would call it (``MagnitudePruner`` with the output head in
