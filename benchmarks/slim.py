@@ -10,9 +10,8 @@ left out and the section says so. The models are built from transformers configs
 tests/support/slim_models.py. Every (model, library) pair runs in a fresh Python
 process with ``torch.set_num_threads(2)``: its peak memory is its own, and a
 library that hangs is stopped after ``SLIM_TIMEOUT`` seconds. The full run is
-sized to about 12 minutes on 2 quiet cores (estimated from the models' MACs; it
-was not run where this was written); past ``--budget`` minutes (14.5) what is
-left is skipped and its rows say so.
+sized to about 12 minutes on 2 quiet cores (estimated from the models' MACs);
+past ``--budget`` minutes (14.5) what is left is skipped and its rows say so.
 
 Torch-Pruning runs twice where its examples configure models by hand: once as a
 new user would call it (``MagnitudePruner`` with the output head in
