@@ -173,3 +173,19 @@ def test_a_quick_run_writes_its_section_and_plot_and_leaves_the_rest_of_the_page
     assert ratios == ["0.3", "0.6"]
     assert f"](images/{slim.IMAGE})" in text
     assert "latency, batch 1 (ms)" in (tmp_path / "images" / slim.IMAGE).read_text()
+
+
+@pytest.mark.filterwarnings("ignore:Unwrapped parameters detected:UserWarning")  # cls token, positions: right
+@pytest.mark.parametrize(("tool", "whole"), [(slim.TP, False), (slim.TP_HAND, True)])
+def test_torch_pruning_keeps_vit_heads_whole_only_when_configured_by_hand(tool: str, whole: bool) -> None:
+    pytest.importorskip("torch_pruning", reason="the bench extra")
+    pytest.importorskip("transformers")
+    from tests.support.slim_models import hf_vit, output_shapes
+
+    model, inputs = hf_vit(0)
+    slim.tag_attention_channels(model)
+    head_dims = [slim._head_dim(module) for module, _ in slim._attention_projections(model)]
+    shapes = output_shapes(model, inputs)
+    slim.SLIMMERS[tool](model, inputs, 0.5, slim.MODELS["vit"])
+    assert output_shapes(model, inputs) == shapes
+    assert slim.heads_kept_whole(model, head_dims) is whole
