@@ -556,7 +556,20 @@ def _view(b: _Builder, node: Node) -> Any:
     dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
-    return b.reshape(node, dims, _shape(_a(node)[0]), _shape(node))
+    old, new = _shape(_a(node)[0]), _shape(node)
+    if _op_name(node.target) in ("view", "reshape", "_unsafe_view") and _one_head(old, new):
+        # (..., width) -> (..., 1, width): one head of that width (Mistral's single KV head), whole or not at all
+        head = torch.tensor([b.ids.union_all(dims[-1])], dtype=torch.int64)
+        return [*b.reshape(node, dims[:-1], old[:-1], new[:-2]), head, b.fixed(new[-1])]
+    return b.reshape(node, dims, old, new)
+
+
+def _one_head(old: Sequence[int], new: Sequence[int]) -> bool:
+    """Whether a view splits the last dimension into one head: ``(..., w) -> (..., 1, w)`` with the rest alike."""
+    return (
+        len(old) >= 2 and len(new) == len(old) + 1 and old[-1] > 1 and new[-2:] == (1, old[-1])
+        and tuple(new[:-2]) == tuple(old[:-1])
+    )  # fmt: skip
 
 
 @_rule("permute", "transpose", "t", "swapaxes", "movedim", "numpy_T", "mT")

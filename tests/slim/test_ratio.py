@@ -114,7 +114,7 @@ def test_a_built_in_importance_name_is_taken_only_with_replace() -> None:
 
 
 def test_an_importance_must_subclass_the_contract() -> None:
-    with pytest.raises(TypeError, match="not a prunereg.Importance subclass"):
+    with pytest.raises(TypeError, match=r"not a prunereg\.Importance subclass"):
         prunereg.register_importance("plain")(object)
 
 
