@@ -15,6 +15,7 @@ from tests.support import slim_models
 
 pytest.importorskip("transformers")
 
+
 def _qwen2() -> slim_models.Built:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
