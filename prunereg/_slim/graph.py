@@ -20,10 +20,11 @@ turns that into removable units.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,7 @@ def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
     held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_stack_traces():
             warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
             return torch.export.export(model, args, kwargs=kwargs, strict=False)
     except Exception as error:
@@ -92,6 +93,21 @@ def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             for key in _plain_tensors(module).keys() - tensors.keys():
                 del module.__dict__[key]
             module.__dict__.update(tensors)
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Skip recording a Python stack trace per graph node (most of export's time on a large model), where torch can."""
+    config = getattr(torch.fx, "config", None)
+    if config is None or not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    saved = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = saved
 
 
 def _plain_tensors(module: nn.Module) -> dict[str, Tensor]:
