@@ -20,10 +20,11 @@ turns that into removable units.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,7 @@ def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
     held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_stack_traces():
             warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
             return torch.export.export(model, args, kwargs=kwargs, strict=False)
     except Exception as error:
@@ -92,6 +93,21 @@ def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             for key in _plain_tensors(module).keys() - tensors.keys():
                 del module.__dict__[key]
             module.__dict__.update(tensors)
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Skip recording a Python stack trace per graph node (most of export's time on a large model), where torch can."""
+    config = getattr(torch.fx, "config", None)
+    if config is None or not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    saved = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = saved
 
 
 def _plain_tensors(module: nn.Module) -> dict[str, Tensor]:
@@ -556,7 +572,20 @@ def _view(b: _Builder, node: Node) -> Any:
     dims = b.dims(_a(node)[0])
     if dims is None:
         return b.unfollowed(node)
-    return b.reshape(node, dims, _shape(_a(node)[0]), _shape(node))
+    old, new = _shape(_a(node)[0]), _shape(node)
+    if _op_name(node.target) in ("view", "reshape", "_unsafe_view") and _one_head(old, new):
+        # (..., width) -> (..., 1, width): one head of that width (Mistral's single KV head), whole or not at all
+        head = torch.tensor([b.ids.union_all(dims[-1])], dtype=torch.int64)
+        return [*b.reshape(node, dims[:-1], old[:-1], new[:-2]), head, b.fixed(new[-1])]
+    return b.reshape(node, dims, old, new)
+
+
+def _one_head(old: Sequence[int], new: Sequence[int]) -> bool:
+    """Whether a view splits the last dimension into one head: ``(..., w) -> (..., 1, w)`` with the rest alike."""
+    return (
+        len(old) >= 2 and len(new) == len(old) + 1 and old[-1] > 1 and new[-2:] == (1, old[-1])
+        and tuple(new[:-2]) == tuple(old[:-1])
+    )  # fmt: skip
 
 
 @_rule("permute", "transpose", "t", "swapaxes", "movedim", "numpy_T", "mT")

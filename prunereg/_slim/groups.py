@@ -54,17 +54,22 @@ def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
     ``every``: all groups, also those that must stay whole (to tell why pruned channels cannot go).
     """
     ids = graph.ids
-    roots: dict[TensorDim, Tensor] = {}
-    for name, dims in graph.tensors.items():
-        for dim, positions in enumerate(dims):
-            if positions.numel() > 1:
-                roots[(name, dim)] = ids.roots(positions)
+    everything = ids.all_roots()
+    roots: dict[TensorDim, Tensor] = {
+        (name, dim): everything[positions]
+        for name, dims in graph.tensors.items()
+        for dim, positions in enumerate(dims)
+        if positions.numel() > 1
+    }
     produced = {int(r) for key in graph.producers if key in roots for r in roots[key].unique().tolist()}
     linked = Ids()
     slot: dict[int, int] = {}
     order: list[int] = []
-    for unit_ids in roots.values():
-        members = unit_ids.unique().tolist()
+    uniques: dict[TensorDim, tuple[Tensor, Tensor]] = {}
+    for key, unit_ids in roots.items():
+        unique, inverse = torch.unique(unit_ids, return_inverse=True)
+        uniques[key] = (unique, inverse)
+        members = unique.tolist()
         for unit in members:
             if unit not in slot:
                 slot[unit] = len(order)
@@ -80,11 +85,14 @@ def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
         if reason is None and unit not in produced:
             reason = "no layer makes this channel"
         group.pinned.append(reason)
-    for key, unit_ids in roots.items():
-        group = by_group[linked.find(slot[int(unit_ids[0])])]
-        index = {unit: k for k, unit in enumerate(group.units)}
-        group.members[key] = torch.tensor([index[u] for u in unit_ids.tolist()], dtype=torch.long)
-    return [g for g in by_group.values() if every or (g.size > 1 and g.removable)]
+    kept = {root: g for root, g in by_group.items() if every or (g.size > 1 and g.removable)}
+    indices = {root: {unit: k for k, unit in enumerate(g.units)} for root, g in kept.items()}
+    for key, (unique, inverse) in uniques.items():
+        root = linked.find(slot[int(unique[0])])
+        if root in kept:
+            index = indices[root]
+            kept[root].members[key] = torch.tensor([index[u] for u in unique.tolist()], dtype=torch.long)[inverse]
+    return list(kept.values())
 
 
 def kept_positions(groups: list[Group], removed: dict[int, set[int]]) -> dict[TensorDim, Tensor]:

@@ -31,8 +31,7 @@ class Ids:
         start = len(self._parent)
         self._parent.extend(range(start, start + size))
         if pin is not None:
-            for index in range(start, start + size):
-                self._pinned[index] = pin
+            self._pinned.update(dict.fromkeys(range(start, start + size), pin))
         return torch.arange(start, start + size, dtype=torch.int64)
 
     def find(self, index: int) -> int:
@@ -47,6 +46,15 @@ class Ids:
     def roots(self, ids: IdArray) -> IdArray:
         """The class of every id in ``ids`` (same shape)."""
         return torch.tensor([self.find(i) for i in ids.reshape(-1).tolist()], dtype=torch.int64).reshape(ids.shape)
+
+    def all_roots(self) -> IdArray:
+        """The class of every id so far, at once (pointer jumping over a tensor: for reading, after building)."""
+        parent = torch.tensor(self._parent, dtype=torch.int64)
+        while True:
+            jumped = parent[parent]
+            if torch.equal(jumped, parent):
+                return parent
+            parent = jumped
 
     def union(self, first: int, second: int) -> int:
         a, b = self.find(first), self.find(second)

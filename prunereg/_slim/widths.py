@@ -136,6 +136,12 @@ def _derived_fields(model: nn.Module, config: Any, before: Record) -> dict[str, 
             if a != b:
                 new_sizes.setdefault(a, set()).add(b)
     hidden_old = next((getattr(config, k) for k in _HIDDEN if isinstance(getattr(config, k, None), int)), None)
+    embedding = _input_embedding(model)
+    if embedding is not None and hidden_old is not None:
+        # the residual width is the embedding's (query projections of as many channels change differently)
+        name, width = embedding
+        if before["tensors"].get(name, [0, 0])[1] == hidden_old:
+            new_sizes[hidden_old] = {width}
     for keys in (_HIDDEN, _INTERMEDIATE):
         for key in keys:
             old = getattr(config, key, None)
@@ -162,6 +168,19 @@ def _derived_fields(model: nn.Module, config: Any, before: Record) -> dict[str, 
         if heads and head_dim and getattr(config, "head_dim", None) is None:
             fields["head_dim"] = head_dim
     return fields
+
+
+def _input_embedding(model: nn.Module) -> tuple[str, int] | None:
+    """The name and width of a model's input embedding weight (a Hugging Face model's ``get_input_embeddings``)."""
+    getter = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = getter() if callable(getter) else None
+    except (NotImplementedError, AttributeError):
+        return None
+    if not isinstance(embedding, nn.Embedding):
+        return None
+    name = next((n for n, p in model.named_parameters(remove_duplicate=False) if p is embedding.weight), None)
+    return (name, embedding.embedding_dim) if name is not None else None
 
 
 def _builds_these_shapes(model: nn.Module, candidate: Any) -> bool:

@@ -15,7 +15,32 @@ from tests.support import slim_models
 
 pytest.importorskip("transformers")
 
+
+def _qwen2() -> slim_models.Built:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    return Qwen2ForCausalLM(config).eval(), (torch.randint(128, (1, 8)),)
+
+
+def _mistral() -> slim_models.Built:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=64, sliding_window=None,
+    )  # fmt: skip
+    return MistralForCausalLM(config).eval(), (torch.randint(128, (1, 8)),)
+
+
 RELOADED_BY_STOCK_TRANSFORMERS = {
+    "qwen2 (biased q/k/v, grouped KV heads)": _qwen2,
+    "mistral (one KV head)": _mistral,
     "llama (grouped KV heads)": slim_models.hf_smollm2_llama,
     "bert": slim_models.hf_bert,
     "vit": slim_models.hf_vit,

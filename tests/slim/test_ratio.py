@@ -114,7 +114,7 @@ def test_a_built_in_importance_name_is_taken_only_with_replace() -> None:
 
 
 def test_an_importance_must_subclass_the_contract() -> None:
-    with pytest.raises(TypeError, match="not a prunereg.Importance subclass"):
+    with pytest.raises(TypeError, match=r"not a prunereg\.Importance subclass"):
         prunereg.register_importance("plain")(object)
 
 
@@ -281,3 +281,20 @@ def test_an_operation_without_a_rule_pins_what_it_touches_and_says_so_when_maske
     prunereg.get("ln_structured").apply(model.fc, "weight", amount=2, n=2, dim=0)
     with pytest.raises(prunereg.SlimError, match=r"aten.cumsum in the model reads fixed positions"):
         prunereg.slim(model, x)
+
+
+def test_slimming_leaves_every_module_in_the_mode_it_was_in() -> None:
+    model, x = Bottleneck().train(), torch.randn(2, 5)
+    model.norm.eval()
+    prunereg.slim(model, x, ratio=0.5)
+    assert model.training and model.up.training and not model.norm.training
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_on_the_gpu_slims_there() -> None:
+    model, inputs = slim_models.concat_depthwise_residual_cnn(0)
+    model, inputs = model.cuda(), tuple(t.cuda() for t in inputs)
+    shapes = slim_models.output_shapes(model, inputs)
+    report = prunereg.slim(model, inputs, ratio=0.5, importance="taylor")
+    assert slim_models.output_shapes(model, inputs) == shapes and report.params_after < report.params_before
+    assert all(p.is_cuda for p in model.parameters())
