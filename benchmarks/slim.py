@@ -11,7 +11,8 @@ tests/support/slim_models.py. Every (model, library) pair runs in a fresh Python
 process with ``torch.set_num_threads(2)``: its peak memory is its own, and a
 library that hangs is stopped after ``SLIM_TIMEOUT`` seconds. The full run is
 sized to about 12 minutes on 2 quiet cores (estimated from the models' MACs);
-past ``--budget`` minutes (14.5) what is left is skipped and its rows say so.
+past ``--budget`` minutes (14.5) what is left is skipped and its rows say so;
+with ``--json results.json`` a second run does only what the first did not.
 
 Torch-Pruning runs twice where its examples configure models by hand: once as a
 new user would call it (``MagnitudePruner`` with the output head in
@@ -64,6 +65,7 @@ SLIM_TIMEOUT = {False: 60, True: 20}  # seconds for one slimming call, full and 
 PROCESS_TIMEOUT = 600
 BUDGET = 14.5  # minutes: what is still to run after that is skipped, and says so
 MINIMUM_LEFT = 20  # seconds: below this no (model, library) process starts
+SKIPPED = "skipped:"
 
 ORIGINAL, PRUNEREG, TP = "original", "prunereg", "Torch-Pruning"
 TP_HAND, TP_MLP = "Torch-Pruning, hand-configured", "Torch-Pruning, hand-configured, attention left alone"
@@ -374,7 +376,7 @@ def run_in_subprocess(
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"error": f"process stopped after {timeout:.0f} s"}
+        return {"error": f"{SKIPPED} process stopped after {timeout:.0f} s"}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -392,6 +394,11 @@ def tools_for(name: str) -> tuple[str, ...]:
         return (ORIGINAL, PRUNEREG)
     spec = MODELS[name]
     return tuple(t for t in TOOLS if (t != TP_HAND or spec.hand) and (t != TP_MLP or spec.attention_left_alone))
+
+
+def unfinished(result: dict[str, Any]) -> bool:
+    """A result the time budget cut short: a later run with the same --json reruns it."""
+    return str(result.get("error", "")).startswith(SKIPPED)
 
 
 def _works(result: dict[str, Any]) -> bool:
@@ -633,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, default=BUDGET, help="minutes the whole run may take; what is left then is skipped"
     )
+    parser.add_argument(
+        "--json", type=Path, help="keep the raw results here; what is in it already (not skipped) is not rerun"
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "LIBRARY"), help=argparse.SUPPRESS)
     parser.add_argument("--one-sweep", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -640,31 +650,50 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(run_one(args.one[0], args.one[1], args.quick, args.one_sweep)))
         return 0
     before, started = load(), time.perf_counter()
-    results: dict[str, dict[str, dict[str, Any]]] = {}
-    sweeps: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    stored = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
+    results: dict[str, dict[str, dict[str, Any]]] = stored.get("results", {})
+    sweeps: dict[str, dict[str, list[dict[str, Any]]]] = stored.get("sweeps", {})
+    reused = 0
 
     def left() -> float:
         return args.budget * 60 - (time.perf_counter() - started)
 
+    def save() -> None:
+        if args.json:
+            args.json.write_text(json.dumps({"results": results, "sweeps": sweeps}, indent=1) + "\n")
+
     for name in args.models:
         for tool in tools_for(name):
+            if tool in results.get(name, {}) and not unfinished(results[name][tool]):
+                reused += 1
+                continue
             print(f"{name} [{tool}] ...", end=" ", flush=True, file=sys.stderr)
             results.setdefault(name, {})[tool] = (
                 run_in_subprocess(name, tool, args.quick, timeout=min(PROCESS_TIMEOUT, left()))
                 if left() > MINIMUM_LEFT
-                else {"error": f"skipped: the run's {args.budget:g} minutes were spent"}
+                else {"error": f"{SKIPPED} the run's {args.budget:g} minutes were spent"}
             )
+            save()
             print(results[name][tool].get("error", "done"), f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     for name in (m for m in SWEEP_MODELS if m in args.models):
         for tool in sweep_tools(name, results):
+            points = sweeps.get(name, {}).get(tool, [])
+            if points and not any(unfinished(point) for point in points):
+                reused += 1
+                continue
             print(f"{name} [{tool}] ratio sweep ...", end=" ", flush=True, file=sys.stderr)
             if left() <= MINIMUM_LEFT:
-                print(f"skipped: the run's {args.budget:g} minutes were spent", file=sys.stderr)
+                print(f"{SKIPPED} the run's {args.budget:g} minutes were spent", file=sys.stderr)
                 continue
             swept = run_in_subprocess(name, tool, args.quick, sweep=True, timeout=min(PROCESS_TIMEOUT, left()))
             sweeps.setdefault(name, {})[tool] = swept.get("sweep", [{"ratio": None, "error": swept.get("error")}])
+            save()
             print(f"done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    about = machine(before, load()) + f"; the whole run took {(time.perf_counter() - started) / 60:.1f} min"
+    results = {n: {t: results[n][t] for t in TOOLS if t in results[n]} for n in args.models if n in results}
+    sweeps = {n: sweeps[n] for n in SWEEP_MODELS if n in sweeps and n in args.models}
+    about = machine(before, load()) + f"; the run took {(time.perf_counter() - started) / 60:.1f} min"
+    if reused:
+        about += f" ({reused} results kept from an earlier run in {args.json.name if args.json else '?'})"
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)
     image = None
     if sweeps and output is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,11 +125,26 @@ def test_a_library_that_regroups_heads_is_not_the_one_the_targets_compare_with()
     assert slim.sweep_tools("vit", results) == [slim.PRUNEREG, slim.TP_HAND]
 
 
-def test_a_run_past_its_budget_skips_what_is_left_and_says_so(tmp_path: Path) -> None:
-    page = tmp_path / "benchmarks.md"
-    assert slim.main(["--quick", "--models", "cnn", "--budget", "0", "--output", str(page)]) == 0
-    rows = [line for line in page.read_text().splitlines() if line.startswith(f"| {slim.MODELS['cnn'].title} |")]
+def test_a_run_past_its_budget_skips_what_is_left_and_a_second_run_redoes_only_that(tmp_path: Path) -> None:
+    page, raw = tmp_path / "benchmarks.md", tmp_path / "slim.json"
+    arguments = ["--models", "cnn", "--budget", "0", "--output", str(page), "--json", str(raw)]
+    assert slim.main(arguments) == 0
+    cnn = slim.MODELS["cnn"].title
+    rows = [line for line in page.read_text().splitlines() if line.startswith(f"| {cnn} |")]
     assert rows and all("skipped: the run's 0 minutes were spent" in row for row in rows[:2])
+    stored = json.loads(raw.read_text())
+    assert set(stored["results"]["cnn"]) == set(slim.tools_for("cnn"))
+    # what an earlier run finished is kept: with no time at all, the second run still reports it
+    stored["results"]["cnn"] = {
+        tool: dict(MINE if tool != slim.ORIGINAL else ORIGINAL) for tool in slim.tools_for("cnn")
+    }
+    raw.write_text(json.dumps(stored))
+    assert slim.main(arguments) == 0
+    text = page.read_text()
+    assert (
+        "skipped" not in text and f"{len(slim.tools_for('cnn'))} results kept from an earlier run in slim.json" in text
+    )
+    assert _row(text, cnn, "prunereg").startswith(f"| {cnn} | prunereg | 300 (30%) |")
 
 
 def test_a_slimming_call_that_hangs_is_stopped_and_reported() -> None:
