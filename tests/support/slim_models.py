@@ -1,9 +1,10 @@
 """Small models of the topologies structured pruning must follow, and Hugging Face models built from configs.
 
 The peer topologies are the kinds of graph Torch-Pruning's own test suite
-exercises (concatenations, splits, residual adds, depthwise and grouped
-convolutions, flatten into a Linear, attention, norms, embeddings, several
-inputs and outputs), written afresh. The Hugging Face builders make the
+exercises (concatenations, also along a spatial dimension, splits, residual
+adds, depthwise and grouped convolutions, flatten into a Linear and a Linear
+viewed as channels, attention, norms, embeddings, several inputs and outputs),
+written afresh. The Hugging Face builders make the
 models of issue 18's benchmark from their configs, no download: tiny by
 default for tests, ``full=True`` for the real shapes (benchmarks/slim.py).
 
@@ -115,6 +116,48 @@ class SplitConcatResidual(nn.Module):
 def split_concat_residual(seed: int = 0) -> Built:
     _seeded(seed)
     return SplitConcatResidual().eval(), (torch.randn(1, 8, 6, 6),)
+
+
+class SpatialConcatSplit(nn.Module):
+    """Two branches concatenated along the height, not the channels, then split back: both keep equal widths."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.one = nn.Sequential(_conv_bn(width, width), _conv_bn(width, width))
+        self.two = nn.Sequential(_conv_bn(width, width), _conv_bn(width, width))
+        self.mix = nn.Conv2d(width, width, 1)
+        self.out = nn.Conv2d(width, width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        one, two = self.one(x), self.two(x)
+        top, _ = torch.split(self.mix(torch.cat([one, two], dim=2)), [one.shape[2], two.shape[2]], dim=2)
+        return self.out(top)
+
+
+def spatial_concat_split(seed: int = 0) -> Built:
+    _seeded(seed)
+    return SpatialConcatSplit().eval(), (torch.randn(1, 8, 5, 5),)
+
+
+class UnflattenIntoTransposedConv(nn.Module):
+    """A Linear viewed as channels x 4 x 4 (the width read from the next layer) into transposed convolutions."""
+
+    def __init__(self, features: int = 12, classes: int = 5) -> None:
+        super().__init__()
+        self.fc = nn.Linear(features, 16 * 4 * 4)
+        self.up1 = nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1)
+        self.up2 = nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)
+        self.head = nn.Linear(4 * 16 * 16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.fc(x)).view(-1, self.up1.in_channels, 4, 4)
+        x = F.relu(self.up2(F.relu(self.up1(x))))
+        return self.head(torch.flatten(x, 1))
+
+
+def unflatten_into_transposed_conv(seed: int = 0) -> Built:
+    _seeded(seed)
+    return UnflattenIntoTransposedConv().eval(), (torch.randn(2, 12),)
 
 
 class SplitThreeWays(nn.Module):
@@ -263,23 +306,24 @@ def wide_and_deep(seed: int = 0) -> Built:
     return WideAndDeep().eval(), (torch.randn(4, 3, 4),)
 
 
-class TwoInputsThreeOutputs(nn.Module):
-    """Two inputs through their own Linear, concatenated into a third; every intermediate is also an output."""
+class TwoInputsTwoOutputs(nn.Module):
+    """Two inputs through their own Linear, concatenated into a third; a second head reads the first branch."""
 
     def __init__(self) -> None:
         super().__init__()
         self.left = nn.Linear(12, 8)
         self.right = nn.Linear(6, 8)
         self.joined = nn.Linear(16, 10)
+        self.aux = nn.Linear(8, 3)
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         left, right = F.relu(self.left(x1)), F.relu(self.right(x2))
-        return left, right, self.joined(torch.cat([left, right], dim=1))
+        return self.joined(torch.cat([left, right], dim=1)), self.aux(left)
 
 
-def two_inputs_three_outputs(seed: int = 0) -> Built:
+def two_inputs_two_outputs(seed: int = 0) -> Built:
     _seeded(seed)
-    return TwoInputsThreeOutputs().eval(), (torch.randn(2, 12), torch.randn(2, 6))
+    return TwoInputsTwoOutputs().eval(), (torch.randn(2, 12), torch.randn(2, 6))
 
 
 class LeNet(nn.Module):
@@ -433,6 +477,8 @@ PEERS: dict[str, Callable[[int], Built]] = {
     "concat_depthwise_residual_cnn": concat_depthwise_residual_cnn,
     "cascaded_concat": cascaded_concat,
     "split_concat_residual": split_concat_residual,
+    "spatial_concat_split": spatial_concat_split,
+    "unflatten_into_transposed_conv": unflatten_into_transposed_conv,
     "split_three_ways": split_three_ways,
     "gated_chunk_mlp": gated_chunk_mlp,
     "grouped_conv": grouped_conv,
@@ -440,7 +486,7 @@ PEERS: dict[str, Callable[[int], Built]] = {
     "conv3d_net": conv3d_net,
     "residual_mlp": residual_mlp,
     "wide_and_deep": wide_and_deep,
-    "two_inputs_three_outputs": two_inputs_three_outputs,
+    "two_inputs_two_outputs": two_inputs_two_outputs,
     "lenet": lenet,
     "single_channel_output": single_channel_output,
     "scaled_features": scaled_features,
