@@ -1076,7 +1076,7 @@ def _reduced_dims(node: Node, ndim: int) -> list[int]:
     name = _op_name(node.target)
     dim_arg = _kw(node, "dim")
     if dim_arg is None and len(_a(node)) > 1:
-        candidate = _a(node)[2] if name in ("norm",) and len(_a(node)) > 2 else _a(node)[1]
+        candidate = _a(node)[2] if name in ("norm", "linalg_vector_norm") and len(_a(node)) > 2 else _a(node)[1]
         if isinstance(candidate, (int, list, tuple)) and not isinstance(candidate, bool):
             dim_arg = candidate
     if dim_arg is None or dim_arg == []:

@@ -298,3 +298,30 @@ def test_a_model_on_the_gpu_slims_there() -> None:
     report = prunereg.slim(model, inputs, ratio=0.5, importance="taylor")
     assert slim_models.output_shapes(model, inputs) == shapes and report.params_after < report.params_before
     assert all(p.is_cuda for p in model.parameters())
+
+
+class FunctionalOps(nn.Module):
+    """Pooling, resizing, padding, einsum, a norm over channels, softmax: channels pass through each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.mix = nn.Parameter(torch.randn(8, 6))
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        h = nn.functional.max_pool2d(h, 2)
+        h = nn.functional.interpolate(h, scale_factor=2.0, mode="nearest")
+        h = nn.functional.pad(h, (1, 1, 1, 1))
+        h = h / torch.linalg.vector_norm(h, 2, dim=1, keepdim=True).clamp_min(1e-6)
+        h = torch.softmax(h, dim=1).mean(dim=(2, 3))
+        return self.head(torch.einsum("bc,cd->bd", h, self.mix))
+
+
+def test_pooling_resizing_padding_einsum_and_reductions_let_channels_through() -> None:
+    torch.manual_seed(0)
+    model, x = FunctionalOps(), torch.randn(2, 3, 8, 8)
+    prunereg.slim(model, x, ratio=0.5)
+    assert model.conv.out_channels == 4 and model.mix.shape == (4, 6)
+    assert outputs(model, (x,)).shape == (2, 2)
