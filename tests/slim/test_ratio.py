@@ -325,3 +325,24 @@ def test_pooling_resizing_padding_einsum_and_reductions_let_channels_through() -
     prunereg.slim(model, x, ratio=0.5)
     assert model.conv.out_channels == 4 and model.mix.shape == (4, 6)
     assert outputs(model, (x,)).shape == (2, 2)
+
+
+class PaddedSequence(nn.Module):
+    """Padding the sequence (and the channels by nothing, as Swin does) between two Linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(4, 8)
+        self.down = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.pad(torch.relu(self.up(x)), (0, 0, 1, 1)))
+
+
+def test_padding_that_leaves_the_channels_alone_lets_them_through_and_the_padded_dimension_keeps_its_positions() -> (
+    None
+):
+    model, x = PaddedSequence(), torch.randn(2, 5, 4)
+    prunereg.slim(model, x, ratio=0.5)
+    assert model.up.out_features == 4 and model.down.in_features == 4
+    assert outputs(model, (x,)).shape == (2, 7, 2)
