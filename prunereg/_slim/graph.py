@@ -668,9 +668,13 @@ def _positional(b: _Builder, node: Node) -> Any:
         touched = list(range(ndim)) if dim_arg is None else [_dim(int(dim_arg), ndim)]
     elif name == "roll":
         touched = [_dim(d, ndim) for d in (_a(node)[2] if len(_a(node)) > 2 else range(ndim))]
+    elif name == "topk":  # topk(input, k, dim=-1)
+        touched = [_dim(int(_a(node)[2] if len(_a(node)) > 2 else _kw(node, "dim", -1)), ndim)]
     else:
         dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0 if name != "sort" else -1)
         touched = [_dim(int(dim_arg), ndim)]
+    if not all(0 <= d < ndim for d in touched):
+        return b.unfollowed(node)
     shape = _shape(_a(node)[0])
     if name == "slice":
         start, end, step = [*_a(node)[2:5], None, None, None][:3]

@@ -346,3 +346,20 @@ def test_padding_that_leaves_the_channels_alone_lets_them_through_and_the_padded
     prunereg.slim(model, x, ratio=0.5)
     assert model.up.out_features == 4 and model.down.in_features == 4
     assert outputs(model, (x,)).shape == (2, 7, 2)
+
+
+class TopK(nn.Module):
+    """A router: top-k over a Linear's outputs (as a mixture of experts picks its experts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(4, 8)
+        self.out = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.topk(self.router(x), 2, dim=-1).values)
+
+
+def test_top_k_keeps_the_positions_it_ranks() -> None:
+    model, x = TopK(), torch.randn(3, 4)
+    assert prunereg.slim(model, x, ratio=0.5).removed == 0 and model.router.out_features == 8
