@@ -91,7 +91,7 @@ def slim(
             if masked is not None:
                 _compare_with_masked(masked, slimmed, notes)
             shapes.record(model, before)
-            rewritten = rewrite_config(model, before)
+            rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
     return SlimReport(
         ratio=ratio,
         importance=None if ratio is None else _importance_name(importance),
