@@ -363,3 +363,17 @@ class TopK(nn.Module):
 def test_top_k_keeps_the_positions_it_ranks() -> None:
     model, x = TopK(), torch.randn(3, 4)
     assert prunereg.slim(model, x, ratio=0.5).removed == 0 and model.router.out_features == 8
+
+
+def test_the_report_prints_one_row_per_changed_layer_and_gives_every_tensor_as_json() -> None:
+    import json
+
+    model, x = Bottleneck(), torch.randn(2, 5)
+    report = prunereg.slim(model, x, ratio=0.5)
+    text = str(report)
+    assert "parameters" in text and "MACs" in text
+    rows = [line.split()[0] for line in text.splitlines()[6:]]
+    assert rows == ["embed", "norm", "up", "down", "head"]
+    data = json.loads(json.dumps(report.as_dict()))
+    assert {"name": "norm.bias", "before": [8], "after": [4]} in data["changes"]
+    assert data["params_after"] == report.params_after and data["macs_after"] < data["macs_before"]
