@@ -96,7 +96,7 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
         config = kwargs.get("config") or model_class.config_class.from_pretrained(
             pretrained, trust_remote_code=kwargs["trust_remote_code"]
         )
-        model, masks = _slimmed_from_folder(model_class, folder, config)
+        model = _slimmed_from_folder(model_class, folder, config, kwargs)
     elif local and _has_pruned_keys(folder):
         state = {}
         for file in weight_files(folder, "pretrained").files:
@@ -131,28 +131,27 @@ def _is_slimmed(folder: Path, config: Any) -> bool:
         return False  # transformers reports an unreadable config itself
 
 
-def _slimmed_from_folder(model_class: Any, folder: Path, config: Any) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """A model ``prunereg.slim`` made narrower than its config states: built, given the recorded shapes, loaded."""
-    state: dict[str, torch.Tensor] = {}
-    for file in weight_files(folder, "pretrained").files:
-        state.update(safetensors.torch.load_file(str(file)))
-    state, masks = _split_pruned(state)
-    model = model_class(config)
-    apply_slimmed_shapes(model, getattr(config, CONFIG_KEY))
-    result = model.load_state_dict(state, strict=False)
-    tied = {name for name in result.missing_keys if _is_tied(model, name)}
-    missing = [name for name in result.missing_keys if name not in tied]
-    if result.unexpected_keys or missing:
-        name = (result.unexpected_keys or missing)[0]
-        raise ValueError(f"the slimmed folder's weights do not fit its recorded shapes: {quoted(name)}")
-    return model.eval(), masks
+def _slimmed_from_folder(model_class: Any, folder: Path, config: Any, kwargs: dict[str, Any]) -> nn.Module:
+    """A model ``prunereg.slim`` made narrower than its config states, loaded by transformers itself.
 
+    transformers builds the model (a subclass that takes the recorded shapes
+    as soon as it is built) and loads the weights with its own key mapping and
+    checks; the model is then of ``model_class`` again.
+    """
+    record = getattr(config, CONFIG_KEY)
 
-def _is_tied(model: nn.Module, name: str) -> bool:
-    """Whether ``name`` is a tensor held under another name too (a tied head, not saved twice)."""
-    tensors = dict(model.named_parameters(remove_duplicate=False))
-    target = tensors.get(name)
-    return target is not None and any(t is target and n != name for n, t in tensors.items())
+    class Slimmed(model_class):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            apply_slimmed_shapes(self, record)
+
+    Slimmed.__name__, Slimmed.__qualname__ = model_class.__name__, model_class.__qualname__
+    Slimmed.__module__ = model_class.__module__
+    kwargs = {key: value for key, value in kwargs.items() if key != "config"}
+    with library_bars():
+        model = Slimmed.from_pretrained(folder, config=config, **kwargs)
+    model.__class__ = model_class
+    return model
 
 
 def refuse_divergent_ties(model: nn.Module) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -79,14 +80,18 @@ def slim(
         gone = {groups[g].units[k] for g, units in removed.items() for k in units}
         macs_before, macs_after = graph.count_macs(), graph.count_macs(gone)
         params_before, outputs_before = _parameter_count(model), _exported_output_shapes(exported)
+        masked = _tensors(_forward(model, args, kwargs)) if ratio is None and keep else None
         before = shapes.snapshot(model)
         with _restored_on_error(model):
             changes = _cut(model, graph, keep)
-            params_after, outputs_after = _parameter_count(model), _run_after(model, args, kwargs)
+            params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs)
+            outputs_after = [tuple(t.shape) for t in slimmed]
             if outputs_after != outputs_before:
                 raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
+            if masked is not None:
+                _compare_with_masked(masked, slimmed, notes)
             shapes.record(model, before)
-            rewritten = rewrite_config(model, before)
+            rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
     return SlimReport(
         ratio=ratio,
         importance=None if ratio is None else _importance_name(importance),
@@ -375,16 +380,33 @@ def _parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _run_after(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, ...]]:
-    """The slimmed model's output shapes on the example inputs; a failure becomes a :class:`SlimError`."""
+def _run_after(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The slimmed model's output tensors on the example inputs; a failure becomes a :class:`SlimError`."""
     try:
-        return _output_shapes(_forward(model, args, kwargs))
+        return _tensors(_forward(model, args, kwargs))
     except Exception as error:  # any failure of the slimmed model is reported, the model restored
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise SlimError(
             f"the slimmed model fails on the example inputs ({type(error).__name__}: {first_line}); a module reads "
             "a width from somewhere slimming does not know: pass it (or its parent) in ignore="
         ) from error
+
+
+def _compare_with_masked(masked: list[Tensor], slimmed: list[Tensor], notes: list[str]) -> None:
+    """Warn (and note) when the slimmed outputs are not the masked model's: a removed channel carried a constant."""
+    worst = max(
+        (float((a.double() - b.double()).abs().max()) for a, b in zip(masked, slimmed, strict=True)
+         if a.is_floating_point() and a.numel() and not torch.allclose(a, b, rtol=1e-4, atol=1e-5)),
+        default=None,
+    )  # fmt: skip
+    if worst is None:
+        return
+    message = (
+        f"the slimmed model's outputs differ from the masked model's by up to {worst:.3g}: a removed channel "
+        "still carried a bias or a norm's shift, which went with it; prune those with the weights for an exact match"
+    )
+    notes.append(message)
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _exported_output_shapes(exported: torch.export.ExportedProgram) -> list[tuple[int, ...]]:
@@ -394,8 +416,8 @@ def _exported_output_shapes(exported: torch.export.ExportedProgram) -> list[tupl
     return [tuple(values[name].shape) for name in user if isinstance(values.get(name), Tensor)]
 
 
-def _output_shapes(output: Any) -> list[tuple[int, ...]]:
-    """The shapes of the tensors in ``output``, in the order torch.export flattens them."""
+def _tensors(output: Any) -> list[Tensor]:
+    """The tensors in ``output``, in the order torch.export flattens them."""
     from torch.utils._pytree import tree_leaves
 
-    return [tuple(leaf.shape) for leaf in tree_leaves(output) if isinstance(leaf, Tensor)]
+    return [leaf for leaf in tree_leaves(output) if isinstance(leaf, Tensor)]

@@ -668,9 +668,13 @@ def _positional(b: _Builder, node: Node) -> Any:
         touched = list(range(ndim)) if dim_arg is None else [_dim(int(dim_arg), ndim)]
     elif name == "roll":
         touched = [_dim(d, ndim) for d in (_a(node)[2] if len(_a(node)) > 2 else range(ndim))]
+    elif name == "topk":  # topk(input, k, dim=-1)
+        touched = [_dim(int(_a(node)[2] if len(_a(node)) > 2 else _kw(node, "dim", -1)), ndim)]
     else:
         dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0 if name != "sort" else -1)
         touched = [_dim(int(dim_arg), ndim)]
+    if not all(0 <= d < ndim for d in touched):
+        return b.unfollowed(node)
     shape = _shape(_a(node)[0])
     if name == "slice":
         start, end, step = [*_a(node)[2:5], None, None, None][:3]
@@ -887,6 +891,8 @@ def _conv(b: _Builder, node: Node) -> Any:
     channels = x[len(x) - spatial - 1]
     for k in range(2, len(weight)):  # kernel positions
         b.ids.pin(weight[k], "a convolution kernel keeps its size")
+    for ids in x[len(x) - spatial :]:  # the output's positions come from these: they keep them
+        b.ids.pin(ids, f"{_op_text(node)} in {b.module_name(node)} slides over these positions")
     out_spatial = [b.fixed(s, "spatial positions") for s in shape[len(shape) - spatial :]]
     if transposed:
         b.union(channels, weight[0])
@@ -1076,7 +1082,7 @@ def _reduced_dims(node: Node, ndim: int) -> list[int]:
     name = _op_name(node.target)
     dim_arg = _kw(node, "dim")
     if dim_arg is None and len(_a(node)) > 1:
-        candidate = _a(node)[2] if name in ("norm",) and len(_a(node)) > 2 else _a(node)[1]
+        candidate = _a(node)[2] if name in ("norm", "linalg_vector_norm") and len(_a(node)) > 2 else _a(node)[1]
         if isinstance(candidate, (int, list, tuple)) and not isinstance(candidate, bool):
             dim_arg = candidate
     if dim_arg is None or dim_arg == []:
@@ -1123,14 +1129,16 @@ def _spatial(b: _Builder, node: Node) -> Any:
     name = _op_name(node.target)
     value = node.meta.get("val")
     shape = _shape_of(value[0] if isinstance(value, (tuple, list)) else value)
-    if name in ("constant_pad_nd", "pad"):
-        padded = len(_a(node)[1]) // 2
-    else:
-        padded = next((int(c) for c in "321" if c + "d" in name), 2)
-    for k in range(len(dims) - padded, len(dims)):
-        if name in ("constant_pad_nd", "pad") and dims[k].numel() != shape[k]:
-            b.positional(dims, k, node)
-    out = [*dims[: len(dims) - padded], *[b.fixed(s, "spatial positions") for s in shape[len(dims) - padded :]]]
+    pads = list(_a(node)[1]) if name in ("constant_pad_nd", "pad", "reflection_pad2d", "replication_pad2d") else None
+    spatial = len(pads) // 2 if pads is not None else next((int(c) for c in "321" if c + "d" in name), 2)
+    out = list(dims[: len(dims) - spatial])
+    for k in range(len(dims) - spatial, len(dims)):
+        if pads is not None and pads[2 * (len(dims) - 1 - k)] == 0 == pads[2 * (len(dims) - 1 - k) + 1]:
+            out.append(dims[k])  # not padded: its positions pass (Swin pads the channels by nothing)
+            continue
+        # a new size made from this dimension's positions: it keeps them (an image's, always)
+        b.ids.pin(dims[k], f"{_op_text(node)} in {b.module_name(node)} works on dimension {k} by position")
+        out.append(b.fixed(shape[k], "spatial positions"))
     if isinstance(value, (tuple, list)):
         return [out, *[list(out) for _ in value[1:]]]
     return out

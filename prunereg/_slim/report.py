@@ -43,6 +43,15 @@ class SlimReport:
     def macs_ratio(self) -> float:
         return self.macs_after / self.macs_before if self.macs_before else 1.0
 
+    def layer_changes(self) -> list[tuple[str, TensorChange]]:
+        """One change per changed layer (module): its weight's, else its first tensor's; ``changes`` has them all."""
+        by_layer: dict[str, TensorChange] = {}
+        for change in self.changes:
+            layer, _, tensor = change.name.rpartition(".")
+            if layer not in by_layer or tensor == "weight":
+                by_layer[layer] = change
+        return [(layer or "(model)", change) for layer, change in by_layer.items()]
+
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["changes"] = [{"name": c.name, "before": list(c.before), "after": list(c.after)} for c in self.changes]
@@ -56,14 +65,15 @@ class SlimReport:
             f"parameters {_count(self.params_before)} -> {_count(self.params_after)} ({self.params_ratio:.1%})",
             f"MACs       {_count(self.macs_before)} -> {_count(self.macs_after)} ({self.macs_ratio:.1%})",
         ]
-        if self.changes:
-            width = max(len("tensor"), *(len(c.name) for c in self.changes))
+        layers = self.layer_changes()
+        if layers:
+            width = max(len("layer"), *(len(name) for name, _ in layers))
             lines += [
                 "",
-                f"{'tensor':<{width}}  {'before':>18}  {'after':>18}",
+                f"{'layer':<{width}}  {'before':>18}  {'after':>18}",
                 f"{'-' * width}  {'-' * 18}  {'-' * 18}",
             ]
-            lines += [f"{c.name:<{width}}  {_shape(c.before):>18}  {_shape(c.after):>18}" for c in self.changes]
+            lines += [f"{name:<{width}}  {_shape(c.before):>18}  {_shape(c.after):>18}" for name, c in layers]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 

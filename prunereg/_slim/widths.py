@@ -13,10 +13,11 @@ and the record of shapes goes into it instead (``prunereg_slimmed``).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from prunereg._models.slimmed import CONFIG_KEY, Record, slimmed_shapes
 
@@ -86,10 +87,16 @@ _CONFIG_HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _CONFIG_KV = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 
 
-def rewrite_config(model: nn.Module, before: Record) -> bool:
-    """State the slimmed widths in ``model.config`` if a model built from it has exactly these shapes.
+def rewrite_config(
+    model: nn.Module, before: Record, run: Callable[[nn.Module], list[Tensor]], expected: list[Tensor]
+) -> bool:
+    """State the slimmed widths in ``model.config`` if a model built from it is this one.
 
-    Otherwise the config keeps its fields and gets the record of shapes as
+    A model built from the rewritten config must have exactly the slimmed
+    shapes and, given these weights, compute ``expected`` again with ``run``
+    (Gemma scales by the square root of ``hidden_size``: a config can state
+    the shapes and still change what the model computes). Otherwise the
+    config keeps its fields and gets the record of shapes as
     ``prunereg_slimmed``, which :func:`prunereg.from_pretrained` applies.
     """
     config = getattr(model, "config", None)
@@ -103,7 +110,7 @@ def rewrite_config(model: nn.Module, before: Record) -> bool:
         delattr(candidate, CONFIG_KEY)
     for key, value in _derived_fields(model, config, before).items():
         setattr(candidate, key, value)
-    if _builds_these_shapes(model, candidate):
+    if _builds_these_shapes(model, candidate) and _computes_the_same(model, candidate, run, expected):
         for key, value in candidate.__dict__.items():
             setattr(config, key, value)
         if hasattr(config, CONFIG_KEY):
@@ -190,6 +197,43 @@ def _builds_these_shapes(model: nn.Module, candidate: Any) -> bool:
     except Exception:
         return False
     return _plain_shapes(fresh) == _plain_shapes(model)
+
+
+def _computes_the_same(
+    model: nn.Module, candidate: Any, run: Callable[[nn.Module], list[Tensor]], expected: list[Tensor]
+) -> bool:
+    """Whether a model built from ``candidate`` with these weights (shared, not copied) computes ``expected``."""
+    try:
+        from accelerate import init_empty_weights
+    except ImportError:  # no second model without accelerate: the shapes were checked
+        return True
+    try:
+        with init_empty_weights(include_buffers=False):
+            fresh = type(model)(candidate)
+        fresh.load_state_dict(_plain_state(model), assign=True, strict=True)
+        if any(t.is_meta for t in [*fresh.parameters(), *fresh.buffers()]):
+            return False
+        got = run(fresh.eval())
+    except Exception:  # a model the config cannot build or run is not this one
+        return False
+    return len(got) == len(expected) and all(
+        a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, expected, strict=True)
+    )
+
+
+def _plain_state(model: nn.Module) -> dict[str, Tensor]:
+    """The state dict with a pruned tensor as its masked value under its plain name."""
+    state = model.state_dict()
+    plain: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith("_mask"):
+            continue
+        if name.endswith("_orig"):
+            mask = state.get(name[: -len("_orig")] + "_mask")
+            plain[name.removesuffix("_orig")] = tensor * mask.to(tensor.dtype) if mask is not None else tensor
+        else:
+            plain[name] = tensor
+    return plain
 
 
 def _plain_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:

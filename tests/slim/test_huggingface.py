@@ -127,3 +127,43 @@ def test_shapes_naming_what_a_model_lacks_are_refused_before_anything_changes() 
     with pytest.raises(KeyError, match=r"nope\.weight"):
         prunereg.apply_slimmed_shapes(model, {"tensors": {"nope.weight": [1]}, "attributes": {}})
     assert all(torch.equal(weight[k], v) for k, v in model.state_dict().items())
+
+
+def _gemma() -> slim_models.Built:
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(0)
+    config = GemmaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+    )  # fmt: skip
+    return GemmaForCausalLM(config).eval(), (torch.randint(128, (1, 8)),)
+
+
+def _swin() -> slim_models.Built:
+    from transformers import SwinConfig, SwinForImageClassification
+
+    torch.manual_seed(0)
+    config = SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=3
+    )
+    return SwinForImageClassification(config).eval(), (torch.randn(1, 3, 32, 32),)
+
+
+FALLBACKS = {
+    "gemma (its config states the shapes but scales by sqrt(hidden_size))": _gemma,
+    "swin (transformers renames its keys on saving; windows, padding, patch merging)": _swin,
+}
+
+
+@pytest.mark.parametrize("build", FALLBACKS.values(), ids=FALLBACKS.keys())
+def test_a_config_that_would_change_what_the_model_computes_is_left_and_prunereg_reloads_the_model(
+    build: Callable[[], slim_models.Built], tmp_path: Path
+) -> None:
+    model, inputs = build()
+    report = prunereg.slim(model, inputs, ratio=0.5)
+    assert report.params_after < report.params_before and not report.config_rewritten
+    model.save_pretrained(tmp_path)
+    reloaded = prunereg.from_pretrained(type(model), tmp_path)
+    assert type(reloaded) is type(model)
+    torch.testing.assert_close(outputs(reloaded, inputs), outputs(model, inputs), rtol=0, atol=1e-5)

@@ -143,3 +143,39 @@ class _SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.attention(self.proj(x), self.proj(x), self.proj(x))[0]
+
+
+class BiasedMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_pruned_channel_whose_bias_stays_is_removed_with_a_warning_that_the_outputs_moved() -> None:
+    torch.manual_seed(0)
+    model, x = BiasedMLP(), torch.randn(2, 6)
+    with torch.no_grad():
+        model.fc1.bias.fill_(0.5)
+    prunereg.get("ln_structured").apply(model.fc1, "weight", amount=2, n=2, dim=0)
+    with pytest.warns(UserWarning, match="carried a bias"):
+        report = prunereg.slim(model, x)
+    assert model.fc1.out_features == 6 and any("carried a bias" in note for note in report.notes)
+
+
+def test_pruning_the_bias_with_its_rows_keeps_the_outputs_exact_and_says_nothing(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    torch.manual_seed(0)
+    model, x = BiasedMLP(), torch.randn(2, 6)
+    prunereg.get("ln_structured").apply(model.fc1, "weight", amount=2, n=2, dim=0)
+    rows = model.fc1.weight_mask[:, 0].clone()
+    prunereg.get("custom_from_mask").apply(model.fc1, "bias", mask=rows)
+    masked = outputs(model, (x,))
+    report = prunereg.slim(model, x)
+    assert model.fc1.out_features == 6 and model.fc1.bias.shape == (6,) and report.notes == []
+    torch.testing.assert_close(outputs(model, (x,)), masked, rtol=0, atol=1e-5)
+    assert not [w for w in recwarn if "carried a bias" in str(w.message)]

@@ -298,3 +298,82 @@ def test_a_model_on_the_gpu_slims_there() -> None:
     report = prunereg.slim(model, inputs, ratio=0.5, importance="taylor")
     assert slim_models.output_shapes(model, inputs) == shapes and report.params_after < report.params_before
     assert all(p.is_cuda for p in model.parameters())
+
+
+class FunctionalOps(nn.Module):
+    """Pooling, resizing, padding, einsum, a norm over channels, softmax: channels pass through each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.mix = nn.Parameter(torch.randn(8, 6))
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        h = nn.functional.max_pool2d(h, 2)
+        h = nn.functional.interpolate(h, scale_factor=2.0, mode="nearest")
+        h = nn.functional.pad(h, (1, 1, 1, 1))
+        h = h / torch.linalg.vector_norm(h, 2, dim=1, keepdim=True).clamp_min(1e-6)
+        h = torch.softmax(h, dim=1).mean(dim=(2, 3))
+        return self.head(torch.einsum("bc,cd->bd", h, self.mix))
+
+
+def test_pooling_resizing_padding_einsum_and_reductions_let_channels_through() -> None:
+    torch.manual_seed(0)
+    model, x = FunctionalOps(), torch.randn(2, 3, 8, 8)
+    prunereg.slim(model, x, ratio=0.5)
+    assert model.conv.out_channels == 4 and model.mix.shape == (4, 6)
+    assert outputs(model, (x,)).shape == (2, 2)
+
+
+class PaddedSequence(nn.Module):
+    """Padding the sequence (and the channels by nothing, as Swin does) between two Linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(4, 8)
+        self.down = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.pad(torch.relu(self.up(x)), (0, 0, 1, 1)))
+
+
+def test_padding_that_leaves_the_channels_alone_lets_them_through_and_the_padded_dimension_keeps_its_positions() -> (
+    None
+):
+    model, x = PaddedSequence(), torch.randn(2, 5, 4)
+    prunereg.slim(model, x, ratio=0.5)
+    assert model.up.out_features == 4 and model.down.in_features == 4
+    assert outputs(model, (x,)).shape == (2, 7, 2)
+
+
+class TopK(nn.Module):
+    """A router: top-k over a Linear's outputs (as a mixture of experts picks its experts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(4, 8)
+        self.out = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.topk(self.router(x), 2, dim=-1).values)
+
+
+def test_top_k_keeps_the_positions_it_ranks() -> None:
+    model, x = TopK(), torch.randn(3, 4)
+    assert prunereg.slim(model, x, ratio=0.5).removed == 0 and model.router.out_features == 8
+
+
+def test_the_report_prints_one_row_per_changed_layer_and_gives_every_tensor_as_json() -> None:
+    import json
+
+    model, x = Bottleneck(), torch.randn(2, 5)
+    report = prunereg.slim(model, x, ratio=0.5)
+    text = str(report)
+    assert "parameters" in text and "MACs" in text
+    rows = [line.split()[0] for line in text.splitlines()[6:]]
+    assert rows == ["embed", "norm", "up", "down", "head"]
+    data = json.loads(json.dumps(report.as_dict()))
+    assert {"name": "norm.bias", "before": [8], "after": [4]} in data["changes"]
+    assert data["params_after"] == report.params_after and data["macs_after"] < data["macs_before"]
