@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
+    from prunereg._models.slimmed import apply_slimmed_shapes, slimmed_shapes
     from prunereg._models.state_dict import load_state_dict
     from prunereg._models.summary import Summary, TensorSummary, summary
     from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
     from prunereg._shrink.engine import shrink
     from prunereg._shrink.report import ShrinkReport
     from prunereg._shrink.streaming import shrink_folder
+    from prunereg._slim.engine import slim
+    from prunereg._slim.graph import SlimError
+    from prunereg._slim.importance import Importance, get_importance, register_importance
+    from prunereg._slim.report import SlimReport
 
 __version__ = "0.1.0"
 
@@ -50,6 +55,7 @@ __all__ = [
     "ExpertStatistics",
     "GroupSummary",
     "GroupedSummary",
+    "Importance",
     "LayerStatistics",
     "MethodInfo",
     "OneShotReport",
@@ -62,13 +68,17 @@ __all__ = [
     "Register",
     "ShrinkMethod",
     "ShrinkReport",
+    "SlimError",
+    "SlimReport",
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
     "apply_masks",
+    "apply_slimmed_shapes",
     "compact_masks",
     "from_pretrained",
     "get",
+    "get_importance",
     "global_unstructured",
     "hookimpl",
     "info",
@@ -82,11 +92,14 @@ __all__ = [
     "perplexity",
     "prune_file",
     "register",
+    "register_importance",
     "remove",
     "safe_globals",
     "save_pretrained",
     "shrink",
     "shrink_folder",
+    "slim",
+    "slimmed_shapes",
     "summary",
 ]
 
@@ -99,6 +112,7 @@ _LAZY = {
     "ExpertStatistics": "prunereg._shrink.contract",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
+    "Importance": "prunereg._slim.importance",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
     "OneShotReport": "prunereg._oneshot.report",
@@ -111,12 +125,16 @@ _LAZY = {
     "Register": "prunereg._plugins.hookspec",
     "ShrinkMethod": "prunereg._shrink.contract",
     "ShrinkReport": "prunereg._shrink.report",
+    "SlimError": "prunereg._slim.graph",
+    "SlimReport": "prunereg._slim.report",
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",
     "apply_masks": "prunereg._files.offline",
+    "apply_slimmed_shapes": "prunereg._models.slimmed",
     "compact_masks": "prunereg._core.compact",
     "from_pretrained": "prunereg._models.huggingface",
+    "get_importance": "prunereg._slim.importance",
     "global_unstructured": "prunereg._core.global_pruning",
     "hookimpl": "prunereg._plugins.hookspec",
     "is_pruned": "prunereg._core.reparam",
@@ -129,9 +147,12 @@ _LAZY = {
     "prune_file": "prunereg._files.file_pruning",
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
+    "register_importance": "prunereg._slim.importance",
     "save_pretrained": "prunereg._models.huggingface",
     "shrink": "prunereg._shrink.engine",
     "shrink_folder": "prunereg._shrink.streaming",
+    "slim": "prunereg._slim.engine",
+    "slimmed_shapes": "prunereg._models.slimmed",
     "summary": "prunereg._models.summary",
 }
 

@@ -10,6 +10,7 @@ from prunereg._cli import checkpoint as _checkpoint  # noqa: F401  (importing it
 from prunereg._cli import oneshot as _oneshot  # noqa: F401  (importing it attaches its commands)
 from prunereg._cli import registry as _registry  # noqa: F401  (importing it attaches its commands)
 from prunereg._cli import shrink as _shrink  # noqa: F401  (importing it attaches its commands)
+from prunereg._cli import slim as _slim  # noqa: F401  (importing it attaches its commands)
 from prunereg._cli.app import main
 
 __all__ = ["main"]

@@ -80,9 +80,10 @@ def prunereg_register_methods(register: Register) -> None:
       ``"global"`` (:class:`prunereg.BasePruningMethod` subclasses, run by
       ``apply``), ``"calibrated"`` (:class:`prunereg.CalibratedMethod`
       subclasses, run by :func:`prunereg.oneshot`), ``"shrink"``
-      (:class:`prunereg.ShrinkMethod` subclasses, run by :func:`prunereg.shrink`).
-      Checked when the class is
-      imported; ``prunereg list`` shows each method's kind.
+      (:class:`prunereg.ShrinkMethod` subclasses, run by :func:`prunereg.shrink`),
+      ``"importance"`` (:class:`prunereg.Importance` subclasses, used by
+      :func:`prunereg.slim`). Checked when the class is imported; ``prunereg
+      list`` shows each method's kind.
     - ``summary``: one line saying what the method prunes.
     - ``replace``: take over a name registered earlier (a built-in, say) on
       purpose. Without it the earlier registration keeps the name and this one

@@ -99,3 +99,9 @@ declare_kind(
     "`prunereg.shrink`, `prunereg shrink`",
     commands="shrink",
 )
+declare_kind(
+    "importance",
+    "prunereg._slim.importance:Importance",
+    "`prunereg.slim(model, inputs, ratio=r, importance=name)`, `prunereg slim --importance`",
+    commands="slim --importance",
+)
