@@ -9,13 +9,14 @@ cannot clear the screen or retitle the window.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
 
 from prunereg import __version__
-from prunereg._cli.streams import own_streams
+from prunereg._cli.streams import CLOSED_PIPE_STATUS, own_streams
 from prunereg._text import printable
 
 
@@ -33,12 +34,27 @@ class Group(click.Group):
         with own_streams(until_exit=standalone_mode):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:  # fmt: skip
+        with _quiet_on_closed_pipe():  # the group's own --help and --version print here
+            return super().make_context(info_name, args, parent, **extra)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with _quiet_on_closed_pipe():
+                return super().invoke(ctx)
         except click.ClickException as error:  # names of files and tensors: no escape sequence reaches the terminal
             setattr(error, "message", printable(error.message))  # noqa: B010  # Final in click's annotations only
             raise
+
+
+@contextlib.contextmanager
+def _quiet_on_closed_pipe() -> Iterator[None]:
+    """A reader that went away (``| head``) ends the command quietly, with a Unix tool's status (see streams)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise click.exceptions.Exit(CLOSED_PIPE_STATUS) from None
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
