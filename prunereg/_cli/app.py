@@ -4,7 +4,8 @@ Every command runs with prunereg's output on streams of its own
 (:func:`prunereg._cli.streams.own_streams`): what plugins and libraries print
 to stdout never mixes with a command's output. Every error message is made
 printable (:func:`prunereg._text.printable`): a file or tensor name in it
-cannot clear the screen or retitle the window.
+cannot clear the screen or retitle the window. Every command gets ``--debug``
+and one error style from :class:`Command`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,28 @@ from typing import Any
 import click
 
 from prunereg import __version__
+from prunereg._cli.errors import DEBUG_HELP, errors_in_one_line
 from prunereg._cli.streams import CLOSED_PIPE_STATUS, own_streams
 from prunereg._text import printable
 
 
+class Command(click.Command):
+    """A command with ``--debug``, whose errors are one line (:func:`~prunereg._cli.errors.errors_in_one_line`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.append(click.Option(["--debug"], is_flag=True, help=DEBUG_HELP))
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = bool(ctx.params.pop("debug", False))
+        with errors_in_one_line(debug):
+            return super().invoke(ctx)
+
+
 class Group(click.Group):
     """A click group whose commands, help and errors write to prunereg's own stdout and stderr."""
+
+    command_class = Command
 
     def main(
         self,
