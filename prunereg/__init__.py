@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from prunereg._oneshot.report import OneShotReport
     from prunereg._oneshot.streaming import oneshot_folder
     from prunereg._plugins.hookspec import Register, hookimpl
+    from prunereg._plugins.isolation import PluginCodeError
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "LayerStatistics",
     "MethodInfo",
     "OneShotReport",
+    "PluginCodeError",
     "PluginError",
     "PluginInfo",
     "PluginWarning",
@@ -85,6 +87,7 @@ _LAZY = {
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
     "OneShotReport": "prunereg._oneshot.report",
+    "PluginCodeError": "prunereg._plugins.isolation",
     "PluginError": "prunereg._plugins.registry",
     "PluginInfo": "prunereg._plugins.registry",
     "PluginWarning": "prunereg._plugins.registry",

@@ -34,6 +34,8 @@ def errors_in_one_line(debug: bool) -> Iterator[None]:
     try:
         with warnings.catch_warnings(record=True) as held:
             yield
+    except BrokenPipeError:  # the reader went away: the group ends the command quietly
+        raise
     except Exception as error:
         _show(warning for warning in held if debug or issubclass(warning.category, PluginWarning))
         if debug or isinstance(error, click.ClickException):
@@ -53,16 +55,20 @@ def one_line(error: BaseException) -> str:
     ``PluginCodeError``) shows its type and first sentence, and says how to
     see the traceback.
     """
+    from prunereg._disk.errors import CheckpointError
+    from prunereg._files.offline import OfflinePruningError
+    from prunereg._plugins.registry import UnknownMethodError
     from prunereg._text import describe, printable
 
     own_words = getattr(error, "command_line_message", None)  # the Python message would name a keyword, not a flag
     if isinstance(own_words, str):
         return printable(own_words)
-    if isinstance(error, (ValueError, TypeError, LookupError, OSError)):
+    if isinstance(error, (CheckpointError, OfflinePruningError, UnknownMethodError, ValueError, TypeError, LookupError,
+                          OSError)):  # fmt: skip
         text = error.args[0] if isinstance(error, KeyError) and error.args else error
         lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-        if lines:
-            return printable(lines[0])
+        if lines:  # the first line, unless it only introduces the next ("... from one of:")
+            return printable(" ".join(lines) if lines[0].endswith(":") else lines[0])
     return f"{describe(error)} (run with --debug for the traceback)"
 
 

@@ -156,6 +156,7 @@ def oneshot_command(
         raise click.UsageError("--masks needs the whole model in memory (its masks are kept to the end); drop --stream")
     _refuse_oneshot_arguments(options)
     settings = _settings(flags, masks)
+    torch_device = _torch_device(device)
     output = _output_folder(output_dir, model_dir, force)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
@@ -170,7 +171,6 @@ def oneshot_command(
     from prunereg._oneshot.streaming import prune_folder_into
 
     build_method(method, settings.sparsity, settings.pattern, options)  # the method and its -o, before any loading
-    torch_device = _torch_device(device)
     results = _Results(eval_file.name if eval_file is not None else None)
     with results.shown_on_failure(as_json):
         tokenizer = load_tokenizer(model_dir)
