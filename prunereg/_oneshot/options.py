@@ -216,7 +216,7 @@ def options_table(leave_out: Sequence[str] = ()) -> str:
             continue
         flag = cli_flag(name, setting)
         shown_flag = f"`{flag}`" if flag is not None else "-"
-        described = setting.help.replace("|", "\\|")
+        described = setting.help.replace("|", "\\|").replace("*", "\\*")  # Markdown's table cells and emphasis
         rows.append(f"| `{name}` | {shown_flag} | `{default!r}` | {described} |")
     return "\n".join(rows) + "\n"
 
