@@ -16,7 +16,7 @@ import click
 
 from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
-from prunereg._cli.values import key_values, parse_option_value
+from prunereg._cli.values import Number, key_values, parse_option_value
 from prunereg._cli.values import parse_value as parse_value  # the one parser, under its old name here
 from prunereg._models.grouping import BY
 
@@ -45,7 +45,9 @@ from prunereg._models.grouping import BY
 @click.option(
     "--device", default="cpu", show_default=True, metavar="DEVICE", help="Where masks are computed (cuda, cuda:1, ...)."
 )
-@click.option("--seed", type=int, metavar="N", help="Seed torch's generators first, for reproducible random methods.")
+@click.option(
+    "--seed", type=Number(int), metavar="N", help="Seed torch's generators first, for reproducible random methods."
+)
 @click.option(
     "--masks",
     "masks_path",

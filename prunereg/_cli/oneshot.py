@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._cli.values import key_values
+from prunereg._cli.values import Number, key_values
 from prunereg._disk.signals import cleanup_on_signals
-from prunereg._oneshot.options import OneShotOptions, cli_flag
+from prunereg._oneshot.options import OneShotOptions, cli_flag, value_type
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
@@ -42,15 +42,11 @@ def settings_as_options(command: Callable[..., Any]) -> Callable[..., Any]:
         flag = cli_flag(name, setting)
         if flag is None:
             continue
-        kind: Any
+        kind: Any = value_type(name)
         if setting.choices is not None:
             kind = click.Choice(setting.choices)
-        elif setting.minimum is not None:
-            kind = click.IntRange(min=setting.minimum)
-        elif isinstance(default, float) or name == "sparsity":
-            kind = float
-        else:
-            kind = str
+        elif kind in (int, float):
+            kind = Number(kind, setting.minimum)
         command = click.option(
             flag,
             name,
@@ -74,8 +70,8 @@ def settings_as_options(command: Callable[..., Any]) -> Callable[..., Any]:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Text file whose first tokens calibrate the method.",
 )
-@click.option("--samples", type=click.IntRange(min=1), default=64, show_default=True, help="Calibration samples.")
-@click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens per sample.")
+@click.option("--samples", type=Number(int, 1), default=64, show_default=True, help="Calibration samples.")
+@click.option("--seq-len", type=Number(int, 2), default=256, show_default=True, help="Tokens per sample.")
 @settings_as_options
 @click.option(
     "--option",
@@ -109,8 +105,8 @@ def settings_as_options(command: Callable[..., Any]) -> Callable[..., Any]:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Text file: print perplexity before and after (loads the whole model, also with --stream).",
 )
-@click.option("--eval-window", type=click.IntRange(min=2), default=512, show_default=True)
-@click.option("--eval-tokens", type=click.IntRange(min=2), help="Evaluate only the first N tokens of --eval.")
+@click.option("--eval-window", type=Number(int, 2), default=512, show_default=True)
+@click.option("--eval-tokens", type=Number(int, 2), help="Evaluate only the first N tokens of --eval.")
 @click.option(
     "--masks",
     is_flag=True,

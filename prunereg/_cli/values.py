@@ -53,3 +53,25 @@ def key_values(ctx: click.Context, param: click.Parameter, items: tuple[str, ...
         except ValueError as error:
             raise click.BadParameter(f"{key}: {error}", ctx, param) from None
     return parsed
+
+
+class Number(click.ParamType):
+    """A click type for an int or float option, read by :func:`parse_value` (``1_0`` refused), at least ``minimum``."""
+
+    def __init__(self, kind: type[int] | type[float], minimum: int | None = None) -> None:
+        self.kind = kind
+        self.minimum = minimum
+        self.name = kind.__name__
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                value = parse_value(value)
+            except ValueError as error:
+                self.fail(str(error), param, ctx)
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
+            self.fail(f"{value!r} is not a valid {'integer' if self.kind is int else 'float'}", param, ctx)  # click's
+        number = self.kind(value)
+        if self.minimum is not None and number < self.minimum:
+            self.fail(f"{number!r} is below the least value, {self.minimum}", param, ctx)
+        return number

@@ -208,6 +208,15 @@ def _annotation(name: str) -> Any:
     return {f.name: f.type for f in dataclasses.fields(OneShotOptions)}[name]
 
 
+def value_type(name: str) -> type:
+    """The type of one value of setting ``name`` (``float`` for ``float | None``, ``str`` for globs)."""
+    spelled = str(_annotation(name)).split(" | ")  # the annotations are text (``from __future__ import annotations``)
+    for kind in (bool, int, float):
+        if kind.__name__ in spelled:
+            return kind
+    return str
+
+
 def options_table(leave_out: Sequence[str] = ()) -> str:
     """The settings as a Markdown table: keyword, ``prunereg oneshot`` flag, default, what it does (for the docs)."""
     rows = ["| keyword | `prunereg oneshot` | default | what it sets |", "| --- | --- | --- | --- |"]

@@ -181,11 +181,16 @@ def test_a_number_with_underscores_is_refused_not_read_as_another(text: str) -> 
 
 
 def test_prune_and_oneshot_refuse_underscored_numbers_alike(folder: Path, tmp_path: Path) -> None:
-    oneshot = _one_error_line(_invoke(folder, "-o", "blocksize=1_0", method="sparsegpt"), status=2)
-    assert "'1_0' is not a number here: write it without '_'" in oneshot
+    for flag in (["-o", "blocksize=1_0"], ["--owl-threshold", "1_0"], ["--samples", "1_0"]):
+        oneshot = _one_error_line(_invoke(folder, *flag, method="sparsegpt"), status=2)
+        assert "'1_0' is not a number here: write it without '_'" in oneshot
     save_file({"w": torch.randn(4, 4)}, tmp_path / "in.safetensors")
     prune = ["prune", str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors"), "--method"]
-    for extra in (["l1_unstructured", "--amount", "1_0"], ["ln_structured", "--arg", "n=1_0", "--amount", "1"]):
+    for extra in (
+        ["l1_unstructured", "--amount", "1_0"],
+        ["ln_structured", "--arg", "n=1_0", "--amount", "1"],
+        ["random_unstructured", "--amount", "0.5", "--seed", "1_0"],
+    ):
         line = _one_error_line(CliRunner().invoke(main, [*prune, *extra]), status=2)
         assert "'1_0' is not a number here: write it without '_'" in line
     assert not (tmp_path / "out.safetensors").exists()
