@@ -74,13 +74,13 @@ class OneShotOptions:
     )
     owl_threshold: float = _setting(OWL_THRESHOLD, "OWL's outlier threshold M (times the mean score).", metavar="M")
     owl_lambda: float = _setting(OWL_LAMBDA, "OWL's sparsity range lambda, in [0, 0.5).", metavar="LAMBDA")
-    layers: tuple[str, ...] | None = _setting(
+    layers: Sequence[str] | None = _setting(
         None,
         "Prune only the layers inside the blocks whose full name matches a glob (model.layers.*.mlp.*).",
         metavar="GLOB",
         repeatable=True,
     )
-    ignore: tuple[str, ...] = _setting(
+    ignore: Sequence[str] = _setting(
         (), "Leave out the layers whose full name matches a glob (*.self_attn.q_proj).", metavar="GLOB", repeatable=True
     )
     blocks: str | None = _setting(
