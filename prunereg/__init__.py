@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from prunereg._oneshot.report import OneShotReport
     from prunereg._oneshot.streaming import oneshot_folder
     from prunereg._plugins.hookspec import Register, hookimpl
+    from prunereg._plugins.isolation import PluginCodeError
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
     from prunereg._shrink.engine import shrink
@@ -59,6 +60,7 @@ __all__ = [
     "LayerStatistics",
     "MethodInfo",
     "OneShotReport",
+    "PluginCodeError",
     "PluginError",
     "PluginInfo",
     "PluginWarning",
@@ -116,6 +118,7 @@ _LAZY = {
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
     "OneShotReport": "prunereg._oneshot.report",
+    "PluginCodeError": "prunereg._plugins.isolation",
     "PluginError": "prunereg._plugins.registry",
     "PluginInfo": "prunereg._plugins.registry",
     "PluginWarning": "prunereg._plugins.registry",

@@ -1,4 +1,4 @@
-"""Tables in the docs that are rendered from the registry, so that they cannot go stale.
+"""Tables in the docs that are rendered from the registry and the code, so that they cannot go stale.
 
     python docs/_ext/generated.py           # rewrite every generated table in place
     python docs/_ext/generated.py --check   # list the stale ones and exit 1 (the docs tests check the same)
@@ -40,12 +40,23 @@ def kinds_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def oneshot_options_table() -> str:
+    """The settings of ``prunereg.oneshot`` and ``prunereg oneshot``, from the one object that defines them."""
+    from prunereg._oneshot.options import options_table
+
+    return options_table()
+
+
 def _cell(text: str) -> str:
     """``text`` as one Markdown table cell: a ``|`` in it would end the cell."""
     return text.replace("|", "\\|")
 
 
-RENDERERS: dict[str, Callable[[], str]] = {"methods": methods_table, "kinds": kinds_table}
+RENDERERS: dict[str, Callable[[], str]] = {
+    "methods": methods_table,
+    "kinds": kinds_table,
+    "oneshot-options": oneshot_options_table,
+}
 
 
 def regenerated(text: str) -> str:

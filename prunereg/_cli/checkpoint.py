@@ -2,83 +2,23 @@
 
 Exit codes: 0 success, 1 an error in what was asked (a bad file, method or
 argument), said in one line on stderr, 2 a usage error (click's). ``--debug``
-lets the error through with its traceback.
+(every command's, :mod:`prunereg._cli.errors`) lets the error through with its traceback.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import warnings
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from prunereg._cli.app import main
+from prunereg._cli.errors import EXIT_CODES
+from prunereg._cli.values import Number, key_values, parse_option_value
+from prunereg._cli.values import parse_value as parse_value  # the one parser, under its old name here
 from prunereg._models.grouping import BY
-
-EXIT_CODES = "Exit codes: 0 success, 1 error (bad file, method or argument), 2 usage error."
-DEBUG_HELP = "Show the traceback of an error instead of a one-line message."
-
-
-def parse_value(text: str) -> int | float | str:
-    """A command-line value as the number it spells (``3``, ``0.5``, ``inf``, ``-inf``), else as text."""
-    for number in (int, float):
-        try:
-            return number(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _parse_arguments(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict[str, Any]:
-    arguments: dict[str, Any] = {}
-    for item in items:
-        key, equals, text = item.partition("=")
-        if not equals or not key.isidentifier():
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx, param)
-        if key in arguments:
-            raise click.BadParameter(f"{key!r} is given twice", ctx, param)
-        arguments[key] = parse_value(text)
-    return arguments
-
-
-@contextlib.contextmanager
-def _errors_in_one_line(debug: bool) -> Iterator[None]:
-    """Turn an error into a one-line message and exit code 1, unless ``debug``.
-
-    Warnings raised meanwhile (torch's, mostly) are held back: shown once the
-    block succeeds, dropped when it fails, where they would only come before
-    the one line that says what went wrong. prunereg's warnings about plugins
-    are shown either way: they may say why a method is missing.
-    """
-    from prunereg._plugins.registry import PluginWarning, UnknownMethodError
-
-    try:
-        with warnings.catch_warnings(record=True) as held:
-            yield
-    except Exception as error:
-        _show(warning for warning in held if debug or issubclass(warning.category, PluginWarning))
-        if debug or isinstance(error, click.ClickException):
-            raise
-        from prunereg._files.checkpoint import CheckpointError
-        from prunereg._files.offline import OfflinePruningError
-        from prunereg._text import describe
-
-        if isinstance(error, (CheckpointError, OfflinePruningError, UnknownMethodError)):
-            message = str(error).strip().splitlines()[0]
-        else:
-            message = f"{describe(error)} (run with --debug for the traceback)"
-        raise click.ClickException(message) from None
-    _show(held)
-
-
-def _show(held: Iterable[warnings.WarningMessage]) -> None:
-    for warning in held:
-        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @main.command("prune", epilog=EXIT_CODES)
@@ -91,7 +31,7 @@ def _show(held: Iterable[warnings.WarningMessage]) -> None:
     "arguments",
     multiple=True,
     metavar="KEY=VALUE",
-    callback=_parse_arguments,
+    callback=key_values,
     help="Another method argument (n=2, dim=0); numbers are parsed, inf included. Repeatable.",
 )
 @click.option(
@@ -105,7 +45,9 @@ def _show(held: Iterable[warnings.WarningMessage]) -> None:
 @click.option(
     "--device", default="cpu", show_default=True, metavar="DEVICE", help="Where masks are computed (cuda, cuda:1, ...)."
 )
-@click.option("--seed", type=int, metavar="N", help="Seed torch's generators first, for reproducible random methods.")
+@click.option(
+    "--seed", type=Number(int), metavar="N", help="Seed torch's generators first, for reproducible random methods."
+)
 @click.option(
     "--masks",
     "masks_path",
@@ -115,7 +57,6 @@ def _show(held: Iterable[warnings.WarningMessage]) -> None:
 )
 @click.option("--force", is_flag=True, help="Replace OUTPUT (and MASKS_FILE) if it exists.")
 @click.option("--dry-run", is_flag=True, help="Print which tensors would be pruned and which kept; write nothing.")
-@click.option("--debug", is_flag=True, help=DEBUG_HELP)
 def prune_command(
     input_path: Path,
     output_path: Path,
@@ -130,7 +71,6 @@ def prune_command(
     masks_path: Path | None,
     force: bool,
     dry_run: bool,
-    debug: bool,
 ) -> None:
     """Prune the weights in model file INPUT, writing OUTPUT.
 
@@ -155,26 +95,25 @@ def prune_command(
     if amount is not None:
         if "amount" in arguments:
             raise click.UsageError("give the amount once: --amount or --arg amount=..., not both")
-        arguments = {"amount": parse_value(amount), **arguments}
-    with _errors_in_one_line(debug):
-        from prunereg._files import file_pruning
+        arguments = {"amount": parse_option_value(amount, "--amount"), **arguments}
+    from prunereg._files import file_pruning
 
-        report = file_pruning.run(
-            input_path,
-            output_path,
-            method_name,
-            arguments,
-            include=include,
-            exclude=exclude,
-            together=together,
-            device=device,
-            seed=seed,
-            masks_path=masks_path,
-            force=force,
-            dry_run=dry_run,
-            progress=None,
-            labels=file_pruning.CLI_LABELS,
-        )
+    report = file_pruning.run(
+        input_path,
+        output_path,
+        method_name,
+        arguments,
+        include=include,
+        exclude=exclude,
+        together=together,
+        device=device,
+        seed=seed,
+        masks_path=masks_path,
+        force=force,
+        dry_run=dry_run,
+        progress=None,
+        labels=file_pruning.CLI_LABELS,
+    )
     click.echo(str(report))
     if report.unprunable and not dry_run:
         click.echo(f"note: left as they were: {report.unprunable}", err=True)
@@ -190,8 +129,7 @@ def prune_command(
     help="One row per block (model.layers.3) or per type (model.layers.*.mlp.up_proj.weight) instead of per tensor.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--debug", is_flag=True, help=DEBUG_HELP)
-def report_command(file: Path, by: str | None, as_json: bool, debug: bool) -> None:
+def report_command(file: Path, by: str | None, as_json: bool) -> None:
     """Show the sparsity of every tensor in model FILE, then the totals.
 
     FILE is a model file or a Hugging Face model folder (what save_pretrained
@@ -199,30 +137,29 @@ def report_command(file: Path, by: str | None, as_json: bool, debug: bool) -> No
     <name>_mask are shown as the tensor the model uses, <name> (their
     product), marked as pruned by its mask.
     """
-    with _errors_in_one_line(debug):
-        from prunereg._files.model_folder import read_model
-        from prunereg._files.pruned_state import PrunedState
-        from prunereg._files.shared_storage import tied_names
-        from prunereg._models import summary as _summary
-        from prunereg._progress import progress
+    from prunereg._files.model_folder import read_model
+    from prunereg._files.pruned_state import PrunedState
+    from prunereg._files.shared_storage import tied_names
+    from prunereg._models import summary as _summary
+    from prunereg._progress import progress
 
-        state = PrunedState.of(read_model(file, "FILE").tensors)
-        tied = tied_names(state.tensors)  # one tensor under many names is counted once
-        items = progress(
-            state.tensors.items(),
-            label=f"counting zeros in {file.name}",
-            total=len(state.tensors),
-            enabled=False if as_json else None,
+    state = PrunedState.of(read_model(file, "FILE").tensors)
+    tied = tied_names(state.tensors)  # one tensor under many names is counted once
+    items = progress(
+        state.tensors.items(),
+        label=f"counting zeros in {file.name}",
+        total=len(state.tensors),
+        enabled=False if as_json else None,
+    )
+    rows: dict[str, _summary.TensorSummary] = {}
+    for name, tensor in items:
+        pruned_by = ["mask"] if name in state.pairs else []
+        first = rows.get(tied.get(name, ""))
+        rows[name] = (
+            dataclasses.replace(first, name=name)
+            if first is not None
+            else _summary.tensor_summary(name, tensor, pruned_by)
         )
-        rows: dict[str, _summary.TensorSummary] = {}
-        for name, tensor in items:
-            pruned_by = ["mask"] if name in state.pairs else []
-            first = rows.get(tied.get(name, ""))
-            rows[name] = (
-                dataclasses.replace(first, name=name)
-                if first is not None
-                else _summary.tensor_summary(name, tensor, pruned_by)
-            )
-        report = _summary.Summary(tuple(rows.values()))
+    report = _summary.Summary(tuple(rows.values()))
     shown = report if by is None else report.grouped(by)
     click.echo(json.dumps(shown.as_dict(), indent=2) if as_json else str(shown))

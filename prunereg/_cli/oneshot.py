@@ -12,10 +12,11 @@ are written to OUTPUT_DIR, which ``from_pretrained`` loads, through
 
 from __future__ import annotations
 
-import ast
 import contextlib
+import dataclasses
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,15 +24,40 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
+from prunereg._cli.values import Number, key_values
 from prunereg._disk.signals import cleanup_on_signals
-from prunereg._oneshot.precision import MATMUL_PRECISIONS
-from prunereg._text import printable
+from prunereg._oneshot.options import OneShotOptions, cli_flag, value_type
+from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
     from prunereg._disk.folder import AtomicFolder
     from prunereg._oneshot.report import OneShotReport
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def settings_as_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``command`` a click option for each setting with a flag: type, help and default read from the setting."""
+    for name, (default, setting) in reversed(OneShotOptions.settings().items()):
+        flag = cli_flag(name, setting)
+        if flag is None:
+            continue
+        kind: Any = value_type(name)
+        if setting.choices is not None:
+            kind = click.Choice(setting.choices)
+        elif kind in (int, float):
+            kind = Number(kind, setting.minimum)
+        command = click.option(
+            flag,
+            name,
+            type=kind,
+            default=None if default is None or setting.repeatable else default,
+            show_default=default is not None and not setting.repeatable,
+            multiple=setting.repeatable,
+            metavar=setting.metavar,
+            help=setting.help + (" Repeatable." if setting.repeatable else ""),
+        )(command)
+    return command
 
 
 @main.command("oneshot")
@@ -44,28 +70,22 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Text file whose first tokens calibrate the method.",
 )
-@click.option("--sparsity", type=float, help="Share of each layer's weights to prune [default: 0.5, or N/M].")
-@click.option("--pattern", help="N:M pattern, e.g. 2:4 (N zeros in every M consecutive inputs of a row).")
-@click.option("--allocation", type=click.Choice(["uniform", "owl"]), default="uniform", show_default=True)
-@click.option("--owl-threshold", type=float, default=5.0, show_default=True, help="OWL's outlier threshold M.")
-@click.option("--owl-lambda", type=float, default=0.08, show_default=True, help="OWL's sparsity range lambda.")
-@click.option("--samples", type=click.IntRange(min=1), default=64, show_default=True, help="Calibration samples.")
-@click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens per sample.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=2, show_default=True, help="Samples per forward.")
-@click.option(
-    "--matmul-precision",
-    type=click.Choice(MATMUL_PRECISIONS),
-    default="medium",
-    show_default=True,
-    help="float32 matmul precision of the calibration forwards; statistics and pruning always run in full float32.",
-)
+@click.option("--samples", type=Number(int, 1), default=64, show_default=True, help="Calibration samples.")
+@click.option("--seq-len", type=Number(int, 2), default=256, show_default=True, help="Tokens per sample.")
+@settings_as_options
 @click.option(
     "--option",
     "-o",
     "options",
     multiple=True,
     metavar="KEY=VALUE",
-    help="A method option, e.g. -o blocksize=64 (repeatable; see prunereg info METHOD).",
+    callback=key_values,
+    help="A method option, e.g. -o blocksize=64 (repeatable; see prunereg info METHOD). Values as prune --arg's.",
+)
+@click.option(
+    "--device",
+    metavar="DEVICE",
+    help="Where the model runs: cpu, cuda, cuda:1, mps ... [default: where from_pretrained puts it, the CPU].",
 )
 @click.option(
     "--dtype",
@@ -85,8 +105,8 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Text file: print perplexity before and after (loads the whole model, also with --stream).",
 )
-@click.option("--eval-window", type=click.IntRange(min=2), default=512, show_default=True)
-@click.option("--eval-tokens", type=click.IntRange(min=2), help="Evaluate only the first N tokens of --eval.")
+@click.option("--eval-window", type=Number(int, 2), default=512, show_default=True)
+@click.option("--eval-tokens", type=Number(int, 2), help="Evaluate only the first N tokens of --eval.")
 @click.option(
     "--masks",
     is_flag=True,
@@ -100,16 +120,10 @@ def oneshot_command(
     output_dir: Path,
     method: str,
     calibration: Path,
-    sparsity: float | None,
-    pattern: str | None,
-    allocation: str,
-    owl_threshold: float,
-    owl_lambda: float,
     samples: int,
     seq_len: int,
-    batch_size: int,
-    matmul_precision: str,
-    options: tuple[str, ...],
+    options: dict[str, Any],
+    device: str | None,
     dtype: str,
     stream: bool,
     eval_file: Path | None,
@@ -118,25 +132,28 @@ def oneshot_command(
     masks: bool,
     force: bool,
     as_json: bool,
+    **flags: Any,
 ) -> None:
     """Prune the causal language model in MODEL_DIR into OUTPUT_DIR, one decoder block at a time.
 
     MODEL_DIR is untrusted: none of its code runs, no link out of it is
     followed, and weights it lacks or the model does not know are refused.
     OUTPUT_DIR is built beside its place and appears only when complete; one
-    that holds files is replaced only with --force.
+    that holds files is replaced only with --force. Every argument is checked
+    before the model loads; any error is one line (--debug: the traceback).
 
     \b
     prunereg oneshot ./SmolLM2 ./SmolLM2-wanda --method wanda --calibration text.txt --sparsity 0.5
     prunereg oneshot ./SmolLM2 ./SmolLM2-2-4 -m sparsegpt --calibration text.txt --pattern 2:4 --eval test.txt
     """
-    output = _output_folder(output_dir, model_dir, force)
     if stream and dtype != "auto":
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     if stream and masks:
         raise click.UsageError("--masks needs the whole model in memory (its masks are kept to the end); drop --stream")
-    method_options = _parse_options(options)
-    _refuse_oneshot_arguments(method_options)
+    _refuse_oneshot_arguments(options)
+    settings = _settings(flags, masks)
+    torch_device = _torch_device(device)
+    output = _output_folder(output_dir, model_dir, force)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     except ImportError as error:
@@ -147,28 +164,27 @@ def oneshot_command(
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
     from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
+    from prunereg._oneshot.engine import build_method
     from prunereg._oneshot.streaming import prune_folder_into
 
+    build_method(method, settings.sparsity, settings.pattern, options)  # the method and its -o, before any loading
     results = _Results(eval_file.name if eval_file is not None else None)
-    with results.shown_on_failure(as_json), _one_line():
+    with results.shown_on_failure(as_json):
         tokenizer = load_tokenizer(model_dir)
         ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
         eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
-        arguments: dict[str, Any] = {
-            "sparsity": sparsity, "pattern": pattern, "allocation": allocation, "owl_threshold": owl_threshold,
-            "owl_lambda": owl_lambda, "batch_size": batch_size, "matmul_precision": matmul_precision,
-        }  # fmt: skip
 
         def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            return load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
+            model = load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
+            return model if torch_device is None else model.to(torch_device)
 
         with cleanup_on_signals(), output as staging:
             if stream:
                 if eval_ids is not None:
                     results.before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
                 results.report = prune_folder_into(
-                    model_dir, output, staging, method, calibration=ids, blocks=None, progress=None,
-                    label="MODEL_DIR", options={**arguments, "layers": None, "method_options": method_options},
+                    model_dir, output, staging, method, calibration=ids, label="MODEL_DIR", options=settings,
+                    method_options=options, device=torch_device,
                 )  # fmt: skip
                 if eval_ids is not None:
                     results.after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
@@ -179,9 +195,8 @@ def oneshot_command(
                     results.before = prunereg.perplexity(model, eval_ids, window=eval_window)
                 with _masks_if(masks):
                     results.report = prunereg.oneshot(
-                        model, method, calibration=ids, permanent=not masks, restore_on_error=False,
-                        **arguments, **method_options,
-                    )  # fmt: skip
+                        model, method, calibration=ids, **dataclasses.asdict(settings), **options
+                    )
                 if eval_ids is not None:
                     results.after = prunereg.perplexity(model, eval_ids, window=eval_window)
                 if masks:
@@ -204,16 +219,21 @@ class _Results:
     after: float | None = None
 
     def show(self, as_json: bool) -> None:
+        """The report and perplexities; in JSON a perplexity that is no finite number is ``null`` (JSON has none)."""
         if as_json:
             report = self.report.as_dict() if self.report is not None else None
-            click.echo(json.dumps({**(report or {}), "perplexity_before": self.before, "perplexity_after": self.after},
-                                  indent=2))  # fmt: skip
+            perplexities = {"perplexity_before": _finite(self.before), "perplexity_after": _finite(self.after)}
+            click.echo(json.dumps({**(report or {}), **perplexities}, indent=2, allow_nan=False))
             return
         if self.report is not None:
             click.echo(str(self.report))
         if self.before is not None:
-            after = f", {self.after:.2f} after" if self.after is not None else ""
-            click.echo(f"perplexity on {printable(self.eval_name or '')}: {self.before:.2f} before{after}")
+            after = f", {_shown(self.after)} after" if self.after is not None else ""
+            click.echo(f"perplexity on {printable(self.eval_name or '')}: {_shown(self.before)} before{after}")
+            for value in (self.before, self.after):
+                if value is not None and not math.isfinite(value):
+                    click.echo(f"note: {_why_not_finite(value)}", err=True)
+                    break
 
     @contextlib.contextmanager
     def shown_on_failure(self, as_json: bool) -> Iterator[None]:
@@ -226,12 +246,20 @@ class _Results:
             raise
 
 
-@contextlib.contextmanager
-def _one_line() -> Iterator[None]:
-    try:
-        yield
-    except (ValueError, TypeError, LookupError, OSError) as error:
-        raise click.ClickException(str(error)) from error
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _shown(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else ("NaN" if math.isnan(value) else "infinite")
+
+
+def _why_not_finite(value: float) -> str:
+    if math.isnan(value):
+        return (
+            "a perplexity of NaN: the model's outputs hold NaN or infinity (its weights, or an overflow in its dtype)"
+        )
+    return "an infinite perplexity: the mean loss on the text exceeds what a float can exponentiate (about 709 nats)"
 
 
 def _output_folder(output_dir: Path, model_dir: Path, force: bool) -> AtomicFolder:
@@ -247,22 +275,42 @@ def _output_folder(output_dir: Path, model_dir: Path, force: bool) -> AtomicFold
 
 
 def _refuse_oneshot_arguments(method_options: dict[str, Any]) -> None:
-    """``-o`` passes the method's own options; oneshot's arguments (``sparsity``, ``permanent``) have their flags."""
-    import inspect
-
-    from prunereg._oneshot.engine import oneshot
-
-    own = [name for name in inspect.signature(oneshot).parameters if name not in ("model", "method", "method_options")]
-    flags = {param.name: param.opts[0] for param in click.get_current_context().command.params}
+    """``-o`` passes the method's own options; oneshot's settings (``sparsity``, ``permanent``) have their flags."""
     for key in method_options:
         if key == "permanent":
             raise click.UsageError(
                 "-o permanent: the command writes plain pruned weights; add --masks to keep the pruning through "
                 "fine-tuning"
             )
-        if key in own:
-            where = f"give it as {flags[key]}" if key in flags else "the command sets it"
+        if key in OneShotOptions.names():
+            flag = cli_flag(key, OneShotOptions.settings()[key][1])
+            where = f"give it as {flag}" if flag is not None else "the command sets it"
             raise click.UsageError(f"-o {key}: {key} is oneshot's own setting, not the method's; {where}")
+
+
+def _settings(flags: dict[str, Any], masks: bool) -> OneShotOptions:
+    """The run's settings from their flags; checked here, before anything loads (a bad one: one line, status 2)."""
+    given = {name: flags[name] for name in OneShotOptions.names() if name in flags}
+    if given.get("layers") == ():  # --layers not given: every layer
+        given["layers"] = None
+    try:
+        return OneShotOptions(**given, permanent=not masks, progress=None, restore_on_error=False)
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _torch_device(name: str | None) -> Any:
+    """``--device`` as a torch.device, refused in one line (status 2) when torch does not know it or lacks it."""
+    if name is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as error:
+        raise click.BadParameter(f"{name!r}: {describe(error)}", param_hint="--device") from None
+    return device
 
 
 def _bytes_to_write(model: Any, masks: bool) -> int:
@@ -288,20 +336,6 @@ def _torch_dtype(name: str) -> Any:
     import torch
 
     return name if name == "auto" else getattr(torch, name)
-
-
-def _parse_options(options: tuple[str, ...]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; a value is a Python literal (64, 0.01, True) or else a string."""
-    parsed = {}
-    for option in options:
-        key, sep, text = option.partition("=")
-        if not sep or not key.isidentifier():
-            raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="--option")
-        try:
-            parsed[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            parsed[key] = text
-    return parsed
 
 
 def _eval_ids(tokenizer: Any, path: Path, limit: int | None) -> Any:

@@ -22,11 +22,10 @@ from prunereg._cli.oneshot import (
     _DTYPES,
     _bytes_to_write,
     _eval_ids,
-    _one_line,
     _output_folder,
-    _parse_options,
     _torch_dtype,
 )
+from prunereg._cli.values import key_values
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._oneshot.precision import MATMUL_PRECISIONS
 from prunereg._text import printable
@@ -73,7 +72,8 @@ if TYPE_CHECKING:
     "options",
     multiple=True,
     metavar="KEY=VALUE",
-    help="A method option, e.g. -o compensate=False (repeatable; see prunereg info METHOD).",
+    callback=key_values,
+    help="A method option, e.g. -o compensate=False (repeatable; see prunereg info METHOD). Values as prune --arg's.",
 )
 @click.option(
     "--dtype",
@@ -110,7 +110,7 @@ def shrink_command(
     seq_len: int,
     batch_size: int,
     matmul_precision: str,
-    options: tuple[str, ...],
+    options: dict[str, Any],
     dtype: str,
     stream: bool,
     eval_file: Path | None,
@@ -133,7 +133,7 @@ def shrink_command(
     output = _output_folder(output_dir, model_dir, force)
     if stream and dtype != "auto":
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
-    method_options = _parse_options(options)
+    method_options = dict(options)
     _refuse_shrink_arguments(method_options)
     try:
         from transformers import AutoModelForCausalLM  # noqa: F401
@@ -149,41 +149,40 @@ def shrink_command(
 
     report: ShrinkReport | None = None
     before = after = None
-    with _one_line():
-        tokenizer = load_tokenizer(model_dir)
-        ids = None
-        if calibration is not None:
-            ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
-        eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
-        arguments: dict[str, Any] = {
-            "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,
-            "matmul_precision": matmul_precision,
-        }  # fmt: skip
+    tokenizer = load_tokenizer(model_dir)
+    ids = None
+    if calibration is not None:
+        ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
+    eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+    arguments: dict[str, Any] = {
+        "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,
+        "matmul_precision": matmul_precision,
+    }  # fmt: skip
 
-        def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            return load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
+    def load(folder: Path, label: str = "MODEL_DIR") -> Any:
+        return load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
 
-        with cleanup_on_signals(), output as staging:
-            if stream:
-                if eval_ids is not None:
-                    before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
-                report = shrink_folder_into(
-                    model_dir, output, staging, method, ids, blocks=None, progress=None, label="MODEL_DIR",
-                    options={**arguments, "method_options": method_options},
-                )  # fmt: skip
-                if eval_ids is not None:
-                    after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
-            else:
-                model = load(model_dir)
-                output.require_free_space(_bytes_to_write(model, False))
-                if eval_ids is not None:
-                    before = prunereg.perplexity(model, eval_ids, window=eval_window)
-                # A failure discards the model and OUTPUT_DIR both: nothing to put back.
-                report = prunereg.shrink(model, method, ids, restore_on_error=False, **arguments, **method_options)
-                if eval_ids is not None:
-                    after = prunereg.perplexity(model, eval_ids, window=eval_window)
-                model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
+    with cleanup_on_signals(), output as staging:
+        if stream:
+            if eval_ids is not None:
+                before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
+            report = shrink_folder_into(
+                model_dir, output, staging, method, ids, blocks=None, progress=None, label="MODEL_DIR",
+                options={**arguments, "method_options": method_options},
+            )  # fmt: skip
+            if eval_ids is not None:
+                after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
+        else:
+            model = load(model_dir)
+            output.require_free_space(_bytes_to_write(model, False))
+            if eval_ids is not None:
+                before = prunereg.perplexity(model, eval_ids, window=eval_window)
+            # A failure discards the model and OUTPUT_DIR both: nothing to put back.
+            report = prunereg.shrink(model, method, ids, restore_on_error=False, **arguments, **method_options)
+            if eval_ids is not None:
+                after = prunereg.perplexity(model, eval_ids, window=eval_window)
+            model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
     if as_json:
         click.echo(json.dumps({**report.as_dict(), "perplexity_before": before, "perplexity_after": after}, indent=2))
         return

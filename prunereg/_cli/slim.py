@@ -24,7 +24,7 @@ from typing import Any
 import click
 
 from prunereg._cli.app import main
-from prunereg._cli.checkpoint import DEBUG_HELP, EXIT_CODES, _errors_in_one_line
+from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.oneshot import _output_folder
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._text import printable
@@ -55,7 +55,6 @@ _BESIDE_THE_WEIGHTS = (
 @click.option("--round-to", type=click.IntRange(min=1), default=1, show_default=True, help="Keep a multiple of N.")
 @click.option("--force", is_flag=True, help="Replace OUTPUT_DIR if it holds files (in one step, once complete).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--debug", is_flag=True, help=DEBUG_HELP)
 def slim_command(
     model_dir: Path,
     output_dir: Path,
@@ -65,7 +64,6 @@ def slim_command(
     round_to: int,
     force: bool,
     as_json: bool,
-    debug: bool,
 ) -> None:
     """Remove channels and heads from the model in MODEL_DIR and write the smaller model to OUTPUT_DIR.
 
@@ -80,28 +78,27 @@ def slim_command(
     prunereg slim ./pruned-with-masks ./slim        # the channels its masks pruned
     """
     output = _output_folder(output_dir, model_dir, force)
-    with _errors_in_one_line(debug):
-        try:
-            import transformers  # noqa: F401
-        except ImportError as error:
-            raise click.ClickException(
-                "prunereg slim needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
-            ) from error
-        import prunereg
+    try:
+        import transformers  # noqa: F401
+    except ImportError as error:
+        raise click.ClickException(
+            "prunereg slim needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
+        ) from error
+    import prunereg
 
-        model = _load(model_dir, masked=ratio is None)
-        report = prunereg.slim(
-            model, _example_inputs(model), ratio=ratio, importance=importance, ignore=list(ignore), round_to=round_to
-        )
-        with cleanup_on_signals(), output as staging:
-            if prunereg.is_pruned(model):
-                prunereg.save_pretrained(model, staging)
-            else:
-                model.save_pretrained(staging)
-            for name in _BESIDE_THE_WEIGHTS:
-                source = model_dir / name
-                if source.is_file() and not source.is_symlink():
-                    shutil.copyfile(source, Path(staging) / name)
+    model = _load(model_dir, masked=ratio is None)
+    report = prunereg.slim(
+        model, _example_inputs(model), ratio=ratio, importance=importance, ignore=list(ignore), round_to=round_to
+    )
+    with cleanup_on_signals(), output as staging:
+        if prunereg.is_pruned(model):
+            prunereg.save_pretrained(model, staging)
+        else:
+            model.save_pretrained(staging)
+        for name in _BESIDE_THE_WEIGHTS:
+            source = model_dir / name
+            if source.is_file() and not source.is_symlink():
+                shutil.copyfile(source, Path(staging) / name)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")

@@ -12,6 +12,10 @@ descriptor, lands on stderr. When the program ends after the command (click's
 standalone mode), descriptor 1 stays pointed at stderr, so ``atexit`` output
 does too; otherwise it is restored.
 
+A reader that goes away early (``prunereg list | head -1``) ends the command
+quietly, as it ends a Unix tool: no traceback, exit status 141 (128 + SIGPIPE,
+what a shell reports for a tool that SIGPIPE ended).
+
 Where stdout and stderr are no real descriptors (a test runner's capture, a
 notebook), the streams are left as they are: plugin code still prints to
 stderr (:mod:`prunereg._plugins.isolation`).
@@ -21,11 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import TextIO
 
 STDOUT, STDERR = 1, 2
+#: The exit status of a command whose reader closed the pipe: what a shell shows for a tool that SIGPIPE ended.
+CLOSED_PIPE_STATUS = 128 + int(getattr(signal, "SIGPIPE", 13))
 
 
 @contextlib.contextmanager
@@ -45,17 +52,29 @@ def own_streams(*, until_exit: bool) -> Iterator[None]:
     os.dup2(STDERR, STDOUT)
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = own_out, own_err
+    closed_pipe = False
     try:
         yield
+    except BrokenPipeError:
+        closed_pipe = True
     finally:
         for stream in (own_out, own_err):
-            with contextlib.suppress(Exception):
+            try:
                 stream.flush()
+            except BrokenPipeError:
+                closed_pipe = True
+            except Exception:  # a stream that cannot flush has nothing left to say
+                pass
         sys.stdout, sys.stderr = saved
         if not until_exit:
             os.dup2(own_out.fileno(), STDOUT)
-        own_out.close()
-        own_err.close()
+        for stream in (own_out, own_err):
+            try:  # a closed pipe fails the flush inside close too; the descriptor is closed all the same
+                stream.close()
+            except BrokenPipeError:
+                closed_pipe = True
+    if closed_pipe:
+        raise SystemExit(CLOSED_PIPE_STATUS)
 
 
 def _real_standard_streams() -> bool:

@@ -34,6 +34,7 @@ from prunereg._plugins.registry import (
     PluginWarning,
     UnknownMethodError,
     constructor_parameters,
+    untaken_argument,
 )
 from prunereg._text import describe
 
@@ -119,11 +120,9 @@ def _check_arguments(name: str, cls: type[BasePruningMethod], arguments: Mapping
         for key, parameter in parameters.items()
         if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
     }
-    takes_any = any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
-    unknown = [] if takes_any else [key for key in arguments if key not in named]
-    if unknown:
-        takes = ", ".join(named) or "no arguments"
-        raise OfflinePruningError(f"method {name!r} does not take argument {unknown[0]!r} (it takes: {takes})")
+    untaken = untaken_argument(cls, arguments)
+    if untaken is not None:
+        raise OfflinePruningError(f"method {name!r} {untaken}")
     required = [key for key, parameter in named.items() if parameter.default is parameter.empty]
     for key in required:
         if named[key].annotation in (torch.Tensor, "torch.Tensor", "Tensor"):

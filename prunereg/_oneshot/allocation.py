@@ -13,10 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from prunereg._oneshot.contract import LayerStatistics, check_sparsity
-
-#: The paper's defaults: outlier threshold M (times the mean score) and range lambda.
-OWL_THRESHOLD = 5.0
-OWL_LAMBDA = 0.08
+from prunereg._oneshot.options import OWL_LAMBDA, OWL_THRESHOLD
 
 
 def outlier_ratio(

@@ -43,12 +43,26 @@ def find_blocks(model: nn.Module, path: str | None = None) -> tuple[str, nn.Modu
         blocks = _get_submodule(model, candidate)
         if isinstance(blocks, nn.ModuleList) and len(blocks) > 0:
             return candidate, blocks
+    name = type(model).__name__
     if path is not None:
-        raise ValueError(f"blocks={path!r} does not name a non-empty nn.ModuleList of {type(model).__name__}")
-    raise ValueError(
-        f"cannot find the decoder blocks of {type(model).__name__}; "
-        "pass blocks='path.to.ModuleList' (see prunereg._oneshot.blocks.BLOCK_PATHS)"
+        raise BlocksNotFoundError(
+            f"blocks={path!r} does not name a non-empty nn.ModuleList of {name}",
+            f"--blocks {path} does not name a non-empty nn.ModuleList of {name}",
+        )
+    raise BlocksNotFoundError(
+        f"cannot find the decoder blocks of {name}; pass blocks='path.to.ModuleList' "
+        "(see prunereg._oneshot.blocks.BLOCK_PATHS)",
+        f"cannot find the decoder blocks of {name}; name them with --blocks path.to.ModuleList "
+        "(model.encoder.layer, say; see prunereg._oneshot.blocks.BLOCK_PATHS)",
     )
+
+
+class BlocksNotFoundError(ValueError):
+    """No decoder blocks where they were looked for; ``command_line_message`` says it in the command's words."""
+
+    def __init__(self, message: str, command_line_message: str) -> None:
+        super().__init__(message)
+        self.command_line_message = command_line_message
 
 
 def _get_submodule(model: nn.Module, path: str) -> nn.Module | None:

@@ -28,12 +28,11 @@ from prunereg._oneshot.blocks import find_blocks, in_features, is_conv1d, prunab
 from prunereg._oneshot.calibration import calibration_ids, check_fits_model, load_model, model_folder
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
-from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
+from prunereg._oneshot.options import OneShotOptions, check_allocation, with_options_signature
+from prunereg._oneshot.precision import matmul_precision
 from prunereg._oneshot.report import LayerReport, OneShotReport, Timings
 from prunereg._oneshot.statistics import GroupRecorder
 from prunereg._progress import progress as progress_bar
-
-ALLOCATIONS = ("uniform", "owl")
 
 
 class BlockWeights(Protocol):
@@ -54,6 +53,7 @@ class InMemory:
         pass
 
 
+@with_options_signature()
 def oneshot(
     model: nn.Module | str | os.PathLike[str],
     method: str | CalibratedMethod,
@@ -62,26 +62,13 @@ def oneshot(
     tokenizer: Any = None,
     num_samples: int | None = None,
     seq_len: int | None = None,
-    sparsity: float | None = None,
-    pattern: str | None = None,
-    allocation: str = "uniform",
-    owl_threshold: float = 5.0,
-    owl_lambda: float = 0.08,
-    layers: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-    blocks: str | None = None,
-    batch_size: int = 2,
-    permanent: bool = True,
-    matmul_precision: str = "medium",
-    progress: bool | None = None,
-    restore_on_error: bool | None = None,
-    **method_options: Any,
+    **options: Any,
 ) -> OneShotReport:
     """Prune a causal language model in place, block by block, with a calibrated method.
 
     ``method`` is a registered name of kind ``calibrated`` (``"wanda"``,
-    ``"sparsegpt"``, ``"magnitude"``), with ``method_options`` passed to its
-    constructor, or a configured :class:`prunereg.CalibratedMethod` instance.
+    ``"sparsegpt"``, ``"magnitude"``), or a configured
+    :class:`prunereg.CalibratedMethod` instance.
     ``calibration`` holds token ids: a LongTensor ``[n_samples, seq_len]`` (run in
     batches of ``batch_size`` samples) or an iterable of such batches; or a text,
     a list of texts, a tokenizer's output or a ``datasets.Dataset`` with a
@@ -93,6 +80,12 @@ def oneshot(
     ``prunereg oneshot`` loads MODEL_DIR (none of its code runs) with its own
     tokenizer for texts; the pruned model is then the report's ``model``.
 
+    The keyword arguments are the run's settings (the table in
+    ``docs/llm.md``; :class:`prunereg._oneshot.options.OneShotOptions` holds
+    their defaults and checks); any other keyword is an option of the method,
+    passed to its constructor (``blocksize=64``), and one it does not take is a
+    TypeError naming those it does.
+
     ``sparsity`` is the share of each layer's weights pruned (default 0.5, or N/M
     with a ``pattern`` such as ``"2:4"``). ``allocation="owl"`` gives each block
     its own sparsity around that target from its outlier ratio (Yin et al. 2024:
@@ -100,9 +93,9 @@ def oneshot(
 
     Every ``nn.Linear`` (GPT-2: ``Conv1D``) inside the decoder blocks is pruned, or
     those whose full name matches one of the ``layers`` glob patterns, less those
-    matching an ``ignore`` glob pattern; embeddings and the output head never.
-    ``blocks`` names the ``nn.ModuleList`` of decoder blocks for an architecture
-    prunereg does not know (see ``prunereg._oneshot.blocks``).
+    matching an ``ignore`` glob; embeddings and the output head never. ``blocks``
+    names the ``nn.ModuleList`` of decoder blocks for an architecture prunereg
+    does not know (see ``prunereg._oneshot.blocks``).
 
     ``permanent=True`` (the default) leaves plain weights with exact zeros, ready
     for ``save_pretrained``; ``permanent=False`` also installs prunereg's
@@ -129,31 +122,17 @@ def oneshot(
     ``None`` (the default) keeps the copy when it takes at most half the memory
     available now.
     """
+    settings, method_options = OneShotOptions.split(options)
     folder = model_folder(model)
     calibration = calibration_ids(
         calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=folder
     )
     model = load_model(model)
-    job = OneShotJob.prepare(
-        model,
-        method,
-        calibration=calibration,
-        sparsity=sparsity,
-        pattern=pattern,
-        allocation=allocation,
-        owl_threshold=owl_threshold,
-        owl_lambda=owl_lambda,
-        layers=layers,
-        ignore=ignore,
-        blocks=blocks,
-        batch_size=batch_size,
-        permanent=permanent,
-        matmul_precision=matmul_precision,
-        method_options=method_options,
-    )
+    job = OneShotJob.prepare(model, method, calibration=calibration, options=settings, method_options=method_options)
+    restore_on_error = settings.restore_on_error
     if restore_on_error is None:
         restore_on_error = _copy_fits(job.weight_bytes())
-    report = job.run(InMemory(), progress=progress, restore_on_error=restore_on_error)
+    report = job.run(InMemory(), progress=settings.progress, restore_on_error=restore_on_error)
     if folder is not None:
         report.model = model
     return report
@@ -170,11 +149,7 @@ class OneShotJob:
     blocks: nn.ModuleList
     layer_names: list[list[str]]
     batches: list[Tensor]
-    allocation: str
-    owl_threshold: float
-    owl_lambda: float
-    permanent: bool
-    matmul_precision: str
+    options: OneShotOptions
 
     @classmethod
     def prepare(
@@ -183,45 +158,24 @@ class OneShotJob:
         method: str | CalibratedMethod,
         *,
         calibration: Tensor | Iterable[Tensor],
-        sparsity: float | None,
-        pattern: str | None,
-        allocation: str,
-        owl_threshold: float,
-        owl_lambda: float,
-        layers: Sequence[str] | None,
-        blocks: str | None,
-        batch_size: int,
-        permanent: bool,
-        matmul_precision: str,
+        options: OneShotOptions,
         method_options: dict[str, Any],
-        ignore: Sequence[str] | None = None,
     ) -> OneShotJob:
         """Check every argument and build the method; nothing in ``model`` changes."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-        if allocation not in ALLOCATIONS:
-            raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {allocation!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if owl_threshold <= 0 or owl_lambda < 0:
-            raise ValueError(f"owl_threshold must be > 0 and owl_lambda >= 0, got {owl_threshold!r} and {owl_lambda!r}")
-        check_matmul_precision(matmul_precision)
-        instance, name = _build_method(method, sparsity, pattern, method_options)
-        if allocation == "owl" and instance.pattern is not None:
-            raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
-        blocks_path, block_list = find_blocks(model, blocks)
-        layer_names = _select_layers(blocks_path, block_list, layers, _ignored(model, ignore))
+        instance, name = build_method(method, options.sparsity, options.pattern, method_options)
+        check_allocation(options.allocation, instance.pattern)  # the instance's own pattern
+        blocks_path, block_list = find_blocks(model, options.blocks)
+        layer_names = _select_layers(blocks_path, block_list, options.layers, options.ignore)
         _check_layers(block_list, layer_names, instance)
         _check_not_reparametrized(model)
         device = _input_device(model)
-        batches = list(batches_of(calibration, batch_size, device))
+        batches = list(batches_of(calibration, options.batch_size, device))
         if not batches:
             raise ValueError("calibration holds no token ids")
         check_fits_model(model, batches)
-        return cls(
-            model, instance, name, blocks_path, block_list, layer_names, batches,
-            allocation, float(owl_threshold), float(owl_lambda), permanent, matmul_precision,
-        )  # fmt: skip
+        return cls(model, instance, name, blocks_path, block_list, layer_names, batches, options)
 
     def weight_bytes(self) -> int:
         """The bytes of the weights this job prunes."""
@@ -272,22 +226,22 @@ class OneShotJob:
             method=self.method_name,
             sparsity=self.method.sparsity,
             pattern=self.method.pattern,
-            allocation=self.allocation,
+            allocation=self.options.allocation,
             n_tokens=0,
-            permanent=self.permanent,
-            matmul_precision=self.matmul_precision,
+            permanent=self.options.permanent,
+            matmul_precision=self.options.matmul_precision,
         )
         # The forwards run at the requested precision; statistics and pruning step up to "highest" themselves.
-        with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
+        with _calibration_mode(self.model), matmul_precision(self.options.matmul_precision):
             sparsities = [self.method.sparsity] * len(self.blocks)
-            if self.allocation == "owl":
+            if self.options.allocation == "owl":
                 outlier_start = time.perf_counter()
                 report.outlier_ratios = self._outlier_ratios(weights, progress)
-                sparsities = _owl_sparsities(report.outlier_ratios, self.method.sparsity, self.owl_lambda)
+                sparsities = _owl_sparsities(report.outlier_ratios, self.method.sparsity, self.options.owl_lambda)
                 report.timings.outlier_pass = time.perf_counter() - outlier_start
             # A method that reads no statistics needs no forwards: its layers prune straight from their weights.
             inputs = self._capture(report.timings) if self.method.STATISTICS else None
-            if inputs is not None or self.allocation == "owl":  # OWL's outlier pass reads the data in any case
+            if inputs is not None or self.options.allocation == "owl":  # OWL's outlier pass reads the data in any case
                 report.n_tokens = sum(batch.numel() for batch in self.batches)
             report.block_sparsities = sparsities
             label = f"{self.method_name} {self.blocks_path}"
@@ -370,7 +324,7 @@ class OneShotJob:
             for name, layer, result in zip(names, layers, pruned, strict=True):
                 if originals is not None:
                     originals[layer] = weight_matrix(layer).detach().to("cpu", copy=True)
-                _write_back(layer, result, permanent=self.permanent)
+                _write_back(layer, result, permanent=self.options.permanent)
                 if not touched or touched[-1] != index:
                     touched.append(index)
                 written = weight_matrix(layer)  # what the weights hold, whatever the method's mask says
@@ -395,7 +349,7 @@ class OneShotJob:
                 for name in names:
                     layer_weights.append(weight_matrix(block.get_submodule(name)).detach().float())
                     layer_statistics.append(statistics)
-            ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.owl_threshold)))
+            ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.options.owl_threshold)))
             if index + 1 < len(self.blocks):
                 self._advance(block, inputs, scratch)
             weights.done(index, block, pruned=False)
@@ -424,9 +378,10 @@ class OneShotJob:
 # -- checks -------------------------------------------------------------------------------
 
 
-def _build_method(
+def build_method(
     method: str | CalibratedMethod, sparsity: float | None, pattern: str | None, options: dict[str, Any]
 ) -> tuple[CalibratedMethod, str]:
+    """The configured method and its name; a one-line TypeError or ValueError for a method or option it refuses."""
     if isinstance(method, CalibratedMethod):
         if options:
             raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
@@ -445,6 +400,11 @@ def _build_method(
             f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; oneshot needs a calibrated one "
             f"({', '.join(registry().names('calibrated')) or 'none installed'})"
         )
+    from prunereg._plugins.registry import untaken_argument
+
+    untaken = untaken_argument(cls, options, leave_out=("sparsity", "pattern"))  # those are oneshot's settings
+    if untaken is not None:
+        raise TypeError(f"method {method!r} {untaken}")
     if sparsity is None:
         sparsity = 0.5
         if pattern is not None:
@@ -458,22 +418,13 @@ def _close(a: float, b: float) -> bool:
     return abs(float(a) - float(b)) < 1e-9
 
 
-def _ignored(model: nn.Module, ignore: Sequence[str] | None) -> list[str]:
-    """The ``ignore`` glob patterns, each checked to match some module of ``model`` (a typo is not silent)."""
-    patterns = [ignore] if isinstance(ignore, str) else list(ignore or ())
-    names = [name for name, _ in model.named_modules() if name]
-    unused = [p for p in patterns if not any(fnmatch.fnmatchcase(name, p) for name in names)]
-    if unused:
-        raise ValueError(f"ignore {unused} match no module of the model")
-    return patterns
-
-
 def _select_layers(
     blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[str] | None, ignore: Sequence[str] = ()
 ) -> list[list[str]]:
-    """Per block, the names (relative to the block) of the layers to prune: matching ``patterns``, not ``ignore``."""
-    if isinstance(patterns, str):
-        patterns = [patterns]
+    """Per block, the names (relative to the block) of the layers to prune: matching ``patterns``, none of ``ignore``.
+
+    A glob of either that matches no layer is a ValueError (a typo would otherwise prune what it meant to spare).
+    """
     selected = []
     used: set[str] = set()
     for index, block in enumerate(blocks):
@@ -481,15 +432,18 @@ def _select_layers(
         for name in prunable_layers(block):
             full_name = f"{blocks_path}.{index}.{name}"
             matching = [p for p in patterns or () if fnmatch.fnmatchcase(full_name, p)]
+            ignored = [p for p in ignore if fnmatch.fnmatchcase(full_name, p)]
             used.update(matching)
-            if any(fnmatch.fnmatchcase(full_name, p) for p in ignore):
-                continue
-            if patterns is None or matching:
+            used.update(f"ignore:{p}" for p in ignored)
+            if (patterns is None or matching) and not ignored:
                 names.append(name)
         selected.append(names)
     unused = [p for p in patterns or () if p not in used]
     if unused:
         raise ValueError(f"layers {unused} match no Linear layer in {blocks_path}.*")
+    unused = [p for p in ignore if f"ignore:{p}" not in used]
+    if unused:
+        raise ValueError(f"ignore {unused} match no Linear layer in {blocks_path}.*")
     if not any(selected):
         raise ValueError(f"no Linear layers to prune in {blocks_path}")
     return selected

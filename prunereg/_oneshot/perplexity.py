@@ -25,7 +25,8 @@ def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: 
     is a multiple of ``window`` the figures are the same. ``batch_size`` windows
     run at once (their logits, ``window x vocabulary`` floats each, dominate the
     memory). ``model(ids)`` must return an object with ``.logits`` (Hugging Face)
-    or the logits themselves.
+    or the logits themselves. A model whose outputs hold NaN gives NaN; one
+    whose mean loss exceeds what a float can exponentiate gives ``inf``.
     """
     if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise TypeError("ids must be an integer tensor of token ids")
@@ -51,7 +52,10 @@ def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: 
                     predicted += count
     finally:
         model.train(training)
-    return math.exp(total_nll / predicted)
+    try:
+        return math.exp(total_nll / predicted)
+    except OverflowError:  # a mean loss above ~709 nats: larger than any float
+        return math.inf
 
 
 def _same_length_batches(windows: list[Tensor]) -> list[Tensor]:

@@ -12,6 +12,7 @@ an index, so ``from_pretrained`` loads it. It is written through
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -29,6 +30,7 @@ from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids
 from prunereg._oneshot.contract import CalibratedMethod
 from prunereg._oneshot.engine import OneShotJob
+from prunereg._oneshot.options import OneShotOptions, with_options_signature
 from prunereg._oneshot.report import OneShotReport
 
 INDEX_NAME = SAFETENSORS_INDEX
@@ -66,8 +68,17 @@ class CheckpointReader:
 class StreamedBlocks:
     """Block weights fetched from a checkpoint folder and, once pruned, written as one shard per block."""
 
-    def __init__(self, model: nn.Module, reader: CheckpointReader, blocks_path: str, output: Path, n_blocks: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        reader: CheckpointReader,
+        blocks_path: str,
+        output: Path,
+        n_blocks: int,
+        device: torch.device | None = None,
+    ):
         self.reader = reader
+        self.device = device
         self.blocks_path = blocks_path
         self.output = output
         self.n_shards = n_blocks + 1  # one per block, and one for the rest
@@ -79,7 +90,7 @@ class StreamedBlocks:
         prefix = f"{self.blocks_path}.{index}."
         wanted = {name[len(prefix) :]: key for name, key in self.names.items() if name.startswith(prefix)}
         tensors = self.reader.read(wanted.values())
-        state = {local: tensors[key] for local, key in wanted.items()}
+        state = {local: tensors[key].to(self.device) for local, key in wanted.items()}
         missing = [name for name, _ in block.named_parameters() if name not in state]
         if missing:
             raise KeyError(f"the checkpoint has no weights for {prefix}{missing[0]} (and {len(missing) - 1} more)")
@@ -108,7 +119,8 @@ class StreamedBlocks:
         from safetensors.torch import save_file
 
         name = f"model-{shard + 1:05d}-of-{self.n_shards:05d}.safetensors"
-        save_file({k: t.contiguous() for k, t in tensors.items()}, str(self.output / name), metadata={"format": "pt"})
+        host = {k: t.detach().to("cpu").contiguous() for k, t in tensors.items()}
+        save_file(host, str(self.output / name), metadata={"format": "pt"})
         for key, tensor in tensors.items():
             self.weight_map[key] = name
             self.total_size += tensor.numel() * tensor.element_size()
@@ -139,6 +151,14 @@ def _checkpoint_names(model: nn.Module, checkpoint_keys: Iterable[str]) -> dict[
     return names
 
 
+def _buffers_to(model: nn.Module, device: torch.device) -> None:
+    """Move the model's real buffers (rotary frequencies, say) to ``device``; its meta parameters stay."""
+    for module in model.modules():
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and not buffer.is_meta:
+                module._buffers[name] = buffer.to(device)
+
+
 def _empty(module: nn.Module) -> None:
     """Give the module's parameters back: each becomes a meta tensor of the same shape and dtype."""
     for submodule in module.modules():
@@ -148,6 +168,14 @@ def _empty(module: nn.Module) -> None:
                 submodule._parameters[name] = nn.Parameter(meta, requires_grad=parameter.requires_grad)
 
 
+#: The settings :func:`oneshot_folder` does not take, and why.
+FOLDER_REFUSES = {
+    "permanent": "oneshot_folder writes plain pruned weights (permanent=True)",
+    "restore_on_error": "oneshot_folder writes a new folder, which a failure leaves out; model_dir is never changed",
+}
+
+
+@with_options_signature(leave_out=FOLDER_REFUSES)
 def oneshot_folder(
     model_dir: str | Path,
     output_dir: str | Path,
@@ -157,28 +185,21 @@ def oneshot_folder(
     tokenizer: Any = None,
     num_samples: int | None = None,
     seq_len: int | None = None,
-    sparsity: float | None = None,
-    pattern: str | None = None,
-    allocation: str = "uniform",
-    owl_threshold: float = 5.0,
-    owl_lambda: float = 0.08,
-    layers: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-    blocks: str | None = None,
-    batch_size: int = 2,
-    matmul_precision: str = "medium",
-    progress: bool | None = None,
     replace: bool = False,
-    **method_options: Any,
+    device: str | torch.device | None = None,
+    **options: Any,
 ) -> OneShotReport:
     """Prune the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
 
-    Arguments as :func:`prunereg.oneshot` (a calibration text is tokenised with
-    ``tokenizer`` or else ``model_dir``'s own); the weights in ``model_dir`` must be
+    Settings and method options as :func:`prunereg.oneshot` (but ``permanent``
+    and ``restore_on_error``; a calibration text is tokenised with ``tokenizer``
+    or else ``model_dir``'s own); the weights in ``model_dir`` must be
     safetensors files (``model.safetensors`` or a sharded index, chosen as
     transformers chooses). ``output_dir`` gets the pruned weights, one shard
     per block, and the folder's other files, so ``from_pretrained(output_dir)``
     loads the pruned model. The pruning is permanent (plain weights with zeros).
+    ``device`` is where the blocks run (``"cuda"``; default: the CPU): each is
+    read onto it, pruned there and written from it.
 
     ``model_dir`` is read as untrusted input: none of its code runs, no link
     out of it is followed, and weights it lacks or the model does not know are
@@ -187,6 +208,7 @@ def oneshot_folder(
     ``replace=True`` (in one step on Linux), and never when it is or holds
     ``model_dir``.
     """
+    settings, method_options = OneShotOptions.split(options, refused=FOLDER_REFUSES)
     folder = AtomicFolder(
         output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
         keep={"model_dir": model_dir},
@@ -196,15 +218,10 @@ def oneshot_folder(
         calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
         label="model_dir",
     )  # fmt: skip
-    options: dict[str, Any] = {
-        "sparsity": sparsity, "pattern": pattern, "allocation": allocation, "owl_threshold": owl_threshold,
-        "owl_lambda": owl_lambda, "layers": layers, "ignore": ignore, "batch_size": batch_size,
-        "matmul_precision": matmul_precision, "method_options": method_options,
-    }  # fmt: skip
     with folder as staging:
         return prune_folder_into(
-            Path(model_dir), folder, staging, method, calibration=calibration, blocks=blocks, progress=progress,
-            label="model_dir", options=options,
+            Path(model_dir), folder, staging, method, calibration=calibration, label="model_dir",
+            options=settings, method_options=method_options, device=None if device is None else torch.device(device),
         )  # fmt: skip
 
 
@@ -215,31 +232,33 @@ def prune_folder_into(
     method: str | CalibratedMethod,
     *,
     calibration: Tensor | Iterable[Tensor],
-    blocks: str | None,
-    progress: bool | None,
     label: str,
-    options: dict[str, Any],
+    options: OneShotOptions,
+    method_options: dict[str, Any],
+    device: torch.device | None = None,
 ) -> OneShotReport:
     """:func:`oneshot_folder`'s work: prune ``source`` into ``staging``, the open ``folder``'s staging folder.
 
-    ``options`` are :meth:`OneShotJob.prepare`'s arguments but the model, method,
-    calibration, blocks and ``permanent``; ``label`` names ``source`` in errors.
+    ``options.permanent`` is ignored (the folder gets plain weights); ``label`` names ``source`` in errors.
     """
     check_links(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
     model = empty_causal_lm(source, label)
-    blocks_path, block_list = find_blocks(model, blocks)
-    streamed = StreamedBlocks(model, reader, blocks_path, staging, len(block_list))
+    blocks_path, block_list = find_blocks(model, options.blocks)
+    streamed = StreamedBlocks(model, reader, blocks_path, staging, len(block_list), device)
     rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
     tensors = reader.read(rest.values())
-    model.load_state_dict({name: tensors[key] for name, key in rest.items()}, strict=False, assign=True)
+    model.load_state_dict({name: tensors[key].to(device) for name, key in rest.items()}, strict=False, assign=True)
+    if device is not None:
+        _buffers_to(model, device)
     del tensors
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
         tie_weights()
     _refuse_incomplete(model, streamed.names, reader.files, source, label)
-    job = OneShotJob.prepare(model, method, calibration=calibration, blocks=blocks_path, permanent=True, **options)
-    report = job.run(streamed, progress=progress, restore_on_error=False)
+    settings = dataclasses.replace(options, blocks=blocks_path, permanent=True)
+    job = OneShotJob.prepare(model, method, calibration=calibration, options=settings, method_options=method_options)
+    report = job.run(streamed, progress=options.progress, restore_on_error=False)
     streamed.finish(list(rest.values()), source)
     return report

@@ -17,7 +17,7 @@ import inspect
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -419,3 +419,22 @@ def constructor_parameters(cls: type, *, evaluated: bool = False) -> dict[str, i
         except Exception:  # a plugin's signature or annotations can fail in any way; fall back, then give up
             continue
     return None
+
+
+def untaken_argument(cls: type, keys: Iterable[str], *, leave_out: Iterable[str] = ()) -> str | None:
+    """``does not take argument 'x' (it takes: a, b)`` for the first of ``keys`` that ``cls(...)`` does not take.
+
+    None when it takes them all, takes ``**kwargs``, or its signature cannot be
+    read (the constructor itself then judges). ``leave_out``: parameters not to
+    list as taken (those the caller sets itself).
+    """
+    parameters = constructor_parameters(cls)
+    if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return None
+    named = [name for name, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [key for key in keys if key not in named]
+    if not unknown:
+        return None
+    skipped = set(leave_out)
+    takes = ", ".join(name for name in named if name not in skipped) or "no arguments"
+    return f"does not take argument {unknown[0]!r} (it takes: {takes})"
