@@ -64,7 +64,7 @@ def slim(
     _check_arguments(ratio, round_to)
     scorer = resolve_importance(importance) if ratio is not None else None
     pinned = _module_names(model, ignore)
-    with _eval_mode(model):
+    with _eval_mode(model), _restored_on_error(model):  # any failure, from planning to the config: as it was
         exported = export_model(model, args, kwargs)
         graph = build_graph(model, exported, pinned)
         groups = find_groups(graph, every=ratio is None)
@@ -82,16 +82,16 @@ def slim(
         params_before, outputs_before = _parameter_count(model), _exported_output_shapes(exported)
         masked = _tensors(_forward(model, args, kwargs)) if ratio is None and keep else None
         before = shapes.snapshot(model)
-        with _restored_on_error(model):
-            changes = _cut(model, graph, keep)
-            params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs)
-            outputs_after = [tuple(t.shape) for t in slimmed]
-            if outputs_after != outputs_before:
-                raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
-            if masked is not None:
-                _compare_with_masked(masked, slimmed, notes)
-            shapes.record(model, before)
-            rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
+        # nothing is cut before this line
+        changes = _cut(model, graph, keep)
+        params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs)
+        outputs_after = [tuple(t.shape) for t in slimmed]
+        if outputs_after != outputs_before:
+            raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
+        if masked is not None:
+            _compare_with_masked(masked, slimmed, notes)
+        shapes.record(model, before)
+        rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
     return SlimReport(
         ratio=ratio,
         importance=None if ratio is None else _importance_name(importance),
