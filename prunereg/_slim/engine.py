@@ -52,7 +52,8 @@ def slim(
     ``ratio=r`` removes ``r`` of every dependency group's channels (heads and
     convolution groups count as one each), the lowest by ``importance``
     (``"magnitude"``, ``"random"``, ``"taylor"``, a registered name, or an
-    :class:`~prunereg.Importance`), keeping a multiple of ``round_to``.
+    :class:`~prunereg.Importance`), keeping a multiple of ``round_to`` of
+    them (units, as the ratio counts: channels, or heads where heads go whole).
     ``ignore``: modules (or their names) that keep every tensor whole. The
     model's inputs and outputs always keep their shapes, so the output head
     keeps its outputs.
