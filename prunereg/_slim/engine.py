@@ -52,7 +52,8 @@ def slim(
     ``ratio=r`` removes ``r`` of every dependency group's channels (heads and
     convolution groups count as one each), the lowest by ``importance``
     (``"magnitude"``, ``"random"``, ``"taylor"``, a registered name, or an
-    :class:`~prunereg.Importance`), keeping a multiple of ``round_to``.
+    :class:`~prunereg.Importance`), keeping a multiple of ``round_to`` of
+    them (units, as the ratio counts: channels, or heads where heads go whole).
     ``ignore``: modules (or their names) that keep every tensor whole. The
     model's inputs and outputs always keep their shapes, so the output head
     keeps its outputs.
@@ -64,7 +65,7 @@ def slim(
     _check_arguments(ratio, round_to)
     scorer = resolve_importance(importance) if ratio is not None else None
     pinned = _module_names(model, ignore)
-    with _eval_mode(model):
+    with _eval_mode(model), _restored_on_error(model):  # any failure, from planning to the config: as it was
         exported = export_model(model, args, kwargs)
         graph = build_graph(model, exported, pinned)
         groups = find_groups(graph, every=ratio is None)
@@ -82,16 +83,16 @@ def slim(
         params_before, outputs_before = _parameter_count(model), _exported_output_shapes(exported)
         masked = _tensors(_forward(model, args, kwargs)) if ratio is None and keep else None
         before = shapes.snapshot(model)
-        with _restored_on_error(model):
-            changes = _cut(model, graph, keep)
-            params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs)
-            outputs_after = [tuple(t.shape) for t in slimmed]
-            if outputs_after != outputs_before:
-                raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
-            if masked is not None:
-                _compare_with_masked(masked, slimmed, notes)
-            shapes.record(model, before)
-            rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
+        # nothing is cut before this line
+        changes = _cut(model, graph, keep)
+        params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs)
+        outputs_after = [tuple(t.shape) for t in slimmed]
+        if outputs_after != outputs_before:
+            raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
+        if masked is not None:
+            _compare_with_masked(masked, slimmed, notes)
+        shapes.record(model, before)
+        rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
     return SlimReport(
         ratio=ratio,
         importance=None if ratio is None else _importance_name(importance),
@@ -223,24 +224,29 @@ def _lowest_units(
 def _masked_units(
     groups: list[Group], graph: DependencyGraph, values: Mapping[str, Tensor], notes: list[str]
 ) -> dict[int, set[int]]:
-    """The units whose channels are pruned already: every layer making them has them at zero."""
+    """The units whose channels are pruned already, and can go without changing what the model computes.
+
+    A unit is pruned when a layer makes it at zero (its rows, its filters): it
+    can go when every layer making it makes zeros, or every layer reading it
+    reads zeros; a unit every layer reads with zeros (input columns pruned)
+    goes too.
+    """
     removed: dict[int, set[int]] = {}
     for g, group in enumerate(groups):
-        zero_in: dict[TensorDim, Tensor] = {}
-        for key, unit_index in group.members.items():
-            if key in graph.producers and key[0] in values:
-                zero_in[key] = _units_all_zero(values[key[0]], key[1], unit_index, group.size)
-        if not zero_in:
+        made, read = _zero_units(group, graph.producers, values), _zero_units(group, graph.consumers, values)
+        if not made and not read:
             continue
-        stacked = torch.stack(list(zero_in.values()))
-        chosen = stacked.any(dim=0)
+        # rows or filters at zero choose a unit; input columns only when every layer reading it has them at zero
+        # (a column can be all zero by chance under unstructured pruning)
+        unread = torch.stack(list(read.values())).all(dim=0) if read else torch.zeros(group.size, dtype=torch.bool)
+        chosen = unread | (torch.stack(list(made.values())).any(dim=0) if made else unread)
         for k in chosen.nonzero().flatten().tolist():
             if group.pinned[k] is not None:
                 raise SlimError(f"{_unit_text(group, k)} is pruned, but cannot be removed: {group.pinned[k]}")
-            keeping = [name for (name, _), zero in zero_in.items() if not bool(zero[k])]
-            if keeping:
+            if not (bool(unread[k]) or all(bool(zero[k]) for zero in made.values())):
+                keeping = next(name for (name, _), zero in made.items() if not bool(zero[k]))
                 raise SlimError(
-                    f"{_unit_text(group, k)} is pruned, but {_tensor_text(keeping[0])} is coupled to it "
+                    f"{_unit_text(group, k)} is pruned, but {_tensor_text(keeping)} is coupled to it "
                     "(a residual add, concatenation or shared input) and keeps it: prune it there too, or not at all"
                 )
         for key, unit_index in group.members.items():
@@ -250,10 +256,19 @@ def _masked_units(
                 )
         if chosen.any():
             removed[g] = set(chosen.nonzero().flatten().tolist())
-        partial = _partially_zero(group, zero_in, graph, values)
+        partial = _partially_zero(group, made, graph, values)
         if partial:
             notes.append(partial)
     return removed
+
+
+def _zero_units(group: Group, dims: set[TensorDim], values: Mapping[str, Tensor]) -> dict[TensorDim, Tensor]:
+    """Per tensor dimension of ``dims`` in ``group``: which units it holds only zeros of."""
+    return {
+        key: _units_all_zero(values[key[0]], key[1], unit_index, group.size)
+        for key, unit_index in group.members.items()
+        if key in dims and key[0] in values
+    }
 
 
 def _units_all_zero(value: Tensor, dim: int, unit_index: Tensor, units: int) -> Tensor:
@@ -411,7 +426,8 @@ def _compare_with_masked(masked: list[Tensor], slimmed: list[Tensor], notes: lis
 
 def _exported_output_shapes(exported: torch.export.ExportedProgram) -> list[tuple[int, ...]]:
     """The shapes of the model's outputs as torch.export saw them (no forward needed)."""
-    user = [spec.arg.name for spec in exported.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
+    specs = exported.graph_signature.output_specs
+    user = [getattr(spec.arg, "name", None) for spec in specs if spec.kind.name == "USER_OUTPUT"]
     values = {node.name: node.meta.get("val") for node in exported.graph.nodes}
     return [tuple(values[name].shape) for name in user if isinstance(values.get(name), Tensor)]
 

@@ -53,6 +53,8 @@ class DependencyGraph:
     tensors: dict[str, Dims]
     """Parameter or buffer name (as in ``named_parameters``) to the ids of its dimensions."""
     producers: set[tuple[str, int]] = field(default_factory=set)
+    consumers: set[tuple[str, int]] = field(default_factory=set)
+    """``(tensor name, dim)`` that reads channels: input columns of Linear and convolution weights."""
     """``(tensor name, dim)`` that makes channels: output rows of Linear and convolution weights, embedding columns."""
     conv_groups: dict[str, int] = field(default_factory=dict)
     """Grouped or depthwise convolution's module name to its output channels per group (whole groups go)."""
@@ -778,6 +780,7 @@ def _matmul_out(b: _Builder, node: Node, left: Dims, right: Dims, operands: tupl
     shape = _shape(node)
     if len(right) >= 2:  # x @ W with W a parameter (GPT-2's Conv1D): W's columns make channels
         _mark_producer(b, operands[1], len(right) - 1)
+        _mark_producer(b, operands[1], len(right) - 2, reads=True)
     if len(left) >= 2:
         _mark_producer(b, operands[0], len(left) - 2)
     if len(right) == 1:
@@ -828,6 +831,7 @@ def _linear(b: _Builder, node: Node) -> Any:
     if bias is not None:
         b.union(bias[0], weight[0])
     _mark_producer(b, _a(node)[1], 0)
+    _mark_producer(b, _a(node)[1], 1, reads=True)
     out = [*x[:-1], weight[0]]
     b.graph.macs.append(([*out, x[-1]], 1))
     return out
@@ -840,8 +844,12 @@ _SAME_DIMS = frozenset(
 """Operations between a parameter and a layer that keep its dimensions (a pruning mask, a cast, q/k/v parts)."""
 
 
-def _mark_producer(b: _Builder, arg: Any, dim: int) -> None:
-    """Record that ``arg``'s dimension ``dim`` makes channels (following ``orig * mask`` back to the parameter)."""
+def _mark_producer(b: _Builder, arg: Any, dim: int, *, reads: bool = False) -> None:
+    """Record that ``arg``'s dimension ``dim`` makes channels (``reads``: reads them, a layer's input columns).
+
+    ``orig * mask``, casts and q/k/v parts are followed back to the parameter.
+    """
+    found = b.graph.consumers if reads else b.graph.producers
     seen: set[Node] = set()
     stack = [arg]
     names = {spec.arg.name: spec.target for spec in b.exported.graph_signature.input_specs if hasattr(spec.arg, "name")}
@@ -853,7 +861,7 @@ def _mark_producer(b: _Builder, arg: Any, dim: int) -> None:
         if current.op == "placeholder":
             target = names.get(current.name)
             if isinstance(target, str) and target in b.graph.tensors and len(_shape(current)) == len(_shape(arg)):
-                b.graph.producers.add((target, dim))
+                found.add((target, dim))
         elif current.op == "call_function" and (
             current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS
         ):
@@ -898,19 +906,20 @@ def _conv(b: _Builder, node: Node) -> Any:
         b.union(channels, weight[0])
         out_channels = weight[1]
         _mark_producer(b, _a(node)[1], 1)
+        _mark_producer(b, _a(node)[1], 0, reads=True)
     elif groups == 1:
         b.union(channels, weight[1])
         out_channels = weight[0]
         _mark_producer(b, _a(node)[1], 0)
+        _mark_producer(b, _a(node)[1], 1, reads=True)
     else:
         # grouped or depthwise: each group's input and output channels go together, whole groups at a time
         per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
         b.ids.pin(weight[1], "a grouped convolution keeps its channels per group")
         for g in range(groups):
-            root = b.ids.union_all(
+            b.ids.union_all(
                 torch.cat([channels[g * per_in : (g + 1) * per_in], weight[0][g * per_out : (g + 1) * per_out]])
             )
-            del root
         out_channels = weight[0]
         _mark_producer(b, _a(node)[1], 0)
         b.graph.conv_groups[_module_path(node)] = per_out

@@ -179,3 +179,13 @@ def test_pruning_the_bias_with_its_rows_keeps_the_outputs_exact_and_says_nothing
     assert model.fc1.out_features == 6 and model.fc1.bias.shape == (6,) and report.notes == []
     torch.testing.assert_close(outputs(model, (x,)), masked, rtol=0, atol=1e-5)
     assert not [w for w in recwarn if "carried a bias" in str(w.message)]
+
+
+def test_channels_every_reader_has_pruned_columns_of_go_exactly_even_with_their_bias() -> None:
+    torch.manual_seed(0)
+    model, x = BiasedMLP(), torch.randn(3, 6)
+    prunereg.get("ln_structured").apply(model.fc2, "weight", amount=3, n=2, dim=1)  # fc2's input columns
+    masked = outputs(model, (x,))
+    report = prunereg.slim(model, x)
+    assert model.fc1.out_features == 5 and model.fc2.in_features == 5 and report.notes == []
+    torch.testing.assert_close(outputs(model, (x,)), masked, rtol=0, atol=1e-5)

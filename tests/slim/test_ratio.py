@@ -207,23 +207,27 @@ def test_multihead_attention_reading_the_model_input_keeps_its_heads() -> None:
     assert model.mlp[0].out_features == 16
 
 
-def test_a_module_that_reads_a_fixed_width_fails_after_the_cut_and_is_put_back_exactly() -> None:
+class FixedSplit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.split(self.fc(x), [4, 4], dim=1)  # sizes written in the code
+        return self.out(a * b)
+
+
+@pytest.mark.parametrize("pruned", [False, True], ids=["plain", "pruned, scored by gradients"])
+def test_a_module_that_reads_a_fixed_width_fails_after_the_cut_and_is_put_back_exactly(pruned: bool) -> None:
     from tests.slim.helpers import assert_unchanged, exact_state
 
-    class FixedSplit(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(4, 8)
-            self.out = nn.Linear(4, 2)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            a, b = torch.split(self.fc(x), [4, 4], dim=1)  # sizes written in the code
-            return self.out(a * b)
-
     model, x = FixedSplit(), torch.randn(2, 4)
+    if pruned:  # a pruning hook's tensor, gradients run by taylor: all as it was, too
+        prunereg.get("l1_unstructured").apply(model.fc, "weight", amount=0.25)
     before = exact_state(model)
     with pytest.raises(prunereg.SlimError, match=r"the slimmed model fails.*ignore="):
-        prunereg.slim(model, x, ratio=0.5)
+        prunereg.slim(model, x, ratio=0.5, importance="taylor" if pruned else "magnitude")
     assert_unchanged(model, before)
 
 
@@ -377,3 +381,18 @@ def test_the_report_prints_one_row_per_changed_layer_and_gives_every_tensor_as_j
     data = json.loads(json.dumps(report.as_dict()))
     assert {"name": "norm.bias", "before": [8], "after": [4]} in data["changes"]
     assert data["params_after"] == report.params_after and data["macs_after"] < data["macs_before"]
+
+
+class DictOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        return {"out": self.b(torch.relu(self.a(x))), "nothing": None, "count": 3}
+
+
+def test_outputs_holding_none_and_numbers_beside_tensors_slim_too() -> None:
+    model = DictOutput()
+    assert prunereg.slim(model, torch.randn(2, 4), ratio=0.5).removed == 4 and model.a.out_features == 4
