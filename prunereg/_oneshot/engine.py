@@ -167,6 +167,7 @@ class OneShotJob:
         instance, name = build_method(method, options.sparsity, options.pattern, method_options)
         check_allocation(options.allocation, instance.pattern)  # the instance's own pattern
         blocks_path, block_list = find_blocks(model, options.blocks)
+        _check_ignore_matches(model, options.ignore)
         layer_names = _select_layers(blocks_path, block_list, options.layers, options.ignore)
         _check_layers(block_list, layer_names, instance)
         _check_not_reparametrized(model)
@@ -418,12 +419,24 @@ def _close(a: float, b: float) -> bool:
     return abs(float(a) - float(b)) < 1e-9
 
 
+def _check_ignore_matches(model: nn.Module, ignore: Sequence[str]) -> None:
+    """Refuse ``ignore`` globs that match no module of ``model`` (a typo would prune what it meant to spare).
+
+    Any module counts, not only prunable ones: ``ignore=["lm_head"]``, as
+    llm-compressor users write it, is accepted though the head is never pruned.
+    """
+    names = [name for name, _ in model.named_modules() if name]
+    unused = [p for p in ignore if not any(fnmatch.fnmatchcase(name, p) for name in names)]
+    if unused:
+        raise ValueError(f"ignore {unused} match no module of the model")
+
+
 def _select_layers(
     blocks_path: str, blocks: nn.ModuleList, patterns: Sequence[str] | None, ignore: Sequence[str] = ()
 ) -> list[list[str]]:
     """Per block, the names (relative to the block) of the layers to prune: matching ``patterns``, none of ``ignore``.
 
-    A glob of either that matches no layer is a ValueError (a typo would otherwise prune what it meant to spare).
+    A ``layers`` glob that matches no layer is a ValueError (a typo would otherwise prune what it meant to spare).
     """
     selected = []
     used: set[str] = set()
@@ -434,16 +447,12 @@ def _select_layers(
             matching = [p for p in patterns or () if fnmatch.fnmatchcase(full_name, p)]
             ignored = [p for p in ignore if fnmatch.fnmatchcase(full_name, p)]
             used.update(matching)
-            used.update(f"ignore:{p}" for p in ignored)
             if (patterns is None or matching) and not ignored:
                 names.append(name)
         selected.append(names)
     unused = [p for p in patterns or () if p not in used]
     if unused:
         raise ValueError(f"layers {unused} match no Linear layer in {blocks_path}.*")
-    unused = [p for p in ignore if f"ignore:{p}" not in used]
-    if unused:
-        raise ValueError(f"ignore {unused} match no Linear layer in {blocks_path}.*")
     if not any(selected):
         raise ValueError(f"no Linear layers to prune in {blocks_path}")
     return selected

@@ -128,7 +128,9 @@ def test_ignore_and_layers_choose_the_layers_as_in_python(folder: Path) -> None:
 
 
 def test_an_ignore_glob_matching_nothing_is_refused(folder: Path) -> None:
-    assert "ignore ['*.nothing'] match no Linear layer" in _one_error_line(_invoke(folder, "--ignore", "*.nothing"))
+    assert "ignore ['*.nothing'] match no module of the model" in _one_error_line(
+        _invoke(folder, "--ignore", "*.nothing")
+    )
 
 
 def test_blocks_errors_name_the_flag_not_the_python_keyword(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
