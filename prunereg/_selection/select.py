@@ -274,7 +274,9 @@ def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch
 
     Order of the indices is unspecified.
     """
-    flat = scores.reshape(-1)
+    flat = scores.detach()  # no autograd record of the reshape
+    if flat.dim() != 1:
+        flat = flat.reshape(-1)
     if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
         return _topk_indices(flat, k, largest, magnitude=False)
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
