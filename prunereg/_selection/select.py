@@ -335,7 +335,8 @@ def _topk_indices(flat: torch.Tensor, k: int, largest: bool, magnitude: bool) ->
     skips ordering them (on CPU a full sort of the k chosen, most of topk's
     time on a small layer), not which ones are chosen.
     """
-    flat = flat.detach()  # no autograd record of abs, sum or topk: a mask has no gradient
+    if flat.requires_grad:  # no autograd record of abs, sum or topk: a mask has no gradient
+        flat = flat.detach()
     scores = flat.abs() if magnitude else flat
     return torch.topk(nan_lowest(scores), k, largest=largest, sorted=False).indices
 
@@ -363,7 +364,8 @@ def _holds_nan(scores: torch.Tensor) -> bool:
     temporary (``isnan().any()`` costs several times as much on a small layer);
     only a NaN sum (also from ``inf - inf``) is checked entry by entry.
     """
-    return math.isnan(float(scores.detach().sum())) and bool(scores.isnan().any())
+    total = (scores.detach() if scores.requires_grad else scores).sum()
+    return math.isnan(float(total)) and bool(scores.isnan().any())
 
 
 def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int | torch.Tensor) -> torch.Tensor:
