@@ -4,8 +4,9 @@ Every built-in method goes through :func:`select_k`, :func:`prune_lowest` or
 :func:`top_indices` (sharded tensors through their counterparts in
 :mod:`prunereg._distributed`, which run the same search per shard).
 
-Small inputs (at most ``TOPK_CUTOFF`` entries) use ``torch.topk``, exactly as
-``torch.nn.utils.prune`` does, so their masks equal torch's, ties included;
+Small inputs (at most ``TOPK_CUTOFF`` entries) use ``torch.topk``, as
+``torch.nn.utils.prune`` does but without sorting what it picks (the same
+entries), so their masks equal torch's, ties included;
 :func:`uses_topk` is the one place that decides. Larger inputs never sort: the
 radix select of :mod:`prunereg._selection.radix` finds the threshold, streamed in blocks
 of ``BLOCK`` entries.
@@ -173,7 +174,10 @@ def prune_lowest(
     if uses_topk(flat.numel(), flat.device, flat.dtype):
         # torch's own way: a copy of the mask, zeros written at topk's indices (no bool mask of the selection).
         mask = default_mask.clone(memory_format=torch.contiguous_format)
-        return mask.view(-1).index_fill_(0, _topk_indices(flat, k, largest, magnitude), 0).view(mask.shape)
+        indices = _topk_indices(flat, k, largest, magnitude)
+        if indices.device != mask.device:
+            indices = indices.to(mask.device)
+        return mask.view(-1).index_fill_(0, indices, 0).view(mask.shape)
     with bounded_threads(min(flat.numel(), BLOCK), flat.device):
         low, high = _min_max(default_mask)
         if not (math.isfinite(low) and math.isfinite(high)):
