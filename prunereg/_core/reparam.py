@@ -206,9 +206,11 @@ class _Snapshot:
         self.hooks = dict(module._forward_pre_hooks)
         self.attribute = module.__dict__.get(name, _MISSING)
         # Every pruning hook of the module (a copy of their state is what a lookup of this name's would save).
-        self.hook_states = [
-            (h, dict(h.__dict__)) for h in self.hooks.values() if isinstance(h, torch_prune.BasePruningMethod)
-        ]
+        self.hook_states = (
+            [(h, dict(h.__dict__)) for h in self.hooks.values() if isinstance(h, torch_prune.BasePruningMethod)]
+            if self.hooks
+            else []
+        )
 
     def restore(self) -> None:
         module = self.module
