@@ -180,7 +180,10 @@ def _prune(
     hooks = reparam.pruning_hooks(module, name) if hooks is None else hooks
     reparam.check_prunable(module, name, hooks)
     orig = getattr(module, name)
-    importance_scores = reparam.scores_for(orig, importance_scores, f"parameter {name} of {module}")
+    if importance_scores is None:
+        importance_scores = orig
+    else:  # the message names the module: its repr costs more than the rest of a small layer's bookkeeping
+        importance_scores = reparam.scores_for(orig, importance_scores, f"parameter {name} of {module}")
     if not hooks:
         if mask is None:
             mask = _checked(method.compute_mask(importance_scores, default_mask=torch.ones_like(orig)), orig, name)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -163,19 +163,27 @@ def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: st
     return layout.to_layout_of(importance_scores, t)
 
 
-@contextmanager
-def all_or_nothing(tensors: list[tuple[nn.Module, str]]) -> Iterator[None]:
+def all_or_nothing(tensors: list[tuple[nn.Module, str]]) -> AbstractContextManager[None]:
     """Undo every pruning change made to these ``(module, name)`` tensors if the block raises."""
-    snapshots = [_Snapshot(module, name) for module, name in tensors]
-    opened = _open_snapshots.set(_open_snapshots.get() + tuple(snapshots))
-    try:
-        yield
-    except BaseException:
-        for snapshot in reversed(snapshots):
-            snapshot.restore()
-        raise
-    finally:
-        _open_snapshots.reset(opened)
+    return _AllOrNothing(tensors)
+
+
+class _AllOrNothing(AbstractContextManager[None]):
+    """:func:`all_or_nothing`'s block: a class rather than a generator, as every pruning call opens one."""
+
+    def __init__(self, tensors: list[tuple[nn.Module, str]]) -> None:
+        self.snapshots = tuple(_Snapshot(module, name) for module, name in tensors)
+
+    def __enter__(self) -> None:
+        self.opened = _open_snapshots.set(_open_snapshots.get() + self.snapshots)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            if kind is not None:
+                for snapshot in reversed(self.snapshots):
+                    snapshot.restore()
+        finally:
+            _open_snapshots.reset(self.opened)
 
 
 def snapshot_parameters() -> list[dict[str, torch.nn.Parameter | None]]:
@@ -198,9 +206,11 @@ class _Snapshot:
         self.hooks = dict(module._forward_pre_hooks)
         self.attribute = module.__dict__.get(name, _MISSING)
         # Every pruning hook of the module (a copy of their state is what a lookup of this name's would save).
-        self.hook_states = [
-            (h, dict(h.__dict__)) for h in self.hooks.values() if isinstance(h, torch_prune.BasePruningMethod)
-        ]
+        self.hook_states = (
+            [(h, dict(h.__dict__)) for h in self.hooks.values() if isinstance(h, torch_prune.BasePruningMethod)]
+            if self.hooks
+            else []
+        )
 
     def restore(self) -> None:
         module = self.module

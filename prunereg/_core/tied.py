@@ -226,8 +226,10 @@ def _has_unexplained_references(group: list[Site]) -> bool:
     pruned = getattr(site.module, site.name, None) if key != site.name else None
     in_graph = pruned is not None and _computed_from(pruned, site.module._parameters[key])
     other_holders = len({(id(member.module), member.name) for member in group}) - 1
-    snapshots = _snapshot_references(site.module._parameters[key])
-    return _references(site.module._parameters, key) > _own_references()[in_graph] + other_holders + snapshots
+    references = _references(site.module._parameters, key)
+    explained = _own_references()[in_graph] + other_holders
+    # Copies held by open snapshots only explain more: counted only when the rest leaves references unexplained.
+    return references > explained and references > explained + _snapshot_references(site.module._parameters[key])
 
 
 def _snapshot_references(parameter: torch.Tensor | None) -> int:

@@ -33,15 +33,29 @@ def combine_masks(method: MaskMethod, t: torch.Tensor, mask: torch.Tensor) -> to
     """
     new_mask = mask.to(dtype=t.dtype, memory_format=torch.contiguous_format, copy=True)
     slc = _remaining(method, t, mask)
+    if isinstance(slc, torch.Tensor):
+        # The entries still 1, found once: indexing with the bool mask would find them at each of its three uses.
+        where = slc.reshape(-1).nonzero().squeeze(1)
+        remaining = t.reshape(-1).index_select(0, where)
+        partial_mask = _checked(
+            method.compute_mask(remaining, default_mask=mask.reshape(-1).index_select(0, where)), remaining
+        )
+        new_mask.view(-1).index_copy_(0, where, partial_mask.to(dtype=new_mask.dtype))
+        return new_mask
     remaining = t[slc]
-    partial_mask = method.compute_mask(remaining, default_mask=mask[slc])
-    if partial_mask.shape != remaining.shape:  # it would broadcast over what is left
+    partial_mask = _checked(method.compute_mask(remaining, default_mask=mask[slc]), remaining)
+    new_mask[slc] = partial_mask.to(dtype=new_mask.dtype)
+    return new_mask
+
+
+def _checked(partial_mask: torch.Tensor, remaining: torch.Tensor) -> torch.Tensor:
+    """``partial_mask`` if it has the shape of what is left (otherwise it would broadcast over it)."""
+    if partial_mask.shape != remaining.shape:
         raise RuntimeError(
             f"compute_mask returned a mask of shape {list(partial_mask.shape)} for a tensor of shape "
             f"{list(remaining.shape)}"
         )
-    new_mask[slc] = partial_mask.to(dtype=new_mask.dtype)
-    return new_mask
+    return partial_mask
 
 
 def structured_dim(method: MaskMethod, n_dims: int) -> int:

@@ -4,8 +4,9 @@ Every built-in method goes through :func:`select_k`, :func:`prune_lowest` or
 :func:`top_indices` (sharded tensors through their counterparts in
 :mod:`prunereg._distributed`, which run the same search per shard).
 
-Small inputs (at most ``TOPK_CUTOFF`` entries) use ``torch.topk``, exactly as
-``torch.nn.utils.prune`` does, so their masks equal torch's, ties included;
+Small inputs (at most ``TOPK_CUTOFF`` entries) use ``torch.topk``, as
+``torch.nn.utils.prune`` does but without sorting what it picks (the same
+entries), so their masks equal torch's, ties included;
 :func:`uses_topk` is the one place that decides. Larger inputs never sort: the
 radix select of :mod:`prunereg._selection.radix` finds the threshold, streamed in blocks
 of ``BLOCK`` entries.
@@ -168,8 +169,15 @@ def prune_lowest(
         raise ValueError(f"cannot select k={k} of {flat.numel()} entries")
     if default_mask.numel() != flat.numel():
         raise ValueError(f"default_mask has {default_mask.numel()} entries, the scores {flat.numel()}")
-    if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
+    if flat.is_meta:
         return clear_selected(default_mask, select_k([scores], k, largest=largest, magnitude=magnitude)[0])
+    if uses_topk(flat.numel(), flat.device, flat.dtype):
+        # torch's own way: a copy of the mask, zeros written at topk's indices (no bool mask of the selection).
+        mask = default_mask.clone(memory_format=torch.contiguous_format)
+        indices = _topk_indices(flat, k, largest, magnitude)
+        if indices.device != mask.device:
+            indices = indices.to(mask.device)
+        return mask.view(-1).index_fill_(0, indices, 0).view(mask.shape)
     with bounded_threads(min(flat.numel(), BLOCK), flat.device):
         low, high = _min_max(default_mask)
         if not (math.isfinite(low) and math.isfinite(high)):
@@ -268,12 +276,13 @@ def _spread(collectives: Collectives) -> dict[str, Callable[[torch.Tensor], torc
 def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch.Tensor:
     """Flat indices of the ``k`` smallest (or largest) entries of ``scores``, NaN the smallest.
 
-    Order of the indices is unspecified (sorted by score for small inputs,
-    ascending for large ones).
+    Order of the indices is unspecified.
     """
-    flat = scores.reshape(-1)
+    flat = scores.detach()  # no autograd record of the reshape
+    if flat.dim() != 1:
+        flat = flat.reshape(-1)
     if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
-        return torch.topk(nan_lowest(flat), k, largest=largest).indices
+        return _topk_indices(flat, k, largest, magnitude=False)
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
 
 
@@ -316,11 +325,24 @@ def _select_by_topk(
     device = flat[0].device
     scores = flat[0] if len(flat) == 1 else torch.cat([f.to(device) for f in flat])
     selected = torch.zeros(scores.shape, dtype=torch.bool, device=device)
-    selected[torch.topk(nan_lowest(scores), k, largest=largest).indices] = True
+    selected.index_fill_(0, _topk_indices(scores, k, largest, magnitude=False), True)
     if len(flat) == 1:
         return [selected.view(chunks[0].shape)]
     pieces = torch.split(selected, [f.numel() for f in flat])
     return [p.view(c.shape).to(c.device) for p, c in zip(pieces, chunks)]
+
+
+def _topk_indices(flat: torch.Tensor, k: int, largest: bool, magnitude: bool) -> torch.Tensor:
+    """Flat indices, in no order, of the ``k`` lowest (highest) entries of 1-D ``flat`` (of ``|flat|``), NaN lowest.
+
+    The entries ``torch.topk`` chooses, ties included: ``sorted=False`` only
+    skips ordering them (on CPU a full sort of the k chosen, most of topk's
+    time on a small layer), not which ones are chosen.
+    """
+    if flat.requires_grad:  # no autograd record of abs, sum or topk: a mask has no gradient
+        flat = flat.detach()
+    scores = flat.abs() if magnitude else flat
+    return torch.topk(nan_lowest(scores), k, largest=largest, sorted=False).indices
 
 
 def nan_lowest(scores: torch.Tensor) -> torch.Tensor:
@@ -334,9 +356,20 @@ def nan_lowest(scores: torch.Tensor) -> torch.Tensor:
     selection path (``select_k``, ``prune_lowest``, ``top_indices``, the per-row
     and N:M helpers) ranks through this function or the radix engine.
     """
-    if scores.is_meta or not scores.is_floating_point() or not bool(scores.isnan().any()):
+    if scores.is_meta or not scores.is_floating_point() or not _holds_nan(scores):
         return scores
     return order_keys(scores).view(scores.shape)
+
+
+def _holds_nan(scores: torch.Tensor) -> bool:
+    """Whether floating ``scores`` holds a NaN.
+
+    A sum is NaN whenever an entry is, and is a single pass without a bool
+    temporary (``isnan().any()`` costs several times as much on a small layer);
+    only a NaN sum (also from ``inf - inf``) is checked entry by entry.
+    """
+    total = (scores.detach() if scores.requires_grad else scores).sum()
+    return math.isnan(float(total)) and bool(scores.isnan().any())
 
 
 def keep_highest_per_row(scores: torch.Tensor, alive: torch.Tensor, counts: int | torch.Tensor) -> torch.Tensor:

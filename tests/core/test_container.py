@@ -118,3 +118,33 @@ def test_compute_mask_leaves_the_default_mask_alone():
     mask = container_of(L1Unstructured(amount=2)).compute_mask(T, prior)
     assert torch.equal(prior, PRIOR)
     assert mask.data_ptr() != prior.data_ptr()
+
+
+class _Recorder(BasePruningMethod):
+    """An unstructured method that records what it was shown and returns a fixed mask of its own values."""
+
+    PRUNING_TYPE = "unstructured"
+
+    def compute_mask(self, t: torch.Tensor, default_mask: torch.Tensor) -> torch.Tensor:
+        self.seen = (t.clone(), default_mask.clone())
+        return torch.arange(t.numel(), dtype=t.dtype).reshape(t.shape) + 10
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "channels_last"])
+def test_an_unstructured_method_sees_the_entries_still_one_in_order_and_fills_only_them(layout):
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(2, 3, 4, 5, generator=g)
+    prior = (torch.rand(2, 3, 4, 5, generator=g) > 0.4).float()
+    prior[0, 0, 0, :2] = torch.tensor([0.5, 2.0])  # kept as they are: neither is 1
+    if layout == "transposed":  # same shapes, other strides (each its own)
+        t = t.transpose(1, 3).contiguous().transpose(1, 3)
+        prior = prior.transpose(0, 2).contiguous().transpose(0, 2)
+    elif layout == "channels_last":
+        t, prior = t.to(memory_format=torch.channels_last), prior.to(memory_format=torch.channels_last)
+    recorder = _Recorder()
+    mask = container_of(recorder).compute_mask(t, prior)
+    kept = prior == 1
+    assert torch.equal(recorder.seen[0], t[kept]) and torch.equal(recorder.seen[1], prior[kept])
+    want = prior.clone()
+    want[kept] = torch.arange(int(kept.sum()), dtype=t.dtype) + 10
+    assert mask.is_contiguous() and torch.equal(mask, want)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 
 import pytest
@@ -342,3 +343,69 @@ def test_counts_beyond_int32_are_exact():
     # Each value occurs 3000 times: k falls on value 500000 (after 500000 * 3000 smaller entries).
     assert threshold.key == int(order_keys(torch.tensor([500000.0]))[0])
     assert (threshold.before, threshold.take, threshold.ties, threshold.offset) == (1_500_000_000, 1, 3000, 1234)
+
+
+# The small path (topk without sorting, one NaN check, zeros written into a copy of the mask) -----------------
+
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dtype=st.sampled_from([*FLOATS, torch.int32]),
+    shape=st.sampled_from([(1,), (7,), (3, 5), (64, 64), (CUTOFF,)]),
+    distinct_values=st.integers(1, 9),
+    specials=st.lists(st.sampled_from(SPECIAL), max_size=6),
+    fraction=st.floats(0, 1),
+    largest=st.booleans(),
+    magnitude=st.booleans(),
+    default_kind=st.sampled_from(["ones", "binary", "bool", "scaled"]),
+    seed=st.integers(0, 1000),
+)
+def test_small_prune_lowest_is_the_mask_of_the_selection_ties_and_nan_included(
+    dtype, shape, distinct_values, specials, fraction, largest, magnitude, default_kind, seed
+):
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    scores = (torch.randint(-distinct_values, distinct_values + 1, shape, generator=g)).to(torch.float64)
+    if dtype.is_floating_point:
+        flat = scores.view(-1)
+        flat[torch.randint(0, n, (len(specials),), generator=g)] = torch.tensor(specials, dtype=torch.float64)
+    scores = scores.to(dtype)
+    keep = torch.rand(shape, generator=g) > 0.3
+    default = {
+        "ones": torch.ones(shape),
+        "binary": keep.float(),
+        "bool": keep,
+        "scaled": torch.tensor([0.0, 0.5, -2.0, float("inf"), float("nan")])[torch.randint(0, 5, shape, generator=g)],
+    }[default_kind]
+    k = round(fraction * n)
+    (selected,) = select_k([scores], k, largest=largest, magnitude=magnitude)
+    got = prune_lowest(scores, k, default, largest=largest, magnitude=magnitude)
+    want = default.clone()
+    want[selected] = 0  # clear_selected's definition
+    assert got.dtype == default.dtype and got.shape == default.shape and got.is_contiguous()
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)) and int(selected.sum()) == k  # NaN where NaN was
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 200),
+    distinct_values=st.integers(1, 5),
+    fraction=st.floats(0, 1),
+    largest=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_top_indices_choose_the_entries_sorted_topk_chooses_under_ties(n, distinct_values, fraction, largest, seed):
+    scores = torch.randint(0, distinct_values, (n,), generator=torch.Generator().manual_seed(seed)).float()
+    k = round(fraction * n)
+    want = set(torch.topk(scores, k, largest=largest).indices.tolist())  # torch.nn.utils.prune's call
+    assert set(top_indices(scores, k, largest=largest).tolist()) == want
+
+
+def test_opposite_infinities_without_nan_rank_as_the_numbers_they_are():
+    scores = torch.tensor([float("inf"), 1.0, float("-inf"), 2.0])  # their sum is NaN; no entry is
+    assert _select.nan_lowest(scores) is scores
+    assert _select.nan_lowest(torch.tensor([float("inf"), float("nan")])).dtype != torch.float32
+    (mask,) = select_k([scores], 2)
+    assert mask.tolist() == [False, True, True, False]
