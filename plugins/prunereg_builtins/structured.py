@@ -69,7 +69,7 @@ class LnStructured(_ChannelPruning):
         self.n = n
 
     def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
-        norm = channel_norms(t, self.n, self.dim)
+        norm = channel_norms(t.detach(), self.n, self.dim)  # ranked only: no autograd record
         return top_indices(norm, nchannels - k, largest=True)
 
     @classmethod

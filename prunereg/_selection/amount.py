@@ -76,4 +76,11 @@ def compute_norm(t: torch.Tensor, n: int | float | str, dim: int) -> torch.Tenso
     if dim < 0:
         dim = dims[dim]
     dims.remove(dim)
+    if n is not None and not isinstance(n, str) and t.layout == torch.strided and t.device.type in _VECTOR_NORM_DEVICES:
+        # What torch.norm itself calls for a numeric p on these devices, without its dispatch in Python.
+        return torch.linalg.vector_norm(t, n, dims)
     return torch.norm(t, p=n, dim=dims)
+
+
+# Devices on which torch.norm with a numeric p is torch.linalg.vector_norm (torch/functional.py).
+_VECTOR_NORM_DEVICES = frozenset({"cpu", "cuda", "meta"})

@@ -8,17 +8,16 @@ import torch
 def channel_mask(t: torch.Tensor, keep: torch.Tensor, dim: int, default_mask: torch.Tensor) -> torch.Tensor:
     """``default_mask`` times a mask of ``t``'s shape that keeps the channels ``keep`` (indices or flags) along ``dim``.
 
-    The result is in ``t``'s dtype: torch's ``zeros_like(t)``, ones at the kept
-    channels, times ``default_mask``, computed in one pass over the tensor instead of three.
+    The result is in ``t``'s dtype and memory format: torch's ``zeros_like(t)``, ones at
+    the kept channels, times ``default_mask``, without a temporary of ``t``'s size.
     """
-    nchannels = t.shape[dim]
-    if keep.dtype == torch.bool:
-        channels = keep.to(device=t.device, dtype=t.dtype)
-    else:  # index_fill_, not channels[keep] = 1: indexing's dispatch costs more than the fill on a small layer
-        channels = torch.zeros(nchannels, dtype=t.dtype, device=t.device).index_fill_(0, keep.to(t.device), 1)
-    shape = [1] * t.dim()
-    shape[dim] = nchannels
-    mask = torch.empty_like(t)
     if default_mask.dtype != t.dtype:
         default_mask = default_mask.to(dtype=t.dtype)
-    return torch.mul(default_mask, channels.view(shape), out=mask)
+    if keep.dtype != torch.bool:
+        # zeros_like(t) keeps t's dtype and memory format; index_fill_ along dim costs less
+        # than torch's mask[slices] = 1 or a vector of channel flags on a small layer.
+        return torch.zeros_like(t).index_fill_(dim, keep.to(t.device), 1).mul_(default_mask)
+    shape = [1] * t.dim()
+    shape[dim] = t.shape[dim]
+    channels = keep.to(device=t.device, dtype=t.dtype).view(shape)
+    return torch.mul(default_mask, channels, out=torch.empty_like(t))

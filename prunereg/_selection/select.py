@@ -49,6 +49,7 @@ from prunereg._selection.threads import bounded_threads
 # get the same masks on both devices, ties included.
 TOPK_CUTOFF = {"cpu": 1 << 13, "cuda": 1 << 13}
 _DEFAULT_CUTOFF = 1 << 13
+_SMALLEST_CUTOFF = min(_DEFAULT_CUTOFF, *TOPK_CUTOFF.values())  # below it, topk on every device (no lookup)
 
 # Entries per block when streaming: the temporaries of one pass stay this small.
 BLOCK = 1 << 22
@@ -278,10 +279,10 @@ def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch
 
     Order of the indices is unspecified.
     """
-    flat = scores.detach()  # no autograd record of the reshape
+    flat = scores.detach() if scores.requires_grad else scores  # no autograd record of the reshape or topk
     if flat.dim() != 1:
         flat = flat.reshape(-1)
-    if flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
+    if flat.numel() <= _SMALLEST_CUTOFF or flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
         return _topk_indices(flat, k, largest, magnitude=False)
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
 

@@ -104,3 +104,30 @@ def test_the_llm_methods_select_with_the_toolkit_helpers():
     assert prunereg_llm.wanda.lowest_n_of_m is toolkit.lowest_n_of_m
     assert prunereg_llm.sparsegpt.lowest_overall is toolkit.lowest_overall
     assert importlib.util.find_spec("prunereg_llm.selection") is None
+
+
+@pytest.mark.parametrize("n", [2, 1, 0, 3.5, -1, float("inf"), float("-inf"), "fro"])
+@pytest.mark.parametrize(("shape", "dim"), [((6, 5), 0), ((6, 5), -1), ((4, 3, 5), 1), ((3, 2, 2, 2), 0)])
+def test_channel_norms_equal_torchs_bit_for_bit_for_every_norm_and_dim(n, shape, dim):
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    if n == "fro" and len(shape) > 3:  # torch's 'fro' over three dims is a matrix norm, which refuses them
+        with pytest.raises(RuntimeError):
+            torch_prune._compute_norm(t, n, dim)
+        with pytest.raises(RuntimeError):
+            toolkit.channel_norms(t, n, dim)
+        return
+    expected = torch_prune._compute_norm(t, n, dim)
+    got = toolkit.channel_norms(t, n, dim)
+    assert torch.equal(got, expected)
+    assert got.requires_grad  # public: a caller may still differentiate through them
+
+
+def test_channel_mask_keeps_the_memory_format_and_the_earlier_zeros_of_a_channels_last_weight():
+    t = torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last)
+    default_mask = torch.ones_like(t)
+    default_mask[1, 0, 0, 0] = 0
+    mask = toolkit.channel_mask(t, torch.tensor([1, 3]), 0, default_mask)
+    assert mask.is_contiguous(memory_format=torch.channels_last)
+    expected = torch.zeros_like(t)
+    expected[[1, 3]] = 1
+    assert torch.equal(mask, expected * default_mask)
