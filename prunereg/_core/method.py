@@ -178,8 +178,8 @@ def _prune(
     """
     method._tensor_name = name
     hooks = reparam.pruning_hooks(module, name) if hooks is None else hooks
-    reparam.check_prunable(module, name, hooks)
     orig = getattr(module, name)
+    reparam.check_prunable(module, name, hooks, orig)
     if importance_scores is None:
         importance_scores = orig
     else:  # the message names the module: its repr costs more than the rest of a small layer's bookkeeping

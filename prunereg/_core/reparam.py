@@ -72,8 +72,14 @@ class PruningHook(torch_prune.BasePruningMethod):
         """The pruned tensor, ``<name>_orig * <name>_mask``, in the original's dtype."""
         if self._tensor_name is None:
             raise AssertionError(f"Module {module} has to be pruned")
-        mask = getattr(module, self._tensor_name + "_mask")
-        orig = getattr(module, self._tensor_name + "_orig")
+        # The registered tensors straight from their dicts (Module.__getattr__ costs more than the rest on a
+        # small layer); getattr where they live elsewhere, as torch looks them up.
+        mask = module._buffers.get(self._tensor_name + "_mask")
+        if mask is None:
+            mask = getattr(module, self._tensor_name + "_mask")
+        orig = module._parameters.get(self._tensor_name + "_orig")
+        if orig is None:
+            orig = getattr(module, self._tensor_name + "_orig")
         if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
             return orig * mask
         return mask.to(dtype=orig.dtype) * orig
@@ -108,16 +114,18 @@ def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]
     ]
 
 
+_UNSET = object()  # an argument not given (None is a value module.<name> may hold)
+
 Hooks = list[tuple[int, PruningHook]]
 """What :func:`pruning_hooks` returns: the functions below take it from a caller that looked it up already."""
 
 
-def check_prunable(module: nn.Module, name: str, hooks: Hooks | None = None) -> None:
+def check_prunable(module: nn.Module, name: str, hooks: Hooks | None = None, orig: object = _UNSET) -> None:
     """Refuse to prune ``module.<name>`` for the first time unless it is a Parameter (torch's error).
 
-    ``hooks``: its :func:`pruning_hooks`, when the caller has them.
+    ``hooks``: its :func:`pruning_hooks`, ``orig``: ``module.<name>``, when the caller has them.
     """
-    orig = getattr(module, name)
+    orig = getattr(module, name) if orig is _UNSET else orig
     hooks = pruning_hooks(module, name) if hooks is None else hooks
     if not hooks and not isinstance(orig, torch.nn.Parameter):
         raise TypeError(
