@@ -106,8 +106,17 @@ def speeds(model: Any, ids: Any, prefill: int, decode_tokens: int, repeats: int 
 
 
 def folder_bytes(model: Any) -> int:
+    """The bytes of the config and safetensors weights a folder of ``model`` holds.
+
+    Written with safetensors' ``save_model`` rather than ``save_pretrained``:
+    transformers refuses to save a model loaded from GGUF (as benchmarks/llm.py
+    loads SmolLM2), though its dequantised weights are plain tensors.
+    """
+    from safetensors.torch import save_model
+
     with tempfile.TemporaryDirectory() as folder:
-        model.save_pretrained(folder)
+        model.config.save_pretrained(folder)
+        save_model(model, str(Path(folder) / "model.safetensors"))
         return sum(path.stat().st_size for path in Path(folder).iterdir() if path.is_file())
 
 
