@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
+    from prunereg._models.slimmed import apply_slimmed_shapes, slimmed_shapes
     from prunereg._models.state_dict import load_state_dict
     from prunereg._models.summary import Summary, TensorSummary, summary
     from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from prunereg._oneshot.streaming import oneshot_folder
     from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
+    from prunereg._slim.engine import slim
+    from prunereg._slim.graph import SlimError
+    from prunereg._slim.importance import Importance, get_importance, register_importance
+    from prunereg._slim.report import SlimReport
 
 __version__ = "0.1.0"
 
@@ -43,6 +48,7 @@ __all__ = [
     "CheckpointError",
     "GroupSummary",
     "GroupedSummary",
+    "Importance",
     "LayerStatistics",
     "MethodInfo",
     "OneShotReport",
@@ -53,13 +59,17 @@ __all__ = [
     "PrunedWeight",
     "PruningContainer",
     "Register",
+    "SlimError",
+    "SlimReport",
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
     "apply_masks",
+    "apply_slimmed_shapes",
     "compact_masks",
     "from_pretrained",
     "get",
+    "get_importance",
     "global_unstructured",
     "hookimpl",
     "info",
@@ -73,9 +83,12 @@ __all__ = [
     "perplexity",
     "prune_file",
     "register",
+    "register_importance",
     "remove",
     "safe_globals",
     "save_pretrained",
+    "slim",
+    "slimmed_shapes",
     "summary",
 ]
 
@@ -85,6 +98,7 @@ _LAZY = {
     "CheckpointError": "prunereg._disk.errors",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
+    "Importance": "prunereg._slim.importance",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
     "OneShotReport": "prunereg._oneshot.report",
@@ -95,12 +109,16 @@ _LAZY = {
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
     "Register": "prunereg._plugins.hookspec",
+    "SlimError": "prunereg._slim.graph",
+    "SlimReport": "prunereg._slim.report",
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",
     "apply_masks": "prunereg._files.offline",
+    "apply_slimmed_shapes": "prunereg._models.slimmed",
     "compact_masks": "prunereg._core.compact",
     "from_pretrained": "prunereg._models.huggingface",
+    "get_importance": "prunereg._slim.importance",
     "global_unstructured": "prunereg._core.global_pruning",
     "hookimpl": "prunereg._plugins.hookspec",
     "is_pruned": "prunereg._core.reparam",
@@ -113,7 +131,10 @@ _LAZY = {
     "prune_file": "prunereg._files.file_pruning",
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
+    "register_importance": "prunereg._slim.importance",
     "save_pretrained": "prunereg._models.huggingface",
+    "slim": "prunereg._slim.engine",
+    "slimmed_shapes": "prunereg._models.slimmed",
     "summary": "prunereg._models.summary",
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from prunereg._cli import checkpoint as _checkpoint  # noqa: F401  (importing it attaches its commands)
 from prunereg._cli import oneshot as _oneshot  # noqa: F401  (importing it attaches its commands)
 from prunereg._cli import registry as _registry  # noqa: F401  (importing it attaches its commands)
+from prunereg._cli import slim as _slim  # noqa: F401  (importing it attaches its commands)
 from prunereg._cli.app import main
 
 __all__ = ["main"]

@@ -85,6 +85,36 @@ def load_causal_lm(folder: str | os.PathLike[str], *, dtype: Any = "auto", label
     return model.eval()
 
 
+def model_class(config: Any, label: str = "MODEL_DIR") -> Any:
+    """The transformers class the config's ``architectures`` names (transformers' own, never the folder's code)."""
+    import transformers
+
+    names = getattr(config, "architectures", None) or []
+    found = getattr(transformers, names[0], None) if names else None
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        named = f"names {names[0]!r}, which transformers does not have" if names else "names no architecture"
+        raise ValueError(f"{label}'s config.json {named}")
+    return found
+
+
+def load_model(folder: str | os.PathLike[str], *, dtype: Any = "auto", label: str = "MODEL_DIR") -> nn.Module:
+    """The folder's model (any architecture transformers has, as ``architectures`` names it) in eval mode.
+
+    The checks of :func:`load_causal_lm`: no folder code, nothing outside the folder, no weight made up.
+    """
+    config = load_config(folder, label)
+    cls = model_class(config, label)
+    weight_files(folder, label)
+    with _no_folder_code(folder, label), library_bars():
+        loaded: Any = cls.from_pretrained(
+            folder, config=config, dtype=dtype, trust_remote_code=False, output_loading_info=True
+        )
+    model, info = loaded
+    refuse_incomplete(info["missing_keys"], info["unexpected_keys"], folder, label)
+    refuse_unsaveable(model, label)
+    return model.eval()
+
+
 def load_tokenizer(folder: str | os.PathLike[str], label: str = "MODEL_DIR") -> Any:
     """The folder's tokenizer, built by transformers' own classes."""
     from transformers import AutoTokenizer

@@ -40,6 +40,7 @@ from prunereg._core import tied as _tied
 from prunereg._core.compact import require_binary
 from prunereg._core.custom import CustomFromMask
 from prunereg._disk.model_dir import check_links, safetensors_weight_map, weight_files
+from prunereg._models.slimmed import CONFIG_KEY, apply_slimmed_shapes
 from prunereg._progress import library_bars
 from prunereg._text import quoted
 
@@ -91,7 +92,12 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     if local:
         check_links(folder, "pretrained")
     masks: dict[str, torch.Tensor] = {}
-    if local and _has_pruned_keys(folder):
+    if local and _is_slimmed(folder, kwargs.get("config")):
+        config = kwargs.get("config") or model_class.config_class.from_pretrained(
+            pretrained, trust_remote_code=kwargs["trust_remote_code"]
+        )
+        model = _slimmed_from_folder(model_class, folder, config, kwargs)
+    elif local and _has_pruned_keys(folder):
         state = {}
         for file in weight_files(folder, "pretrained").files:
             state.update(safetensors.torch.load_file(str(file)))
@@ -111,6 +117,40 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
         site = _tied.resolve(model, name)
         if not reparam.pruning_hooks(site.module, site.name):  # a tied parameter is pruned with its group
             CustomFromMask.apply(model, name, mask.to(getattr(site.module, site.name).device))
+    return model
+
+
+def _is_slimmed(folder: Path, config: Any) -> bool:
+    """Whether the config (given, or the folder's ``config.json``) records shapes ``prunereg.slim`` made."""
+    if config is not None:
+        return bool(getattr(config, CONFIG_KEY, None))
+    path = folder / "config.json"
+    try:
+        return bool(json.loads(path.read_text(encoding="utf-8")).get(CONFIG_KEY)) if path.is_file() else False
+    except (OSError, ValueError, AttributeError):
+        return False  # transformers reports an unreadable config itself
+
+
+def _slimmed_from_folder(model_class: Any, folder: Path, config: Any, kwargs: dict[str, Any]) -> nn.Module:
+    """A model ``prunereg.slim`` made narrower than its config states, loaded by transformers itself.
+
+    transformers builds the model (a subclass that takes the recorded shapes
+    as soon as it is built) and loads the weights with its own key mapping and
+    checks; the model is then of ``model_class`` again.
+    """
+    record = getattr(config, CONFIG_KEY)
+
+    class Slimmed(model_class):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            apply_slimmed_shapes(self, record)
+
+    Slimmed.__name__, Slimmed.__qualname__ = model_class.__name__, model_class.__qualname__
+    Slimmed.__module__ = model_class.__module__
+    kwargs = {key: value for key, value in kwargs.items() if key != "config"}
+    with library_bars():
+        model = Slimmed.from_pretrained(folder, config=config, **kwargs)
+    model.__class__ = model_class
     return model
 
 

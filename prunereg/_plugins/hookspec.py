@@ -77,8 +77,9 @@ def prunereg_register_methods(register: Register) -> None:
       :mod:`prunereg._plugins.kinds`: ``"unstructured"``, ``"structured"`` and
       ``"global"`` (:class:`prunereg.BasePruningMethod` subclasses, run by
       ``apply``), ``"calibrated"`` (:class:`prunereg.CalibratedMethod`
-      subclasses, run by :func:`prunereg.oneshot`). Checked when the class is
-      imported; ``prunereg list`` shows each method's kind.
+      subclasses, run by :func:`prunereg.oneshot`), ``"importance"``
+      (:class:`prunereg.Importance` subclasses, used by :func:`prunereg.slim`).
+      Checked when the class is imported; ``prunereg list`` shows each method's kind.
     - ``summary``: one line saying what the method prunes.
     - ``replace``: take over a name registered earlier (a built-in, say) on
       purpose. Without it the earlier registration keeps the name and this one

@@ -93,3 +93,9 @@ declare_kind(
     "`prunereg.oneshot`, `prunereg oneshot`; `prunereg prune` if it needs no calibration",
     commands="oneshot; prune if calibration-free",
 )
+declare_kind(
+    "importance",
+    "prunereg._slim.importance:Importance",
+    "`prunereg.slim(model, inputs, ratio=r, importance=name)`, `prunereg slim --importance`",
+    commands="slim --importance",
+)

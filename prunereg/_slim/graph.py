@@ -1,0 +1,1184 @@
+"""The channel dependency graph of a model, read from ``torch.export``'s ATen graph.
+
+``torch.export`` (not autograd tracing) gives every operation with the shapes
+of its inputs and outputs, whatever Python the model runs, tuples and caches
+included. Each dimension of each tensor gets an array of channel ids
+(:mod:`prunereg._slim.ids`) and each operation couples them by a rule below:
+a residual add couples the added tensors' channels position by position, a
+concatenation lays its inputs' ids end to end, a split hands out slices of
+them, a grouped or depthwise convolution couples each group's input and
+output channels, a reshape into heads couples each head's positions (heads go
+whole; their width stays), attention couples queries, keys and values head by
+head (with grouped KV heads, a KV head with its group of query heads), and so
+on. An operation without a rule pins what it touches, naming itself, so a
+channel only ever goes where every rule says it may.
+
+The result, :class:`DependencyGraph`, says for each parameter and buffer which
+id every position of every dimension carries; :mod:`prunereg._slim.groups`
+turns that into removable units.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import operator
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.fx import Node
+
+from prunereg._slim.ids import IdArray, Ids
+
+Dims = list[IdArray]
+"""The ids of a tensor: one 1-D id tensor per dimension, as long as that dimension."""
+
+INPUT = "a model input keeps its shape"
+OUTPUT = "a model output keeps its shape"
+
+
+class SlimError(RuntimeError):
+    """A model that cannot be slimmed as asked; the model is left exactly as it was."""
+
+
+@dataclass
+class DependencyGraph:
+    """Which channel id each position of each parameter and buffer dimension carries."""
+
+    ids: Ids
+    tensors: dict[str, Dims]
+    """Parameter or buffer name (as in ``named_parameters``) to the ids of its dimensions."""
+    producers: set[tuple[str, int]] = field(default_factory=set)
+    """``(tensor name, dim)`` that makes channels: output rows of Linear and convolution weights, embedding columns."""
+    conv_groups: dict[str, int] = field(default_factory=dict)
+    """Grouped or depthwise convolution's module name to its output channels per group (whole groups go)."""
+    norm_groups: dict[str, int] = field(default_factory=dict)
+    """GroupNorm's module name to its channels per group (whole groups go)."""
+    macs: list[tuple[list[IdArray], int]] = field(default_factory=list)
+    """Per matrix product or convolution: the dimensions its multiply-accumulates run over, and a constant factor."""
+
+    def count_macs(self, removed: set[int] | None = None) -> int:
+        """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
+        total = 0
+        for dims, factor in self.macs:
+            count = factor
+            for ids in dims:
+                if removed:
+                    count *= sum(1 for root in self.ids.roots(ids).tolist() if root not in removed)
+                else:
+                    count *= ids.numel()
+            total += count
+        return total
+
+
+def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on the example inputs, its failure turned into a :class:`SlimError`."""
+    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
+    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
+    try:
+        with warnings.catch_warnings(), _no_stack_traces():
+            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
+            return torch.export.export(model, args, kwargs=kwargs, strict=False)
+    except Exception as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SlimError(
+            f"cannot build the graph of {type(model).__name__} with torch.export: {type(error).__name__}: {first_line}"
+        ) from error
+    finally:
+        for module, tensors in held:
+            for key in _plain_tensors(module).keys() - tensors.keys():
+                del module.__dict__[key]
+            module.__dict__.update(tensors)
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Skip recording a Python stack trace per graph node (most of export's time on a large model), where torch can."""
+    config = getattr(torch.fx, "config", None)
+    if config is None or not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    saved = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = saved
+
+
+def _plain_tensors(module: nn.Module) -> dict[str, Tensor]:
+    return {key: value for key, value in module.__dict__.items() if isinstance(value, Tensor)}
+
+
+def build_graph(
+    model: nn.Module, exported: torch.export.ExportedProgram, pinned_modules: Iterable[str] = ()
+) -> DependencyGraph:
+    """The dependency graph of ``model`` exported; tensors of ``pinned_modules`` (and below) keep every channel."""
+    pinned = tuple(pinned_modules)
+    fused: set[str] = set()
+    while True:  # a split found to be q/k/v (indexed by constants afterwards) is redone the other way
+        builder = _Builder(exported, pinned, fused)
+        builder.run()
+        if not builder.newly_fused:
+            break
+        fused |= builder.newly_fused
+    graph = builder.result()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.MultiheadAttention):
+            _multihead_attention(graph, name, module)
+    return graph
+
+
+def _tensor(graph: DependencyGraph, module_name: str, tensor_name: str) -> Dims | None:
+    prefix = f"{module_name}.{tensor_name}" if module_name else tensor_name
+    return graph.tensors.get(prefix, graph.tensors.get(prefix + "_orig"))
+
+
+def _multihead_attention(graph: DependencyGraph, name: str, module: nn.MultiheadAttention) -> None:
+    """``nn.MultiheadAttention`` reads its width from its input: input channel e goes with q, k and v channel e."""
+    in_proj = _tensor(graph, name, "in_proj_weight")
+    if in_proj is None:
+        for tensor, dims in graph.tensors.items():
+            if tensor.startswith(name + ".") or not name:
+                for ids in dims:
+                    graph.ids.pin(ids, f"'{name}' (nn.MultiheadAttention with kdim or vdim) is not slimmed")
+        return
+    width = in_proj[1].numel()
+    for part in range(3):
+        graph.ids.union_arrays(in_proj[0][part * width : (part + 1) * width], in_proj[1])
+
+
+def _refuse_symbolic(node: Node, builder: _Builder) -> None:
+    values = node.meta.get("val")
+    for value in _flatten(values if isinstance(values, (list, tuple)) else [values]):
+        if isinstance(value, torch.Tensor) and not all(isinstance(size, int) for size in value.shape):
+            raise SlimError(
+                f"{_op_text(node)} in {builder.module_name(node)} makes a shape that depends on the data, "
+                "which slimming cannot follow"
+            )
+
+
+def _owner(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+class _Builder:
+    def __init__(self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str]) -> None:
+        self.exported = exported
+        self.pinned_modules = pinned
+        self.fused = fused
+        self.newly_fused: set[str] = set()
+        self.ids = Ids()
+        self.env: dict[Node, Any] = {}
+        self.graph = DependencyGraph(self.ids, {})
+        self.split_origin: dict[int, str] = {}
+        self.node: Node | None = None
+
+    # -- running ------------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        signature = self.exported.graph_signature
+        kinds = {spec.arg.name: spec for spec in signature.input_specs if hasattr(spec.arg, "name")}
+        for node in self.exported.graph.nodes:
+            self.node = node
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, kinds.get(node.name))
+            elif node.op == "call_function":
+                _refuse_symbolic(node, self)
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                for value in _flatten(_a(node)[0]):
+                    if isinstance(value, Node):
+                        for dims in _tensor_dims(self.env.get(value)):
+                            self.pin_dims(dims, OUTPUT)
+
+    def result(self) -> DependencyGraph:
+        return self.graph
+
+    def _placeholder(self, node: Node, spec: Any) -> Any:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            return None
+        kind = getattr(getattr(spec, "kind", None), "name", "USER_INPUT")
+        target = getattr(spec, "target", None)
+        if kind in ("PARAMETER", "BUFFER") and isinstance(target, str):
+            owner = _owner(target)
+            ignored = next((m for m in self.pinned_modules if owner == m or owner.startswith(m + ".") or m == ""), None)
+            reason = f"module '{ignored}' is ignored" if ignored is not None else None
+            dims = [self.ids.fresh(size, reason) for size in value.shape]
+            self.graph.tensors[target] = dims
+            return dims
+        reason = INPUT if kind == "USER_INPUT" else f"the constant tensor {target}"
+        return [self.ids.fresh(size, reason) for size in value.shape]
+
+    def _call(self, node: Node) -> Any:
+        if node.target is operator.getitem:
+            container = self.env.get(_a(node)[0])
+            index = _a(node)[1]
+            if isinstance(container, (list, tuple)) and isinstance(index, int) and index < len(container):
+                return container[index]
+            return self.fresh_like(node, self.unfollowed_reason(node))
+        name = _op_name(node.target)
+        rule = _RULES.get(name)
+        if rule is None and name.endswith("_") and not name.startswith("_"):
+            rule = _RULES.get(name[:-1])  # in place (add_, mul_, relu_): as out of place
+        if rule is None:
+            if not _any_tensor_input(self, node):
+                return self.fresh_like(node, None)  # a factory (arange, zeros, ...): new positions, pinned below
+            return self.unfollowed(node)
+        return rule(self, node)
+
+    # -- helpers for the rules ----------------------------------------------------------------------------------
+    def dims(self, arg: Any) -> Dims | None:
+        value = self.env.get(arg) if isinstance(arg, Node) else None
+        if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
+            return value
+        return None
+
+    def module_name(self, node: Node | None = None) -> str:
+        target = node if node is not None else self.node
+        stack = (target.meta.get("nn_module_stack") if target is not None else None) or {}
+        if not stack:
+            return "the model"
+        path = list(stack.values())[-1][0]
+        return f"'{path}'" if path else "the model"
+
+    def unfollowed_reason(self, node: Node) -> str:
+        return f"{_op_text(node)} in {self.module_name(node)}, which slimming cannot follow"
+
+    def unfollowed(self, node: Node) -> Any:
+        reason = self.unfollowed_reason(node)
+        for arg in _flatten((_a(node), node.kwargs)):
+            for dims in _tensor_dims(self.env.get(arg) if isinstance(arg, Node) else None):
+                self.pin_dims(dims, reason)
+        return self.fresh_like(node, reason)
+
+    def fresh_like(self, node: Node, reason: str | None) -> Any:
+        def fresh(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return [self.ids.fresh(size, reason or f"positions made by {_op_text(node)}") for size in value.shape]
+            if isinstance(value, (list, tuple)):
+                return [fresh(v) for v in value]
+            return None
+
+        return fresh(node.meta.get("val"))
+
+    def pin_dims(self, dims: Dims, reason: str) -> None:
+        for ids in dims:
+            self.ids.pin(ids, reason)
+
+    def fixed(self, size: int, why: str = "") -> IdArray:
+        return self.ids.fresh(size, why or f"positions made by {_op_text(self.node)}")
+
+    def union(self, a: IdArray, b: IdArray) -> None:
+        if a.shape == b.shape:
+            self.ids.union_arrays(a, b)
+
+    def positional(self, dims: Dims, dim: int, node: Node) -> None:
+        """Pin ``dims[dim]``: ``node`` reads fixed positions of it (an index, a slice, padding)."""
+        ids = dims[dim]
+        for index in ids.tolist():
+            if index in self.split_origin and node.name not in self.fused:
+                self.newly_fused.add(self.split_origin[index])
+        reason = f"{_op_text(node)} in {self.module_name(node)} reads fixed positions of dimension {dim}"
+        self.ids.pin(ids, reason)
+
+    def broadcast(self, node: Node, operands: Sequence[Any], shape: Sequence[int]) -> Dims:
+        """Couple same-size dimensions of broadcast ``operands`` (aligned from the right) into ``shape``'s ids."""
+        out: Dims = []
+        operand_dims = [d for d in (self.dims(op) for op in operands) if d is not None]
+        for back in range(1, len(shape) + 1):
+            size = shape[-back]
+            matching = [d[-back] for d in operand_dims if len(d) >= back and d[-back].numel() == size]
+            if not matching:
+                out.append(self.fixed(size))
+                continue
+            for other in matching[1:]:
+                self.union(matching[0], other)
+            out.append(matching[0])
+        return out[::-1]
+
+    def reshape(self, node: Node, dims: Dims, old: Sequence[int], new: Sequence[int]) -> Dims:
+        """The ids of a reshape from ``old`` to ``new`` (views, flatten, unflatten, squeeze, unsqueeze)."""
+        out: list[IdArray | None] = [None] * len(new)
+        for old_group, new_group in _reshape_groups(old, new):
+            if len(old_group) == 1 and len(new_group) == 1:
+                out[new_group[0]] = dims[old_group[0]]
+                continue
+            flat = self.merge([dims[i] for i in old_group], [old[i] for i in old_group])
+            for j, piece in zip(new_group, self.split(node, flat, [new[j] for j in new_group]), strict=True):
+                out[j] = piece
+        return [ids if ids is not None else self.fixed(new[j]) for j, ids in enumerate(out)]
+
+    def merge(self, parts: Dims, sizes: Sequence[int]) -> IdArray:
+        """Dimensions merged into one (outer first): at most one may carry removable channels."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return self.fixed(1)
+        free = [k for k, ids in enumerate(parts) if not self.ids.all_pinned(ids)]
+        if len(free) > 1:
+            for k in free[1:]:
+                self.ids.pin(parts[k], f"{_op_text(self.node)} in {self.module_name()} merges two channel dimensions")
+            free = free[:1]
+        if not free:
+            return self.fixed(math.prod(sizes))
+        k = free[0]
+        outer, inner = math.prod(sizes[:k]), math.prod(sizes[k + 1 :])
+        return parts[k].repeat_interleave(inner).repeat(outer)
+
+    def split(self, node: Node, flat: IdArray, sizes: Sequence[int]) -> Dims:
+        """One dimension split into ``sizes`` (outer first): the ids each new dimension carries."""
+        if len(sizes) == 1:
+            return [flat]
+        outer, inner = sizes[0], math.prod(sizes[1:])
+        roots = self.ids.roots(flat).reshape(outer, inner)
+        if bool((roots == roots[:, :1]).all()):  # each row one class: the outer dimension carries them
+            return [roots[:, 0].clone(), *[self.fixed(s) for s in sizes[1:]]]
+        if bool((roots == roots[:1]).all()):  # every row alike: the inner dimensions carry them
+            return [self.fixed(outer), *self.split(node, roots[0].clone(), sizes[1:])]
+        if node.name in self.fused:  # q/k/v laid side by side: position e of each part goes together
+            for column in roots.T:
+                self.ids.union_all(column)
+            return [self.fixed(outer), *self.split(node, self.ids.roots(roots[0]), sizes[1:])]
+        # heads: each outer position (a head) goes whole and its width stays
+        heads = torch.tensor([self.ids.union_all(row) for row in roots], dtype=torch.int64)
+        for index in heads.tolist():
+            self.split_origin.setdefault(index, node.name)
+        return [heads, *[self.fixed(s) for s in sizes[1:]]]
+
+
+# -- reshapes ---------------------------------------------------------------------------------------------------
+def _reshape_groups(old: Sequence[int], new: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Runs of ``old``'s and ``new``'s dimensions (size-1 ones left out) with equal products, in order."""
+    real_old = [i for i, size in enumerate(old) if size != 1]
+    real_new = [j for j, size in enumerate(new) if size != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(real_old) and j < len(real_new):
+        old_group, new_group = [real_old[i]], [real_new[j]]
+        p, q = old[real_old[i]], new[real_new[j]]
+        i, j = i + 1, j + 1
+        while p != q:
+            if p < q and i < len(real_old):
+                p *= old[real_old[i]]
+                old_group.append(real_old[i])
+                i += 1
+            elif q < p and j < len(real_new):
+                q *= new[real_new[j]]
+                new_group.append(real_new[j])
+                j += 1
+            else:
+                raise ValueError(f"cannot reshape {list(old)} into {list(new)}")
+        groups.append((old_group, new_group))
+    return groups
+
+
+# -- rules ------------------------------------------------------------------------------------------------------
+_Rule = Callable[[_Builder, Node], Any]
+_RULES: dict[str, _Rule] = {}
+
+
+def _rule(*names: str) -> Callable[[_Rule], _Rule]:
+    def register(function: _Rule) -> _Rule:
+        for name in names:
+            _RULES[name] = function
+        return function
+
+    return register
+
+
+def _a(node: Node) -> tuple[Any, ...]:
+    """A node's positional arguments, untyped (torch.fx types them as a wide union)."""
+    return tuple(node.args)
+
+
+def _kw(node: Node, name: str, default: Any = None) -> Any:
+    return dict(node.kwargs).get(name, default)
+
+
+def _op_name(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return str(packet.__name__)
+    return str(getattr(target, "__name__", target))
+
+
+def _op_text(node: Node | None) -> str:
+    if node is None:
+        return "an operation"
+    packet = getattr(node.target, "overloadpacket", None)
+    return f"aten.{packet.__name__}" if packet is not None else str(getattr(node.target, "__name__", node.target))
+
+
+def _flatten(value: Any) -> Iterable[Any]:
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _flatten(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _flatten(item)
+    else:
+        yield value
+
+
+def _tensor_dims(value: Any) -> Iterable[Dims]:
+    if isinstance(value, list) and value and all(isinstance(v, torch.Tensor) for v in value):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensor_dims(item)
+
+
+def _any_tensor_input(builder: _Builder, node: Node) -> bool:
+    return any(
+        isinstance(arg, Node) and isinstance(arg.meta.get("val"), torch.Tensor)
+        for arg in _flatten((_a(node), node.kwargs))
+    )
+
+
+def _shape(node: Any) -> tuple[int, ...]:
+    value = node.meta.get("val") if isinstance(node, Node) else None
+    return tuple(int(s) for s in value.shape) if isinstance(value, torch.Tensor) else ()
+
+
+def _dim(dim: int, ndim: int) -> int:
+    return dim + ndim if dim < 0 else dim
+
+
+_ELEMENTWISE = [
+    "add",
+    "sub",
+    "rsub",
+    "mul",
+    "div",
+    "true_divide",
+    "floor_divide",
+    "remainder",
+    "where",
+    "maximum",
+    "minimum",
+    "pow",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "relu",
+    "relu_",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "hardtanh",
+    "hardtanh_",
+    "leaky_relu",
+    "elu",
+    "selu",
+    "celu",
+    "hardswish",
+    "hardsigmoid",
+    "mish",
+    "softplus",
+    "relu6",
+    "logit",
+    "prelu",
+    "dropout",
+    "alpha_dropout",
+    "feature_dropout",
+    "native_dropout",
+    "clone",
+    "contiguous",
+    "_to_copy",
+    "to",
+    "type_as",
+    "detach",
+    "neg",
+    "exp",
+    "log",
+    "log1p",
+    "expm1",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "erf",
+    "sin",
+    "cos",
+    "reciprocal",
+    "square",
+    "sign",
+    "masked_fill",
+    "lift_fresh_copy",
+    "alias",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_not",
+    "logical_and",
+    "logical_or",
+    "bitwise_not",
+    "bitwise_and",
+    "bitwise_or",
+    "isnan",
+    "isinf",
+    "nan_to_num",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "empty_like",
+    "rand_like",
+    "randn_like",
+    "fill",
+    "lerp",
+    "addcmul",
+    "addcdiv",
+    "_assert_tensor_metadata",
+    "copy",
+    "float",
+    "bfloat16",
+    "half",
+]
+
+
+@_rule(*_ELEMENTWISE)
+def _elementwise(b: _Builder, node: Node) -> Any:
+    value = node.meta.get("val")
+    operands = [a for a in _flatten((_a(node), node.kwargs)) if isinstance(a, Node)]
+    if isinstance(value, (tuple, list)):  # native_dropout: (output, mask)
+        shape = _shape_of(value[0])
+        out = b.broadcast(node, operands, shape)
+        return [out, *[b.broadcast(node, operands, _shape_of(v)) for v in value[1:]]]
+    if not isinstance(value, torch.Tensor):
+        return None
+    return b.broadcast(node, operands, tuple(value.shape))
+
+
+def _shape_of(value: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in value.shape) if isinstance(value, torch.Tensor) else ()
+
+
+@_rule("softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax")
+def _softmax(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    return list(dims) if dims is not None else b.unfollowed(node)
+
+
+@_rule("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "view_as", "reshape_as")
+def _view(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    old, new = _shape(_a(node)[0]), _shape(node)
+    if _op_name(node.target) in ("view", "reshape", "_unsafe_view") and _one_head(old, new):
+        # (..., width) -> (..., 1, width): one head of that width (Mistral's single KV head), whole or not at all
+        head = torch.tensor([b.ids.union_all(dims[-1])], dtype=torch.int64)
+        return [*b.reshape(node, dims[:-1], old[:-1], new[:-2]), head, b.fixed(new[-1])]
+    return b.reshape(node, dims, old, new)
+
+
+def _one_head(old: Sequence[int], new: Sequence[int]) -> bool:
+    """Whether a view splits the last dimension into one head: ``(..., w) -> (..., 1, w)`` with the rest alike."""
+    return (
+        len(old) >= 2 and len(new) == len(old) + 1 and old[-1] > 1 and new[-2:] == (1, old[-1])
+        and tuple(new[:-2]) == tuple(old[:-1])
+    )  # fmt: skip
+
+
+@_rule("permute", "transpose", "t", "swapaxes", "movedim", "numpy_T", "mT")
+def _permute(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    ndim = len(dims)
+    name = _op_name(node.target)
+    order = list(range(ndim))
+    if name == "permute":
+        order = [_dim(d, ndim) for d in _a(node)[1]]
+    elif name in ("transpose", "swapaxes"):
+        a, c = _dim(int(_a(node)[1]), ndim), _dim(int(_a(node)[2]), ndim)
+        order[a], order[c] = order[c], order[a]
+    elif name in ("t", "numpy_T", "mT"):
+        order = order[::-1] if name != "mT" else [*order[:-2], order[-1], order[-2]]
+    else:
+        return b.unfollowed(node)
+    return [dims[k] for k in order]
+
+
+@_rule("expand", "expand_as", "broadcast_to")
+def _expand(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    shape = _shape(node)
+    lead = len(shape) - len(dims)
+    out: Dims = []
+    for j, size in enumerate(shape):
+        k = j - lead
+        out.append(dims[k] if k >= 0 and dims[k].numel() == size else b.fixed(size))
+    return out
+
+
+@_rule("repeat")
+def _repeat(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    shape = _shape(node)
+    lead = len(shape) - len(dims)
+    return [
+        dims[j - lead].repeat(shape[j] // dims[j - lead].numel()) if j >= lead else b.fixed(s)
+        for j, s in enumerate(shape)
+    ]
+
+
+@_rule(
+    "select",
+    "slice",
+    "narrow",
+    "index_select",
+    "gather",
+    "roll",
+    "flip",
+    "cumsum",
+    "cumprod",
+    "tril",
+    "triu",
+    "argmax",
+    "argmin",
+    "sort",
+    "topk",
+)
+def _positional(b: _Builder, node: Node) -> Any:
+    """Operations that read fixed positions of one dimension: that dimension keeps its positions."""
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    name = _op_name(node.target)
+    ndim = len(dims)
+    if name in ("tril", "triu"):
+        touched = [ndim - 2, ndim - 1]
+    elif name == "flip":
+        touched = [_dim(d, ndim) for d in _a(node)[1]]
+    elif name in ("argmax", "argmin"):
+        dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim")
+        touched = list(range(ndim)) if dim_arg is None else [_dim(int(dim_arg), ndim)]
+    elif name == "roll":
+        touched = [_dim(d, ndim) for d in (_a(node)[2] if len(_a(node)) > 2 else range(ndim))]
+    elif name == "topk":  # topk(input, k, dim=-1)
+        touched = [_dim(int(_a(node)[2] if len(_a(node)) > 2 else _kw(node, "dim", -1)), ndim)]
+    else:
+        dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0 if name != "sort" else -1)
+        touched = [_dim(int(dim_arg), ndim)]
+    if not all(0 <= d < ndim for d in touched):
+        return b.unfollowed(node)
+    shape = _shape(_a(node)[0])
+    if name == "slice":
+        start, end, step = [*_a(node)[2:5], None, None, None][:3]
+        d = touched[0]
+        if (start in (None, 0)) and (end is None or int(end) >= shape[d]) and step in (None, 1):
+            return list(dims)  # the whole dimension: nothing read by position
+    for d in touched:
+        b.positional(dims, d, node)
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):
+        return b.fresh_like(node, None)
+    out_shape = _shape(node)
+    if name == "select":
+        rest = [ids for k, ids in enumerate(dims) if k != touched[0]]
+        return [ids if ids.numel() == out_shape[k] else b.fixed(out_shape[k]) for k, ids in enumerate(rest)]
+    if len(out_shape) == ndim:
+        return [
+            ids if ids.numel() == out_shape[k] and k not in touched else b.fixed(out_shape[k])
+            for k, ids in enumerate(dims)
+        ]
+    return b.fresh_like(node, None)
+
+
+@_rule("split", "split_with_sizes", "chunk", "unbind", "tensor_split", "unsafe_split", "unsafe_chunk", "split_copy")
+def _split(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    value = node.meta.get("val")
+    if dims is None or not isinstance(value, (list, tuple)):
+        return b.unfollowed(node)
+    name = _op_name(node.target)
+    ndim = len(dims)
+    default_dim = 0
+    dim_arg = _a(node)[2] if len(_a(node)) > 2 else _kw(node, "dim", default_dim)
+    if name == "unbind":
+        dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0)
+    d = _dim(int(dim_arg), ndim)
+    ids = dims[d]
+    if name == "unbind":
+        b.positional(dims, d, node)
+        return [[x for k, x in enumerate(dims) if k != d] for _ in value]
+    sizes = [int(v.shape[d]) for v in value]
+    if len(set(sizes)) != 1 and not b.ids.all_pinned(ids):
+        # unequal parts: their sizes are constants in the code
+        b.positional(dims, d, node)
+    pieces: Dims = []
+    start = 0
+    for size in sizes:
+        pieces.append(ids[start : start + size])
+        start += size
+    if len(set(sizes)) == 1:  # equal parts stay equal (chunk, split by a size): position i of each goes together
+        for piece in pieces[1:]:
+            b.union(pieces[0], piece)
+    return [[piece if k == d else x for k, x in enumerate(dims)] for piece in pieces]
+
+
+@_rule("cat", "concat", "concatenate")
+def _cat(b: _Builder, node: Node) -> Any:
+    tensors = [t for t in _a(node)[0] if isinstance(t, Node)]
+    all_dims = [b.dims(t) for t in tensors]
+    shape = _shape(node)
+    found = [d for d in all_dims if d is not None and len(d) == len(shape)]
+    if len(found) != len(all_dims) or not found:
+        return b.unfollowed(node)
+    dim_arg = _a(node)[1] if len(_a(node)) > 1 else _kw(node, "dim", 0)
+    d = _dim(int(dim_arg), len(shape))
+    out: Dims = []
+    for k in range(len(shape)):
+        if k == d:
+            out.append(torch.cat([x[k] for x in found]))
+        else:
+            for other in found[1:]:
+                b.union(found[0][k], other[k])
+            out.append(found[0][k])
+    return out
+
+
+@_rule("stack")
+def _stack(b: _Builder, node: Node) -> Any:
+    tensors = [d for d in (b.dims(t) for t in _a(node)[0]) if d is not None]
+    if len(tensors) != len(_a(node)[0]):
+        return b.unfollowed(node)
+    shape = _shape(node)
+    dim_arg = _a(node)[1] if len(_a(node)) > 1 else 0
+    d = _dim(int(dim_arg), len(shape))
+    first = tensors[0]
+    for other in tensors[1:]:
+        for x, y in zip(first, other, strict=True):
+            b.union(x, y)
+    out = list(first)
+    out.insert(d, b.fixed(shape[d]))
+    return out
+
+
+def _matmul_dims(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
+    out = _matmul_out(b, node, left, right, operands)
+    b.graph.macs.append(([*out, left[-1]], 1))
+    return out
+
+
+def _matmul_out(b: _Builder, node: Node, left: Dims, right: Dims, operands: tuple[Any, Any]) -> Dims:
+    shape = _shape(node)
+    if len(right) >= 2:  # x @ W with W a parameter (GPT-2's Conv1D): W's columns make channels
+        _mark_producer(b, operands[1], len(right) - 1)
+    if len(left) >= 2:
+        _mark_producer(b, operands[0], len(left) - 2)
+    if len(right) == 1:
+        b.union(left[-1], right[0])
+        return left[:-1]
+    if len(left) == 1:
+        b.union(left[0], right[-2])
+        return [*right[:-2], right[-1]]
+    b.union(left[-1], right[-2])
+    batch_shape = shape[:-2]
+    lead: Dims = []
+    for back in range(1, len(batch_shape) + 1):
+        size = batch_shape[-back]
+        matching = [d[-2 - back] for d in (left, right) if len(d) >= back + 2 and d[-2 - back].numel() == size]
+        for other in matching[1:]:
+            b.union(matching[0], other)
+        lead.append(matching[0] if matching else b.fixed(size))
+    return [*lead[::-1], left[-2], right[-1]]
+
+
+@_rule("matmul", "mm", "bmm")
+def _matmul(b: _Builder, node: Node) -> Any:
+    left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    if left is None or right is None:
+        return b.unfollowed(node)
+    return _matmul_dims(b, node, left, right, (_a(node)[0], _a(node)[1]))
+
+
+@_rule("addmm", "baddbmm", "addbmm")
+def _addmm(b: _Builder, node: Node) -> Any:
+    bias, left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1]), b.dims(_a(node)[2])
+    if left is None or right is None:
+        return b.unfollowed(node)
+    out = _matmul_dims(b, node, left, right, (_a(node)[1], _a(node)[2]))
+    if bias is not None:
+        for back in range(1, min(len(bias), len(out)) + 1):
+            b.union(bias[-back], out[-back])
+    return out
+
+
+@_rule("linear")
+def _linear(b: _Builder, node: Node) -> Any:
+    x, weight = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    bias = b.dims(_a(node)[2]) if len(_a(node)) > 2 else b.dims(_kw(node, "bias"))
+    if x is None or weight is None:
+        return b.unfollowed(node)
+    b.union(x[-1], weight[1])
+    if bias is not None:
+        b.union(bias[0], weight[0])
+    _mark_producer(b, _a(node)[1], 0)
+    out = [*x[:-1], weight[0]]
+    b.graph.macs.append(([*out, x[-1]], 1))
+    return out
+
+
+_SAME_DIMS = frozenset(
+    {"mul", "_to_copy", "to", "clone", "contiguous", "detach", "alias"}
+    | {"split", "chunk", "split_with_sizes", "unsafe_split", "unsafe_chunk"}
+)
+"""Operations between a parameter and a layer that keep its dimensions (a pruning mask, a cast, q/k/v parts)."""
+
+
+def _mark_producer(b: _Builder, arg: Any, dim: int) -> None:
+    """Record that ``arg``'s dimension ``dim`` makes channels (following ``orig * mask`` back to the parameter)."""
+    seen: set[Node] = set()
+    stack = [arg]
+    names = {spec.arg.name: spec.target for spec in b.exported.graph_signature.input_specs if hasattr(spec.arg, "name")}
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, Node) or current in seen:
+            continue
+        seen.add(current)
+        if current.op == "placeholder":
+            target = names.get(current.name)
+            if isinstance(target, str) and target in b.graph.tensors and len(_shape(current)) == len(_shape(arg)):
+                b.graph.producers.add((target, dim))
+        elif current.op == "call_function" and (
+            current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS
+        ):
+            stack.extend(a for a in current.args if isinstance(a, Node))
+
+
+@_rule(
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "convolution",
+    "_convolution",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+)
+def _conv(b: _Builder, node: Node) -> Any:
+    x, weight = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    bias = b.dims(_a(node)[2]) if len(_a(node)) > 2 else None
+    name = _op_name(node.target)
+    if name in ("convolution", "_convolution"):
+        transposed = bool(_a(node)[6])
+        groups = int(_a(node)[8])
+    elif name.startswith("conv_transpose"):
+        transposed = True
+        groups = int(_a(node)[6]) if len(_a(node)) > 6 else 1
+    else:
+        transposed = False
+        groups = int(_a(node)[6]) if len(_a(node)) > 6 else int(_kw(node, "groups", 1))
+    if x is None or weight is None or (transposed and groups != 1):
+        return b.unfollowed(node)
+    shape = _shape(node)
+    spatial = len(weight) - 2
+    batch = x[: len(x) - spatial - 1]
+    channels = x[len(x) - spatial - 1]
+    for k in range(2, len(weight)):  # kernel positions
+        b.ids.pin(weight[k], "a convolution kernel keeps its size")
+    for ids in x[len(x) - spatial :]:  # the output's positions come from these: they keep them
+        b.ids.pin(ids, f"{_op_text(node)} in {b.module_name(node)} slides over these positions")
+    out_spatial = [b.fixed(s, "spatial positions") for s in shape[len(shape) - spatial :]]
+    if transposed:
+        b.union(channels, weight[0])
+        out_channels = weight[1]
+        _mark_producer(b, _a(node)[1], 1)
+    elif groups == 1:
+        b.union(channels, weight[1])
+        out_channels = weight[0]
+        _mark_producer(b, _a(node)[1], 0)
+    else:
+        # grouped or depthwise: each group's input and output channels go together, whole groups at a time
+        per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
+        b.ids.pin(weight[1], "a grouped convolution keeps its channels per group")
+        for g in range(groups):
+            root = b.ids.union_all(
+                torch.cat([channels[g * per_in : (g + 1) * per_in], weight[0][g * per_out : (g + 1) * per_out]])
+            )
+            del root
+        out_channels = weight[0]
+        _mark_producer(b, _a(node)[1], 0)
+        b.graph.conv_groups[_module_path(node)] = per_out
+    if bias is not None:
+        b.union(bias[0], out_channels)
+    out = [*batch, out_channels, *out_spatial]
+    b.graph.macs.append(([*out, weight[1] if not transposed else weight[0]], math.prod(_shape(_a(node)[1])[2:])))
+    return out
+
+
+def _module_path(node: Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return str(list(stack.values())[-1][0]) if stack else ""
+
+
+@_rule(
+    "batch_norm",
+    "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit",
+    "native_batch_norm",
+    "_native_batch_norm_legit_functional",
+    "instance_norm",
+    "cudnn_batch_norm",
+)
+def _batch_norm(b: _Builder, node: Node) -> Any:
+    x = b.dims(_a(node)[0])
+    if x is None:
+        return b.unfollowed(node)
+    channels = x[1] if len(x) > 1 else x[0]
+    for arg in _a(node)[1:5]:
+        stats = b.dims(arg)
+        if stats is not None and len(stats) == 1:
+            b.union(stats[0], channels)
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):
+        return [list(x), *b.fresh_like(node, None)[1:]]
+    return list(x)
+
+
+@_rule("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm")
+def _layer_norm(b: _Builder, node: Node) -> Any:
+    x = b.dims(_a(node)[0])
+    if x is None:
+        return b.unfollowed(node)
+    normalized = len(_a(node)[1])
+    for arg in _a(node)[2:4]:
+        param = b.dims(arg)
+        if param is not None:
+            for k in range(1, normalized + 1):
+                b.union(param[-k], x[-k])
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):
+        return [list(x), *b.fresh_like(node, None)[1:]]
+    return list(x)
+
+
+@_rule("group_norm", "native_group_norm")
+def _group_norm(b: _Builder, node: Node) -> Any:
+    x = b.dims(_a(node)[0])
+    if x is None:
+        return b.unfollowed(node)
+    name = _op_name(node.target)
+    if name == "group_norm":
+        groups, params = int(_a(node)[1]), _a(node)[2:4]
+    else:
+        groups, params = int(_a(node)[6]), _a(node)[1:3]
+    channels = x[1]
+    per = channels.numel() // groups
+    for arg in params:
+        param = b.dims(arg)
+        if param is not None:
+            b.union(param[0], channels)
+    for g in range(groups):  # whole groups go, so that every group keeps its size
+        b.ids.union_all(channels[g * per : (g + 1) * per])
+    b.graph.norm_groups[_module_path(node)] = per
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):
+        return [list(x), *b.fresh_like(node, None)[1:]]
+    return list(x)
+
+
+@_rule("embedding")
+def _embedding(b: _Builder, node: Node) -> Any:
+    weight, indices = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    if weight is None or indices is None:
+        return b.unfollowed(node)
+    b.ids.pin(weight[0], "an embedding's rows are looked up by index")
+    _mark_producer(b, _a(node)[0], 1)
+    return [*indices, weight[1]]
+
+
+@_rule(
+    "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention",
+)
+def _attention(b: _Builder, node: Node) -> Any:
+    q, k, v = (b.dims(a) for a in _a(node)[:3])
+    if q is None or k is None or v is None:
+        return b.unfollowed(node)
+    b.union(q[-1], k[-1])
+    b.union(k[-2], v[-2])
+    for back in range(3, min(len(q), len(k), len(v)) + 1):
+        b.union(k[-back], v[-back])
+        if q[-back].numel() == k[-back].numel():
+            b.union(q[-back], k[-back])
+        elif back == 3 and q[-back].numel() % k[-back].numel() == 0:  # grouped KV heads
+            repeat = q[-back].numel() // k[-back].numel()
+            for g in range(k[-back].numel()):
+                b.ids.union_all(torch.cat([q[-back][g * repeat : (g + 1) * repeat], k[-back][g : g + 1]]))
+    b.graph.macs.append(([*q[:-1], k[-2], q[-1]], 1))  # scores
+    b.graph.macs.append(([*q[:-1], v[-1], k[-2]], 1))  # scores @ values
+    mask = _a(node)[3] if len(_a(node)) > 3 else _kw(node, "attn_mask")
+    mask_dims = b.dims(mask)
+    out = [*q[:-1], v[-1]]
+    if mask_dims is not None:
+        scores = [*q[:-1], k[-2]]
+        for back in range(1, min(len(mask_dims), len(scores)) + 1):
+            if mask_dims[-back].numel() == scores[-back].numel():
+                b.union(mask_dims[-back], scores[-back])
+    value = node.meta.get("val")
+    if isinstance(value, (tuple, list)):
+        return [out, *b.fresh_like(node, None)[1:]]
+    return out
+
+
+@_rule(
+    "mean",
+    "sum",
+    "amax",
+    "amin",
+    "var",
+    "std",
+    "logsumexp",
+    "norm",
+    "linalg_vector_norm",
+    "prod",
+    "any",
+    "all",
+    "var_mean",
+    "max",
+    "min",
+)
+def _reduce(b: _Builder, node: Node) -> Any:
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    value = node.meta.get("val")
+    out_shape = _shape_of(value[0] if isinstance(value, (tuple, list)) else value)
+    ndim = len(dims)
+    reduced = _reduced_dims(node, ndim)
+    if _op_name(node.target) in ("max", "min") and isinstance(value, (tuple, list)):
+        for d in reduced:  # indices of the largest: positions
+            b.positional(dims, d, node)
+    kept = [ids for k, ids in enumerate(dims) if k not in reduced]
+    if len(out_shape) == ndim:  # keepdim
+        out = [ids if k not in reduced else b.fixed(out_shape[k]) for k, ids in enumerate(dims)]
+    elif [ids.numel() for ids in kept] == list(out_shape):
+        out = kept
+    else:
+        out = [b.fixed(s) for s in out_shape]
+    if isinstance(value, (tuple, list)):
+        return [out, *[list(out) for _ in value[1:]]]
+    return out
+
+
+def _reduced_dims(node: Node, ndim: int) -> list[int]:
+    name = _op_name(node.target)
+    dim_arg = _kw(node, "dim")
+    if dim_arg is None and len(_a(node)) > 1:
+        candidate = _a(node)[2] if name in ("norm", "linalg_vector_norm") and len(_a(node)) > 2 else _a(node)[1]
+        if isinstance(candidate, (int, list, tuple)) and not isinstance(candidate, bool):
+            dim_arg = candidate
+    if dim_arg is None or dim_arg == []:
+        return list(range(ndim))
+    if isinstance(dim_arg, int):
+        return [_dim(dim_arg, ndim)]
+    return [_dim(int(d), ndim) for d in dim_arg]
+
+
+@_rule(
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+    "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
+    "upsample_nearest1d",
+    "upsample_nearest2d",
+    "upsample_nearest3d",
+    "upsample_bilinear2d",
+    "upsample_bicubic2d",
+    "upsample_linear1d",
+    "upsample_trilinear3d",
+    "_adaptive_avg_pool2d",
+    "_upsample_nearest_exact2d",
+    "constant_pad_nd",
+    "pad",
+    "reflection_pad2d",
+    "replication_pad2d",
+)
+def _spatial(b: _Builder, node: Node) -> Any:
+    """Pooling, resizing, padding: the leading (batch, channel) dimensions pass, the spatial ones are new."""
+    dims = b.dims(_a(node)[0])
+    if dims is None:
+        return b.unfollowed(node)
+    name = _op_name(node.target)
+    value = node.meta.get("val")
+    shape = _shape_of(value[0] if isinstance(value, (tuple, list)) else value)
+    pads = list(_a(node)[1]) if name in ("constant_pad_nd", "pad", "reflection_pad2d", "replication_pad2d") else None
+    spatial = len(pads) // 2 if pads is not None else next((int(c) for c in "321" if c + "d" in name), 2)
+    out = list(dims[: len(dims) - spatial])
+    for k in range(len(dims) - spatial, len(dims)):
+        if pads is not None and pads[2 * (len(dims) - 1 - k)] == 0 == pads[2 * (len(dims) - 1 - k) + 1]:
+            out.append(dims[k])  # not padded: its positions pass (Swin pads the channels by nothing)
+            continue
+        # a new size made from this dimension's positions: it keeps them (an image's, always)
+        b.ids.pin(dims[k], f"{_op_text(node)} in {b.module_name(node)} works on dimension {k} by position")
+        out.append(b.fixed(shape[k], "spatial positions"))
+    if isinstance(value, (tuple, list)):
+        return [out, *[list(out) for _ in value[1:]]]
+    return out
+
+
+@_rule("einsum")
+def _einsum(b: _Builder, node: Node) -> Any:
+    equation = str(_a(node)[0]).replace(" ", "")
+    operands = [d for d in (b.dims(t) for t in _a(node)[1]) if d is not None]
+    if "..." in equation or "->" not in equation or len(operands) != len(_a(node)[1]):
+        return b.unfollowed(node)
+    inputs, output = equation.split("->")
+    letters: dict[str, IdArray] = {}
+    for spec, dims in zip(inputs.split(","), operands, strict=True):
+        for letter, ids in zip(spec, dims, strict=True):
+            if letter in letters and letters[letter].numel() == ids.numel():
+                b.union(letters[letter], ids)
+            elif letter not in letters or ids.numel() > letters[letter].numel():
+                letters[letter] = ids
+    return [letters[letter] for letter in output]
+
+
+@_rule(
+    "sym_size",
+    "sym_numel",
+    "sym_stride",
+    "_assert_scalar",
+    "sym_constrain_range_for_size",
+    "_set_grad_enabled",
+    "scalar_tensor",
+    "arange",
+    "zeros",
+    "ones",
+    "full",
+    "empty",
+    "rand",
+    "randn",
+    "tensor",
+    "_assert_async",
+    "eye",
+)
+def _no_channels(b: _Builder, node: Node) -> Any:
+    return b.fresh_like(node, None)

@@ -1,0 +1,109 @@
+"""Dependency groups: the channels that are removed together, and the tensor positions each one holds.
+
+A *unit* is one class of coupled positions (:mod:`prunereg._slim.ids`): a
+channel of a residual stream with every row, column and norm entry that
+follows it, a whole attention head, a whole group of a grouped convolution.
+A *group* is the set of units that share tensor dimensions (the 768 channels
+of BERT's residual stream, the 12 heads of one attention layer), the set a
+``ratio`` is taken of. A unit can be removed when nothing pins it and it
+holds the output rows of some layer (a unit that no layer makes is no channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from prunereg._slim.graph import DependencyGraph
+from prunereg._slim.ids import Ids
+
+TensorDim = tuple[str, int]
+"""A parameter or buffer name and one of its dimensions."""
+
+
+@dataclass
+class Group:
+    """Units that share tensor dimensions; ``members`` maps each such dimension to the unit of every position."""
+
+    units: list[int]
+    """The units' ids (roots of their classes), in order of first appearance."""
+    members: dict[TensorDim, Tensor] = field(default_factory=dict)
+    """``(tensor, dim)`` to a ``long`` tensor as long as that dimension: the index in ``units`` of each position."""
+    pinned: list[str | None] = field(default_factory=list)
+    """Per unit: why it must stay (``None``: it may go)."""
+
+    @property
+    def removable(self) -> list[int]:
+        """Indices (in ``units``) of the units that may be removed."""
+        return [k for k, reason in enumerate(self.pinned) if reason is None]
+
+    @property
+    def size(self) -> int:
+        return len(self.units)
+
+    def channel_count(self) -> int:
+        """How many positions the group's widest dimension has (its channel count, for reports)."""
+        return max((len(index) for index in self.members.values()), default=0)
+
+
+def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
+    """The groups of ``graph`` with at least two units, one of them removable, in the order the model makes them.
+
+    ``every``: all groups, also those that must stay whole (to tell why pruned channels cannot go).
+    """
+    ids = graph.ids
+    everything = ids.all_roots()
+    roots: dict[TensorDim, Tensor] = {
+        (name, dim): everything[positions]
+        for name, dims in graph.tensors.items()
+        for dim, positions in enumerate(dims)
+        if positions.numel() > 1
+    }
+    produced = {int(r) for key in graph.producers if key in roots for r in roots[key].unique().tolist()}
+    linked = Ids()
+    slot: dict[int, int] = {}
+    order: list[int] = []
+    uniques: dict[TensorDim, tuple[Tensor, Tensor]] = {}
+    for key, unit_ids in roots.items():
+        unique, inverse = torch.unique(unit_ids, return_inverse=True)
+        uniques[key] = (unique, inverse)
+        members = unique.tolist()
+        for unit in members:
+            if unit not in slot:
+                slot[unit] = len(order)
+                order.append(unit)
+                linked.fresh(1)
+        for unit in members[1:]:
+            linked.union(slot[members[0]], slot[unit])
+    by_group: dict[int, Group] = {}
+    for unit in order:
+        group = by_group.setdefault(linked.find(slot[unit]), Group([]))
+        group.units.append(unit)
+        reason = ids.pin_reason(unit)
+        if reason is None and unit not in produced:
+            reason = "no layer makes this channel"
+        group.pinned.append(reason)
+    kept = {root: g for root, g in by_group.items() if every or (g.size > 1 and g.removable)}
+    indices = {root: {unit: k for k, unit in enumerate(g.units)} for root, g in kept.items()}
+    for key, (unique, inverse) in uniques.items():
+        root = linked.find(slot[int(unique[0])])
+        if root in kept:
+            index = indices[root]
+            kept[root].members[key] = torch.tensor([index[u] for u in unique.tolist()], dtype=torch.long)[inverse]
+    return list(kept.values())
+
+
+def kept_positions(groups: list[Group], removed: dict[int, set[int]]) -> dict[TensorDim, Tensor]:
+    """Per tensor dimension that loses positions, the sorted positions it keeps (``removed``: group index to units)."""
+    keep: dict[TensorDim, Tensor] = {}
+    for g, units in removed.items():
+        if not units:
+            continue
+        gone = torch.tensor(sorted(units), dtype=torch.long)
+        for key, unit_index in groups[g].members.items():
+            stays = ~torch.isin(unit_index, gone)
+            if not bool(stays.all()):
+                keep[key] = stays.nonzero().flatten()
+    return keep

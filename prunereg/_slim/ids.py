@@ -1,0 +1,94 @@
+"""Channel ids: every position of every tensor dimension the graph touches, and which must go together.
+
+The dependency graph labels each dimension of each tensor with an array of
+ids, one per position. Two positions with the same id (after :meth:`Ids.find`)
+must be removed together or kept together: the union-find below records every
+coupling an operation implies. An id can be *pinned* (a model input or output,
+an ignored module, an operation the graph cannot follow), with the reason
+kept so that a refusal can name it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IdArray = torch.Tensor
+"""A ``torch.int64`` tensor of ids, shaped like the dimensions it labels."""
+
+
+class Ids:
+    """A union-find over channel positions, with a pin (and its reason) per class."""
+
+    def __init__(self) -> None:
+        self._parent: list[int] = []
+        self._pinned: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def fresh(self, size: int, pin: str | None = None) -> IdArray:
+        """``size`` new ids, each its own class; pinned with ``pin`` as the reason when given."""
+        start = len(self._parent)
+        self._parent.extend(range(start, start + size))
+        if pin is not None:
+            self._pinned.update(dict.fromkeys(range(start, start + size), pin))
+        return torch.arange(start, start + size, dtype=torch.int64)
+
+    def find(self, index: int) -> int:
+        parent = self._parent
+        root = index
+        while parent[root] != root:
+            root = parent[root]
+        while parent[index] != root:  # path compression
+            parent[index], index = root, parent[index]
+        return root
+
+    def roots(self, ids: IdArray) -> IdArray:
+        """The class of every id in ``ids`` (same shape)."""
+        return torch.tensor([self.find(i) for i in ids.reshape(-1).tolist()], dtype=torch.int64).reshape(ids.shape)
+
+    def all_roots(self) -> IdArray:
+        """The class of every id so far, at once (pointer jumping over a tensor: for reading, after building)."""
+        parent = torch.tensor(self._parent, dtype=torch.int64)
+        while True:
+            jumped = parent[parent]
+            if torch.equal(jumped, parent):
+                return parent
+            parent = jumped
+
+    def union(self, first: int, second: int) -> int:
+        a, b = self.find(first), self.find(second)
+        if a == b:
+            return a
+        if a > b:  # the older id stays the root: deterministic classes
+            a, b = b, a
+        self._parent[b] = a
+        reason = self._pinned.pop(b, None)
+        if reason is not None and a not in self._pinned:
+            self._pinned[a] = reason
+        return a
+
+    def union_arrays(self, first: IdArray, second: IdArray) -> None:
+        """Couple ``first[i]`` with ``second[i]`` for every ``i`` (same shape)."""
+        for a, b in zip(first.reshape(-1).tolist(), second.reshape(-1).tolist(), strict=True):
+            if a != b:
+                self.union(a, b)
+
+    def union_all(self, ids: IdArray) -> int:
+        """Couple all of ``ids`` into one class; its root."""
+        flat = ids.reshape(-1).tolist()
+        root = flat[0]
+        for other in flat[1:]:
+            root = self.union(root, other)
+        return self.find(root)
+
+    def pin(self, ids: IdArray, reason: str) -> None:
+        """Keep every class in ``ids`` whole; the first reason given for a class is the one kept."""
+        for index in ids.reshape(-1).tolist():
+            self._pinned.setdefault(self.find(index), reason)
+
+    def pin_reason(self, index: int) -> str | None:
+        return self._pinned.get(self.find(index))
+
+    def all_pinned(self, ids: IdArray) -> bool:
+        return all(self.find(i) in self._pinned for i in ids.reshape(-1).tolist())

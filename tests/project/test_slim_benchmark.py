@@ -1,0 +1,207 @@
+"""benchmarks/slim.py: its report reads its results right, and its --quick run writes its section and plot."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.append(str(ROOT / "benchmarks"))
+
+import run  # noqa: E402  (benchmarks/ is not a package: found through sys.path)
+import slim  # noqa: E402
+
+HAS_TORCH_PRUNING = importlib.util.find_spec("torch_pruning") is not None
+
+ORIGINAL = {"params": 1000, "macs": 4000, "latency_1": 0.2, "latency_32": 4.0}
+MINE = {"params": 300, "macs": 1000, "latency_1": 0.05, "latency_32": 1.0, "seconds": 1.0, "peak": 2**20}
+THEIRS = {"params": 400, "macs": 1100, "latency_1": 0.05, "latency_32": 1.2, "seconds": 2.0, "peak": 2**20}
+
+
+def _row(report: str, *cells: str) -> str:
+    start = "| " + " | ".join(cells) + " |"
+    return next(line for line in report.splitlines() if line.startswith(start))
+
+
+def test_the_targets_compare_with_the_torch_pruning_call_that_worked() -> None:
+    results = {
+        "resnet50": {slim.ORIGINAL: ORIGINAL, slim.PRUNEREG: MINE, slim.TP: THEIRS},
+        "llama": {
+            slim.ORIGINAL: ORIGINAL,
+            slim.PRUNEREG: MINE,
+            slim.TP: {"error": "AttributeError: 'tuple' object has no attribute 'grad_fn'"},
+            slim.TP_HAND: {**THEIRS, "latency_1": 0.04},
+        },
+    }
+    text = slim.report(results, {}, "a test machine", quick=False, image=None)
+    resnet, llama = slim.MODELS["resnet50"].title, slim.MODELS["llama"].title
+    assert _row(text, resnet, "parameters removed >= Torch-Pruning's").endswith("| 700 vs 600 | yes |")
+    assert _row(text, resnet, "speed-up at batch 32 within 10 % of Torch-Pruning's").endswith("x4.00 vs x3.33 | yes |")
+    assert _row(text, resnet, "slimming time <= Torch-Pruning's").endswith("| yes |")
+    # the plain call failed on the Llama: the targets hold prunereg to the hand-configured one
+    assert _row(text, llama, "speed-up at batch 1 within 10 % of Torch-Pruning, hand-configured's").endswith(
+        "x4.00 vs x5.00 | no |"
+    )
+    assert "failed: `AttributeError: 'tuple' object has no attribute 'grad_fn'`" in _row(text, llama, "Torch-Pruning")
+    assert _row(text, resnet, "prunereg").startswith(f"| {resnet} | prunereg | 300 (30%) | 1.00k | 50.0 ms | x4.00 |")
+
+
+def test_a_ratio_sweep_uses_the_torch_pruning_call_that_worked_at_the_main_ratio() -> None:
+    results = {
+        "llama": {slim.TP: {"error": "hangs"}, slim.TP_HAND: THEIRS},
+        "resnet50": {slim.TP: THEIRS},
+        "vit": {slim.TP: {"error": "fails"}, slim.TP_HAND: {"error": "fails too"}},
+    }
+    assert slim.sweep_tools("llama", results) == [slim.PRUNEREG, slim.TP_HAND]
+    assert slim.sweep_tools("resnet50", results) == [slim.PRUNEREG, slim.TP]
+    assert slim.sweep_tools("vit", results) == [slim.PRUNEREG]
+    results["llama"][slim.TP_HAND] = {"error": "SlimTimeout: did not finish in 60 s (stopped)"}
+    results["llama"][slim.TP_MLP] = THEIRS
+    assert slim.sweep_tools("llama", results) == [slim.PRUNEREG, slim.TP_MLP]
+
+
+def test_torch_pruning_runs_by_hand_only_where_its_examples_or_its_failures_call_for_it() -> None:
+    if not slim.has_torch_pruning():
+        assert slim.tools_for("llama") == (slim.ORIGINAL, slim.PRUNEREG)
+        return
+    assert slim.tools_for("resnet50") == (slim.ORIGINAL, slim.PRUNEREG, slim.TP)
+    assert slim.tools_for("vit") == (slim.ORIGINAL, slim.PRUNEREG, slim.TP, slim.TP_HAND)
+    assert slim.tools_for("llama") == slim.TOOLS
+
+
+class _Attention(nn.Module):
+    """Four heads of two channels, the way ViT's attention names its projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.head_dim = nn.Linear(4, 8), nn.Linear(4, 8), 2
+
+
+def _keep(module: _Attention, channels: list[int], head_dim: int) -> None:
+    for projection in (module.q_proj, module.k_proj):
+        projection.weight = nn.Parameter(projection.weight[channels])
+        projection.bias = nn.Parameter(projection.bias[channels])
+    module.head_dim = head_dim
+
+
+@pytest.mark.parametrize(
+    ("channels", "head_dim", "whole"),
+    [
+        ([2, 3, 6, 7], 2, True),  # heads 1 and 3 kept whole
+        ([0, 2, 4, 6], 1, True),  # every head narrowed: each still reads one original head
+        ([1, 2, 5, 6], 2, False),  # channels 1 and 2 of heads 0 and 1 regrouped into one head
+    ],
+)
+def test_the_head_check_reads_which_channels_each_slimmed_head_holds(
+    channels: list[int], head_dim: int, whole: bool
+) -> None:
+    model = nn.Sequential(_Attention())
+    slim.tag_attention_channels(model)
+    assert slim.heads_kept_whole(model, [2]) is True
+    _keep(model[0], channels, head_dim)
+    assert slim.heads_kept_whole(model, [2]) is whole
+    assert slim.heads_kept_whole(nn.Sequential(nn.Linear(2, 2)), []) is None  # no attention: no verdict
+
+
+def test_a_library_that_regroups_heads_is_not_the_one_the_targets_compare_with() -> None:
+    results = {
+        "vit": {
+            slim.ORIGINAL: ORIGINAL,
+            slim.PRUNEREG: {**MINE, "heads_whole": True},
+            slim.TP: {**THEIRS, "heads_whole": False},
+            slim.TP_HAND: {**THEIRS, "heads_whole": True, "latency_1": 0.1},
+        }
+    }
+    text = slim.report(results, {}, "a test machine", quick=False, image=None)
+    vit = slim.MODELS["vit"].title
+    assert "| **no** |" in _row(text, vit, "Torch-Pruning")
+    assert _row(text, vit, "speed-up at batch 1 within 10 % of Torch-Pruning, hand-configured's")
+    assert slim.sweep_tools("vit", results) == [slim.PRUNEREG, slim.TP_HAND]
+
+
+def test_a_run_past_its_budget_skips_what_is_left_and_a_second_run_redoes_only_that(tmp_path: Path) -> None:
+    page, raw = tmp_path / "benchmarks.md", tmp_path / "slim.json"
+    arguments = ["--models", "cnn", "--budget", "0", "--output", str(page), "--json", str(raw)]
+    assert slim.main(arguments) == 0
+    cnn = slim.MODELS["cnn"].title
+    rows = [line for line in page.read_text().splitlines() if line.startswith(f"| {cnn} |")]
+    assert rows and all("skipped: the run's 0 minutes were spent" in row for row in rows[:2])
+    stored = json.loads(raw.read_text())
+    assert set(stored["results"]["cnn"]) == set(slim.tools_for("cnn"))
+    # what an earlier run finished is kept: with no time at all, the second run still reports it
+    stored["results"]["cnn"] = {
+        tool: dict(MINE if tool != slim.ORIGINAL else ORIGINAL) for tool in slim.tools_for("cnn")
+    }
+    raw.write_text(json.dumps(stored))
+    assert slim.main(arguments) == 0
+    text = page.read_text()
+    assert (
+        "skipped" not in text and f"{len(slim.tools_for('cnn'))} results kept from an earlier run in slim.json" in text
+    )
+    assert _row(text, cnn, "prunereg").startswith(f"| {cnn} | prunereg | 300 (30%) |")
+
+
+def test_a_slimming_call_that_hangs_is_stopped_and_reported() -> None:
+    with pytest.raises(slim.SlimTimeout, match="did not finish in 1 s"), slim.deadline(1):
+        while True:
+            pass
+
+
+def test_the_main_benchmark_runner_keeps_the_slimming_section() -> None:
+    page = "# Benchmarks\n\n## Targets\n\nold\n\n" + f"{slim.HEADING}\n\n<!-- slim -->\n| a table |\n<!-- /slim -->\n"
+    kept = run.sections_written_elsewhere(page)
+    assert len(kept) == 1 and kept[0].startswith(f"\n{slim.HEADING}")
+
+
+@pytest.mark.slow
+def test_a_quick_run_writes_its_section_and_plot_and_leaves_the_rest_of_the_page(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "benchmarks.md"
+    others = "# Benchmarks\n\n## Targets\n\nwritten by run.py\n"
+    page.write_text(f"{others}\n{slim.HEADING}\n\n<!-- slim -->\nstale\n<!-- /slim -->\n")
+    command = [sys.executable, str(ROOT / "benchmarks" / "slim.py"), "--quick", "--models", "resnet50", "vit"]
+    subprocess.run(
+        [*command, "--output", str(page)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    text = page.read_text()
+    assert text.startswith(others) and "stale" not in text and text.count("<!-- slim -->") == 1
+    resnet, vit = slim.MODELS["resnet50"].title, slim.MODELS["vit"].title
+    for title in (resnet, vit):
+        original, mine = _row(text, title, "original"), _row(text, title, "prunereg")
+        assert "failed" not in mine and "| none |" in mine  # slimmed without hand configuration
+        assert int(mine.split("|")[3].split("(")[1].rstrip("%) ")) < 100  # parameters left, in per cent
+        assert "failed" not in original
+    if HAS_TORCH_PRUNING:
+        assert _row(text, resnet, "Torch-Pruning") and _row(text, vit, "Torch-Pruning, hand-configured")
+    sweep = [line for line in text.splitlines() if line.startswith(f"| {resnet} | prunereg | 0.")]
+    ratios = [line.split("|")[3].strip() for line in sweep]
+    assert ratios == ["0.3", "0.6"]
+    assert f"](images/{slim.IMAGE})" in text
+    assert "latency, batch 1 (ms)" in (tmp_path / "images" / slim.IMAGE).read_text()
+
+
+@pytest.mark.filterwarnings("ignore:Unwrapped parameters detected:UserWarning")  # cls token, positions: right
+@pytest.mark.parametrize(("tool", "whole"), [(slim.TP, False), (slim.TP_HAND, True)])
+def test_torch_pruning_keeps_vit_heads_whole_only_when_configured_by_hand(tool: str, whole: bool) -> None:
+    pytest.importorskip("torch_pruning", reason="the bench extra")
+    pytest.importorskip("transformers")
+    from tests.support.slim_models import hf_vit, output_shapes
+
+    model, inputs = hf_vit(0)
+    slim.tag_attention_channels(model)
+    head_dims = [slim._head_dim(module) for module, _ in slim._attention_projections(model)]
+    shapes = output_shapes(model, inputs)
+    slim.SLIMMERS[tool](model, inputs, 0.5, slim.MODELS["vit"])
+    assert output_shapes(model, inputs) == shapes
+    assert slim.heads_kept_whole(model, head_dims) is whole

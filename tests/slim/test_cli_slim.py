@@ -1,0 +1,97 @@
+"""``prunereg slim`` on Hugging Face folders: in process through CliRunner, and once as the installed command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import prunereg
+from prunereg._cli import main
+from tests.slim.helpers import outputs
+from tests.support import slim_models
+
+pytest.importorskip("transformers")
+
+SCRIPT = Path(sys.executable).with_name("prunereg")
+
+
+def _folder(tmp_path: Path, build=slim_models.hf_smollm2_llama) -> tuple[Path, torch.nn.Module]:  # type: ignore[no-untyped-def]
+    model, _ = build()
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_slim_writes_a_folder_stock_from_pretrained_loads_and_prints_the_report(tmp_path: Path) -> None:
+    folder, model = _folder(tmp_path)
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "parameters" in result.output and "MACs" in result.output and "wrote" in result.output
+    reloaded = type(model).from_pretrained(tmp_path / "out")
+    assert reloaded.config.num_attention_heads == 2
+    assert sum(p.numel() for p in reloaded.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+def test_slim_json_gives_the_report_as_data(tmp_path: Path) -> None:
+    folder, _ = _folder(tmp_path, slim_models.hf_vit)
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.25", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["ratio"] == 0.25 and report["params_after"] < report["params_before"] and report["changes"]
+
+
+def test_slim_without_ratio_removes_the_channels_the_folders_masks_pruned(tmp_path: Path) -> None:
+    model, inputs = slim_models.hf_smollm2_llama()
+    rows = torch.ones(model.config.intermediate_size, 1)
+    rows[::2] = 0  # half of layer 0's MLP channels, in both of the projections that make them
+    mlp = model.model.layers[0].mlp
+    for layer in (mlp.gate_proj, mlp.up_proj):
+        prunereg.get("custom_from_mask").apply(layer, "weight", mask=rows.expand_as(layer.weight).clone())
+    masked = outputs(model, inputs)
+    prunereg.save_pretrained(model, tmp_path / "pruned")
+    result = CliRunner().invoke(main, ["slim", str(tmp_path / "pruned"), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    reloaded = prunereg.from_pretrained(type(model), tmp_path / "out")
+    assert reloaded.model.layers[0].mlp.gate_proj.out_features == model.config.intermediate_size // 2
+    assert reloaded.model.layers[1].mlp.gate_proj.out_features == model.config.intermediate_size
+    torch.testing.assert_close(outputs(reloaded, inputs), masked, rtol=0, atol=1e-5)
+
+
+def test_slim_without_ratio_or_masks_says_what_to_do_and_writes_nothing(tmp_path: Path) -> None:
+    folder, _ = _folder(tmp_path)
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "give --ratio" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_slim_refuses_an_output_folder_that_holds_files_without_force(tmp_path: Path) -> None:
+    folder, _ = _folder(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5"])
+    assert result.exit_code == 1 and (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5", "--force"])
+    assert result.exit_code == 0 and not (tmp_path / "out" / "keep.txt").exists()
+
+
+def test_slim_an_unknown_importance_is_one_line(tmp_path: Path) -> None:
+    folder, _ = _folder(tmp_path)
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "o"), "--ratio", "0.5", "--importance", "x"])
+    assert result.exit_code == 1 and "unknown importance 'x'" in result.output and "Traceback" not in result.output
+
+
+def test_the_installed_command_slims_a_folder(tmp_path: Path) -> None:
+    assert SCRIPT.exists(), f"the prunereg script is not installed next to {sys.executable}"
+    folder, model = _folder(tmp_path, slim_models.hf_bert)
+    done = subprocess.run(
+        [str(SCRIPT), "slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert type(model).from_pretrained(tmp_path / "out").config.hidden_size == model.config.hidden_size // 2

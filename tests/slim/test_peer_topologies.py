@@ -1,0 +1,69 @@
+"""The topologies Torch-Pruning's own tests cover, and Hugging Face models from configs, slimmed at ratio 0.5.
+
+Each model must come out physically smaller, still run, and still give outputs of
+the shapes it gave before: the channels that reach an output are never removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from torch import nn
+
+import prunereg
+from tests.support.slim_models import HUGGING_FACE, PEERS, Built, output_shapes, parameter_count
+
+
+def _slims_at_half(build: Callable[[int], Built]) -> None:
+    model, inputs = build(0)
+    shapes = output_shapes(model, inputs)
+    before = parameter_count(model)
+    report = prunereg.slim(model, inputs, ratio=0.5)
+    after = parameter_count(model)
+    assert after < before, "nothing was removed"
+    assert (report.params_before, report.params_after) == (before, after)
+    assert output_shapes(model, inputs) == shapes
+    assert any(change.after != change.before for change in report.changes)
+
+
+@pytest.mark.parametrize("name", sorted(PEERS))
+def test_each_peer_topology_slims_at_half_and_keeps_its_output_shapes(name: str) -> None:
+    _slims_at_half(PEERS[name])
+
+
+@pytest.mark.parametrize("name", sorted(HUGGING_FACE))
+def test_each_tiny_hugging_face_model_slims_at_half_and_keeps_its_output_shapes(name: str) -> None:
+    pytest.importorskip("transformers")
+    _slims_at_half(HUGGING_FACE[name])
+
+
+def test_the_slimmed_depthwise_convolutions_stay_depthwise() -> None:
+    model, inputs = PEERS["concat_depthwise_residual_cnn"](0)
+    prunereg.slim(model, inputs, ratio=0.5)
+    depthwise = [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
+    assert depthwise and all(m.groups == m.in_channels == m.out_channels for m in depthwise)
+
+
+def test_a_slimmed_grouped_convolution_loses_whole_groups_of_equal_width() -> None:
+    model, inputs = PEERS["grouped_conv"](0)
+    per_group = {
+        name: (m.in_channels // m.groups, m.out_channels // m.groups)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Conv2d) and m.groups > 1
+    }
+    prunereg.slim(model, inputs, ratio=0.5)
+    grouped = {name: m for name, m in model.named_modules() if name in per_group}
+    assert all(m.in_channels % m.groups == 0 and m.out_channels % m.groups == 0 for m in grouped.values())
+    assert {name: (m.in_channels // m.groups, m.out_channels // m.groups) for name, m in grouped.items()} == per_group
+    assert sum(m.out_channels for m in grouped.values()) < 2 * 32  # some groups went
+
+
+def test_slimmed_multihead_attention_stays_a_consistent_module() -> None:
+    model, inputs = PEERS["attention_block"](0)
+    prunereg.slim(model, inputs, ratio=0.5)
+    attention = model.attention
+    assert attention.embed_dim == attention.num_heads * attention.head_dim
+    assert tuple(attention.in_proj_weight.shape) == (3 * attention.embed_dim, attention.embed_dim)
+    assert tuple(attention.out_proj.weight.shape) == (attention.embed_dim, attention.embed_dim)
+    assert model.norm1.normalized_shape == (attention.embed_dim,)
