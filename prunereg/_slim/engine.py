@@ -411,7 +411,8 @@ def _compare_with_masked(masked: list[Tensor], slimmed: list[Tensor], notes: lis
 
 def _exported_output_shapes(exported: torch.export.ExportedProgram) -> list[tuple[int, ...]]:
     """The shapes of the model's outputs as torch.export saw them (no forward needed)."""
-    user = [spec.arg.name for spec in exported.graph_signature.output_specs if spec.kind.name == "USER_OUTPUT"]
+    specs = exported.graph_signature.output_specs
+    user = [getattr(spec.arg, "name", None) for spec in specs if spec.kind.name == "USER_OUTPUT"]
     values = {node.name: node.meta.get("val") for node in exported.graph.nodes}
     return [tuple(values[name].shape) for name in user if isinstance(values.get(name), Tensor)]
 

@@ -377,3 +377,18 @@ def test_the_report_prints_one_row_per_changed_layer_and_gives_every_tensor_as_j
     data = json.loads(json.dumps(report.as_dict()))
     assert {"name": "norm.bias", "before": [8], "after": [4]} in data["changes"]
     assert data["params_after"] == report.params_after and data["macs_after"] < data["macs_before"]
+
+
+class DictOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        return {"out": self.b(torch.relu(self.a(x))), "nothing": None, "count": 3}
+
+
+def test_outputs_holding_none_and_numbers_beside_tensors_slim_too() -> None:
+    model = DictOutput()
+    assert prunereg.slim(model, torch.randn(2, 4), ratio=0.5).removed == 4 and model.a.out_features == 4
