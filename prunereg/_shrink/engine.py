@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids, check_fits_model
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
-from prunereg._oneshot.contract import check_sparsity
 from prunereg._oneshot.engine import (
     BlockWeights,
     InMemory,
@@ -36,7 +35,8 @@ from prunereg._oneshot.engine import (
     _check_not_reparametrized,
     _input_device,
 )
-from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
+from prunereg._oneshot.options import with_options_signature
+from prunereg._oneshot.precision import matmul_precision
 from prunereg._progress import progress as progress_bar
 from prunereg._shrink.architecture import (
     Experts,
@@ -53,6 +53,7 @@ from prunereg._shrink.architecture import (
 )
 from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
 from prunereg._shrink.gather import BlockObservation, observe_block
+from prunereg._shrink.options import ShrinkOptions
 from prunereg._shrink.report import BlockShrink, ShrinkReport
 
 #: Each argument of :func:`shrink` and the kind of unit its method must score.
@@ -60,6 +61,7 @@ TARGET_OF = {"mlp": "channels", "heads": "channels", "layers": "blocks", "expert
 _NONE = ChannelStatistics(0)
 
 
+@with_options_signature(ShrinkOptions)
 def shrink(
     model: nn.Module,
     method: str | ShrinkMethod = "flap",
@@ -68,27 +70,22 @@ def shrink(
     tokenizer: Any = None,
     num_samples: int | None = None,
     seq_len: int | None = None,
-    mlp: float = 0.0,
-    heads: float = 0.0,
-    layers: int = 0,
-    experts: float = 0.0,
-    blocks: str | None = None,
-    batch_size: int = 2,
-    matmul_precision: str = "medium",
-    progress: bool | None = None,
-    restore_on_error: bool = True,
-    **method_options: Any,
+    **options: Any,
 ) -> ShrinkReport:
     """Make a causal language model smaller in place: fewer MLP channels, heads, blocks or experts.
 
     ``method`` is a registered name of kind ``shrink`` (``"flap"``, ``"wanda_sp"``,
-    ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), with ``method_options``
-    passed to its constructor, or a configured :class:`prunereg.ShrinkMethod`.
-    ``calibration`` is what :func:`prunereg.oneshot` accepts: token ids
-    (``[n_samples, seq_len]``, run in batches of ``batch_size``, or an iterable of
-    batches), or a text, texts, a tokenizer's output or a dataset, tokenised with
-    ``tokenizer`` and cut into ``num_samples`` x ``seq_len``; a method that needs no
-    statistics (``magnitude_sp``) runs without it.
+    ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), or a configured
+    :class:`prunereg.ShrinkMethod`. ``calibration`` is what :func:`prunereg.oneshot`
+    accepts: token ids (``[n_samples, seq_len]``, run in batches of ``batch_size``,
+    or an iterable of batches), or a text, texts, a tokenizer's output or a
+    dataset, tokenised with ``tokenizer`` and cut into ``num_samples`` x
+    ``seq_len``; a method that needs no statistics (``magnitude_sp``) runs without it.
+
+    The other keyword arguments are the run's settings (the table in
+    ``docs/shrinking.md``; :class:`prunereg._shrink.options.ShrinkOptions` holds
+    their defaults and checks); any other keyword is an option of the method,
+    passed to its constructor (``compensate=False``).
 
     - ``mlp``: the share of each MLP's intermediate channels removed (gate and up
       rows with the down projection's columns);
@@ -98,12 +95,17 @@ def shrink(
     - ``experts``: the share of each mixture-of-experts layer's experts removed,
       router rows included.
 
-    Every block loses the same number of units and the config is rewritten
-    (``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads``,
-    ``head_dim``, ``num_hidden_layers``, ``layer_types``, ``num_local_experts`` /
+    With ``allocation="uniform"`` (the default) every block loses the same number
+    of units and the config is rewritten (``intermediate_size``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+    ``num_hidden_layers``, ``layer_types``, ``num_local_experts`` /
     ``num_experts``, and ``mlp_bias`` / ``attention_bias`` where a method adds a
     bias compensation), so ``save_pretrained`` then stock
     ``AutoModelForCausalLM.from_pretrained`` gives the same logits.
+    ``allocation="global"`` (FLAP's adaptive structure) standardizes each block's
+    scores and removes the lowest across all blocks, so blocks keep different
+    widths: the config records them (``prunereg_slimmed``, as slimming does) and
+    the saved model loads with :func:`prunereg.from_pretrained`.
 
     ``matmul_precision`` is torch's float32 matmul precision of the calibration
     forwards (see :func:`prunereg.oneshot`); statistics and scores run in full
@@ -114,13 +116,11 @@ def shrink(
     until the call returns (up to a second copy of the shrunk layers); ``False``
     keeps nothing, and a failure leaves the model half shrunk.
     """
+    settings, method_options = ShrinkOptions.split(options)
     if calibration is not None:
         calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
-    job = ShrinkJob.prepare(
-        model, method, calibration, mlp=mlp, heads=heads, layers=layers, experts=experts, blocks=blocks,
-        batch_size=batch_size, matmul_precision=matmul_precision, method_options=method_options,
-    )  # fmt: skip
-    return job.run(progress, restore_on_error=restore_on_error)
+    job = ShrinkJob.prepare(model, method, calibration, settings, method_options)
+    return job.run(settings.progress, restore_on_error=settings.restore_on_error)
 
 
 @dataclass
@@ -155,14 +155,7 @@ class ShrinkJob:
         model: nn.Module,
         method: str | ShrinkMethod,
         calibration: Tensor | Iterable[Tensor] | None,
-        *,
-        mlp: float,
-        heads: float,
-        layers: int,
-        experts: float,
-        blocks: str | None,
-        batch_size: int,
-        matmul_precision: str,
+        options: ShrinkOptions,
         method_options: dict[str, Any],
     ) -> ShrinkJob:
         """Check every argument and build the method; nothing in ``model`` changes."""
@@ -171,15 +164,9 @@ class ShrinkJob:
         config = getattr(model, "config", None)
         if config is None:
             raise ValueError(f"shrink rewrites a Hugging Face config, and {type(model).__name__} has none")
-        shares = {
-            name: check_sparsity(value, name) for name, value in (("mlp", mlp), ("heads", heads), ("experts", experts))
-        }
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-            raise ValueError(f"layers must be a number of blocks (an int >= 0), not {layers!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        check_matmul_precision(matmul_precision)
-        wanted = [name for name, share in shares.items() if share > 0] + (["layers"] if layers else [])
+        shares = {name: getattr(options, name) for name in ("mlp", "heads", "experts")}
+        layers = options.layers
+        wanted = options.wanted()
         if not wanted:
             raise ValueError("nothing to remove: give mlp, heads or experts (a share) or layers (a count)")
         instance, name = _build_method(method, method_options)
@@ -187,7 +174,7 @@ class ShrinkJob:
             if TARGET_OF[what] not in instance.TARGETS:
                 scores = ", ".join(sorted(instance.TARGETS)) or "nothing"
                 raise ValueError(f"{what}=... needs a method that scores {TARGET_OF[what]}; {name} scores {scores}")
-        blocks_path, block_list = find_blocks(model, blocks)
+        blocks_path, block_list = find_blocks(model, options.blocks)
         _check_not_reparametrized(model)
         if layers >= len(block_list):
             raise ValueError(f"layers={layers} would leave none of the {len(block_list)} blocks of {blocks_path}")
@@ -200,14 +187,13 @@ class ShrinkJob:
         if needs:
             if calibration is None:
                 raise ValueError(f"{name} needs calibration data (token ids) for {', '.join(sorted(needs))}")
-            batches = list(batches_of(calibration, batch_size, _input_device(model)))
+            batches = list(batches_of(calibration, options.batch_size, _input_device(model)))
             if not batches:
                 raise ValueError("calibration holds no token ids")
             check_fits_model(model, batches)
         width = _width_config(config, plans, instance)
-        return cls(
-            model, instance, name, blocks_path, block_list, plans, layers, needs, batches, matmul_precision, width
-        )
+        precision = options.matmul_precision
+        return cls(model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width)
 
     def run(
         self, progress: bool | None, weights: BlockWeights | None = None, *, restore_on_error: bool = True
