@@ -5,7 +5,8 @@ read as untrusted input (:mod:`prunereg._models.hf_folder`), the calibration
 text is tokenised the same way, and OUTPUT_DIR is written through
 :class:`~prunereg._disk.folder.AtomicFolder` inside the signal clean-up: whole
 or not at all, never over MODEL_DIR, replaced only with ``--force``. The output
-loads with stock ``transformers``.
+loads with stock ``transformers``; with ``--allocation global`` the blocks keep
+different widths, and it loads with ``prunereg.from_pretrained`` (the output says so).
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def shrink_command(
     """Shrink the causal language model in MODEL_DIR into OUTPUT_DIR: fewer channels, heads, blocks or experts.
 
     The config in OUTPUT_DIR states the new sizes, so stock transformers loads
-    it. MODEL_DIR is untrusted: none of its code runs, no link out of it is
-    followed. OUTPUT_DIR appears only when complete; one that holds files is
+    it (with --allocation global the blocks differ: prunereg.from_pretrained
+    loads it). MODEL_DIR is untrusted: none of its code runs, no link out of it
+    is followed. OUTPUT_DIR appears only when complete; one that holds files is
     replaced only with --force.
 
     \b
@@ -101,6 +103,8 @@ def shrink_command(
     method_options = dict(options)
     _refuse_shrink_arguments(method_options)
     settings = _settings(flags)
+    if stream and settings.allocation == "global":
+        raise click.UsageError("--allocation global ranks every block before cutting any; drop --stream")
     output = output_folder(output_dir, model_dir, force)
     try:
         from transformers import AutoModelForCausalLM  # noqa: F401

@@ -7,7 +7,9 @@ the next block, so memory is the weights plus one block's activations. Blocks
 are scored in the same pass and the lowest removed at the end (ShortGPT scores
 every block from one pass over the model). Every block loses the same number of
 units, so the rewritten config states the new shape and stock ``transformers``
-reloads the saved model.
+reloads the saved model; ``allocation="global"`` (FLAP's adaptive structure)
+observes every block first, ranks standardized scores across blocks and records
+the differing widths as slimming does, for ``prunereg.from_pretrained``.
 
 Every argument is checked before anything changes: a refusal leaves the model
 as it was. A failure midway (the method raises, Ctrl-C) puts every replaced
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunereg._models import slimmed
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids, check_fits_model
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
@@ -148,6 +151,7 @@ class ShrinkJob:
     batches: list[Tensor]
     matmul_precision: str
     width: dict[str, Any]
+    allocation: str = "uniform"
 
     @classmethod
     def prepare(
@@ -170,6 +174,9 @@ class ShrinkJob:
         if not wanted:
             raise ValueError("nothing to remove: give mlp, heads or experts (a share) or layers (a count)")
         instance, name = _build_method(method, method_options)
+        across = options.allocation == "global"
+        if across:
+            _check_global(instance, name, wanted)
         for what in wanted:
             if TARGET_OF[what] not in instance.TARGETS:
                 scores = ", ".join(sorted(instance.TARGETS)) or "nothing"
@@ -181,7 +188,7 @@ class ShrinkJob:
         plans = [_plan_block(f"{blocks_path}.{i}", b, config, shares, instance, name) for i, b in enumerate(block_list)]
         if shares["experts"] and not any(plan.experts for plan in plans):
             raise ValueError(f"experts=... needs a mixture-of-experts model; {blocks_path} holds none")
-        _check_config(config, plans, layers)
+        _check_config(config, plans, layers, same_width=not across)
         needs = frozenset().union(*(instance.needs(TARGET_OF[what]) for what in wanted))
         batches: list[Tensor] = []
         if needs:
@@ -191,9 +198,12 @@ class ShrinkJob:
             if not batches:
                 raise ValueError("calibration holds no token ids")
             check_fits_model(model, batches)
-        width = _width_config(config, plans, instance)
+        width = _width_config(config, plans, instance, widths=not across)
         precision = options.matmul_precision
-        return cls(model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width)
+        return cls(
+            model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width,
+            options.allocation,
+        )  # fmt: skip
 
     def run(
         self, progress: bool | None, weights: BlockWeights | None = None, *, restore_on_error: bool = True
@@ -210,13 +220,21 @@ class ShrinkJob:
         config_before = dict(vars(config))
         journal = Journal(enabled=restore_on_error)
         report = ShrinkReport(self.method_name, _n_params(self.model), 0, 0, self.blocks_path)
+        across = self.allocation == "global"
+        shapes_before = _outside_blocks(slimmed.snapshot(self.model), self.blocks_path) if across else None
         try:
             with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
                 inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if self.needs else None
                 report.n_tokens = sum(batch.numel() for batch in self.batches) if self.needs else 0
                 label = f"{self.method_name} {self.blocks_path}"
-                for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                    report.blocks.append(self._shrink_block(index, inputs, journal, weights))
+                if across:  # every block's scores first (on the dense model's activations), then the cuts
+                    observations = self._observe_all(inputs, progress, label)
+                    self._allocate_across_blocks(observations)
+                    for index, observation in enumerate(observations):
+                        report.blocks.append(self._cut_block(index, observation, journal)[0])
+                else:
+                    for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
+                        report.blocks.append(self._shrink_block(index, inputs, journal, weights))
             if self.layers:
                 scores = [block.score for block in report.blocks]
                 order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
@@ -225,6 +243,9 @@ class ShrinkJob:
                     report.blocks[index].removed = True
                 remove_blocks(self.blocks, report.removed_blocks, journal)
             _rewrite_config(config, self.width, report, self.blocks)
+            if shapes_before is not None:  # the blocks' widths differ: recorded as slimming records them
+                setattr(config, slimmed.CONFIG_KEY, slimmed.record(self.model, shapes_before))
+                report.needs_prunereg_loader = True
         except BaseException:
             journal.restore()
             vars(config).clear()
@@ -233,7 +254,7 @@ class ShrinkJob:
         report.config = {
             key: [config_before.get(key), value]
             for key, value in vars(config).items()
-            if config_before.get(key) != value
+            if config_before.get(key) != value and key != slimmed.CONFIG_KEY
         }
         report.params_after = _n_params(self.model)
         report.seconds = time.perf_counter() - start
@@ -244,18 +265,86 @@ class ShrinkJob:
     ) -> BlockShrink:
         block, plan = self.blocks[index], self.plans[index]
         weights.fetch(index, block)
-        result = BlockShrink(index)
         observation = None
         if inputs is not None:
-            writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
-            routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
-            n_experts = plan.experts.n_experts if plan.experts is not None else 0
-            cosine = "block_cosine" in self.needs
             unchanged = all(plan.keep[kind] == group.n_units for kind, group in plan.groups.items()) and (
                 plan.experts is None or plan.keep_experts in (0, plan.experts.n_experts)
             )
-            keep = unchanged and index + 1 < len(self.blocks)
-            observation = observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep)
+            observation = self._observe(index, inputs, keep_outputs=unchanged and index + 1 < len(self.blocks))
+        result, changed = self._cut_block(index, observation, journal)
+        if inputs is not None and observation is not None and index + 1 < len(self.blocks):
+            if changed or len(observation.outputs) != len(inputs):
+                with _config_as(self.model.config, self.width):
+                    advance(block, inputs)
+            else:  # the block is as it was: its outputs from the observing pass feed the next
+                inputs.hidden = observation.outputs
+        weights.done(index, block, pruned=True)
+        return result
+
+    def _observe(self, index: int, inputs: BlockInputs, *, keep_outputs: bool) -> BlockObservation:
+        """One calibration pass over block ``index``: the statistics the method needs (and its outputs if kept)."""
+        block, plan = self.blocks[index], self.plans[index]
+        writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
+        routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
+        n_experts = plan.experts.n_experts if plan.experts is not None else 0
+        cosine = "block_cosine" in self.needs
+        return observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep_outputs)
+
+    def _observe_all(
+        self, inputs: BlockInputs | None, progress: bool | None, label: str
+    ) -> list[BlockObservation | None]:
+        """Every block's statistics, each block run as it is (FLAP scores every block of the dense model)."""
+        observations: list[BlockObservation | None] = []
+        for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
+            if inputs is None:
+                observations.append(None)
+                continue
+            more = index + 1 < len(self.blocks)
+            observation = self._observe(index, inputs, keep_outputs=more)
+            if more:
+                if len(observation.outputs) == len(inputs):
+                    inputs.hidden = observation.outputs
+                else:
+                    advance(self.blocks[index], inputs)
+            observation.outputs = []
+            observations.append(observation)
+        return observations
+
+    def _allocate_across_blocks(self, observations: list[BlockObservation | None]) -> None:
+        """FLAP's adaptive structure: each block's unit scores standardized, the lowest removed across blocks.
+
+        Per kind (MLP channels, key/value groups) as many units go as the uniform
+        split removes in all; a block never loses its last unit (its best one is
+        kept and the next lowest unit elsewhere goes instead). Sets each plan's ``keep``.
+        """
+        for kind in ("mlp", "heads"):
+            ranked: list[tuple[float, int, int]] = []
+            units: dict[int, int] = {}
+            to_remove = 0
+            for index, plan in enumerate(self.plans):
+                if kind not in plan.groups:
+                    continue
+                group = plan.groups[kind]
+                units[index] = group.n_units
+                to_remove += group.n_units - plan.keep[kind]
+                standard = _standardized(self._unit_scores(group, observations[index]))
+                ranked += [(float(z), index, unit) for unit, z in enumerate(standard.tolist())]
+            removed = dict.fromkeys(units, 0)
+            for _, index, _ in sorted(ranked):
+                if not to_remove:
+                    break
+                if units[index] - removed[index] > 1:
+                    removed[index] += 1
+                    to_remove -= 1
+            for index, count in removed.items():
+                self.plans[index].keep[kind] = units[index] - count
+
+    def _cut_block(
+        self, index: int, observation: BlockObservation | None, journal: Journal
+    ) -> tuple[BlockShrink, bool]:
+        """Score block ``index`` and remove its lowest units as planned: its report row, and whether it changed."""
+        plan = self.plans[index]
+        result = BlockShrink(index)
         if self.layers:
             statistics = observation.block if observation is not None else BlockStatistics(0, 0.0)
             result.score = float(self.method.block_score(statistics))
@@ -267,6 +356,8 @@ class ShrinkJob:
                 if plan.keep[kind] < group.n_units:
                     self._shrink_group(group, plan.keep[kind], observation, journal)
                     changed = True
+                elif group.bias_flag in self.width and group.writer.bias is None:
+                    add_zero_biases(group.owner, journal)  # the config creates the biases in every block
             if plan.experts is not None and plan.keep_experts:
                 result.before["experts"] = plan.experts.n_experts
                 result.kept["experts"] = plan.keep_experts
@@ -274,24 +365,20 @@ class ShrinkJob:
                     kept = self._kept_experts(plan.experts, plan.keep_experts, observation)
                     remove_experts(plan.experts, kept, journal)
                     changed = True
-        if inputs is not None and observation is not None and index + 1 < len(self.blocks):
-            if changed or len(observation.outputs) != len(inputs):
-                with _config_as(self.model.config, self.width):
-                    advance(block, inputs)
-            else:  # the block is as it was: its outputs from the observing pass feed the next
-                inputs.hidden = observation.outputs
-        weights.done(index, block, pruned=True)
-        return result
+        return result, changed
+
+    def _unit_scores(self, group: UnitGroup, observation: BlockObservation | None) -> Tensor:
+        statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
+        weight = group.writer_weight().detach().float()
+        scores = _checked_scores(self.method.channel_scores(weight, statistics), weight.shape[1], "channel_scores")
+        per_unit = scores.reshape(group.n_units, group.channels_per_unit)
+        return _checked_scores(self.method.unit_scores(per_unit, group.kind), group.n_units, "unit_scores")
 
     def _shrink_group(
         self, group: UnitGroup, keep: int, observation: BlockObservation | None, journal: Journal
     ) -> None:
         statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
-        weight = group.writer_weight().detach().float()
-        scores = _checked_scores(self.method.channel_scores(weight, statistics), weight.shape[1], "channel_scores")
-        per_unit = scores.reshape(group.n_units, group.channels_per_unit)
-        unit_scores = _checked_scores(self.method.unit_scores(per_unit, group.kind), group.n_units, "unit_scores")
-        kept, removed = _split(unit_scores, keep)
+        kept, removed = _split(self._unit_scores(group, observation), keep)
         if self.method.compensates_bias and removed.numel():
             assert statistics.mean is not None  # needs() asked for channel_moments
             if group.writer.bias is None:
@@ -332,6 +419,32 @@ def _build_method(method: str | ShrinkMethod, options: dict[str, Any]) -> tuple[
     return cls(**options), method
 
 
+def _check_global(method: ShrinkMethod, name: str, wanted: list[str]) -> None:
+    """Refuse ``allocation="global"`` for a method whose scores do not compare across blocks, or with no width cut."""
+    if not method.ALLOCATES_ACROSS_BLOCKS:
+        raise ValueError(
+            f"allocation='global' ranks units across blocks, and {name}'s scores are not meant to be compared "
+            "across blocks; use allocation='uniform' (or flap)"
+        )
+    if not {"mlp", "heads"} & set(wanted):
+        raise ValueError("allocation='global' spreads the mlp and heads removal over the blocks; give mlp or heads")
+
+
+def _standardized(scores: Tensor) -> Tensor:
+    """``scores`` less their mean, over their standard deviation (all zero when they do not vary)."""
+    scores = scores.double()
+    spread = scores.std() if scores.numel() > 1 else scores.new_zeros(())
+    if not bool(spread > 0):
+        return torch.zeros_like(scores)
+    return (scores - scores.mean()) / spread
+
+
+def _outside_blocks(shapes: slimmed.Record, blocks_path: str) -> slimmed.Record:
+    """A snapshot less the blocks: every block's shapes are then recorded (blocks may also be renumbered)."""
+    inside = blocks_path + "."
+    return {part: {k: v for k, v in entries.items() if not k.startswith(inside)} for part, entries in shapes.items()}
+
+
 def _plan_block(
     where: str, block: nn.Module, config: Any, shares: dict[str, float], method: ShrinkMethod, name: str
 ) -> BlockPlan:
@@ -369,13 +482,16 @@ def _plan_block(
     return plan
 
 
-def _check_config(config: Any, plans: list[BlockPlan], layers: int) -> None:
-    """Refuse what the config cannot state: a size it has no key for, or blocks that would differ."""
-    if any("mlp" in plan.groups for plan in plans) and _mlp_key(config) is None:
+def _check_config(config: Any, plans: list[BlockPlan], layers: int, *, same_width: bool = True) -> None:
+    """Refuse what the config cannot state: a size it has no key for, or blocks that would differ.
+
+    ``same_width=False`` (a per-block allocation) lets the blocks' widths differ: they are recorded instead.
+    """
+    if same_width and any("mlp" in plan.groups for plan in plans) and _mlp_key(config) is None:
         raise ValueError(
             f"{type(config).__name__} has no intermediate_size (or n_inner, ffn_dim) to state the MLP width"
         )
-    for kind in ("mlp", "heads"):
+    for kind in ("mlp", "heads") if same_width else ():
         shapes = {(plan.groups[kind].n_units, plan.keep[kind]) for plan in plans if kind in plan.groups}
         if len(shapes) > 1:
             raise ValueError(f"the blocks' {kind} differ in size, which one config value cannot state")
@@ -416,23 +532,28 @@ def _n_params(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod) -> dict[str, Any]:
-    """The config values that state the blocks' new width: every block lost the same, so one value per key."""
+def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod, *, widths: bool = True) -> dict[str, Any]:
+    """The config values that state the blocks' new width: every block lost the same, so one value per key.
+
+    ``widths=False`` (the blocks' widths differ): only the bias flags a compensation needs, and the expert count.
+    """
     values: dict[str, Any] = {}
     first = {kind: plan for plan in reversed(plans) for kind in plan.groups}
     if "mlp" in first:
         plan = first["mlp"]
-        values[str(_mlp_key(config))] = plan.keep["mlp"]
+        if widths:
+            values[str(_mlp_key(config))] = plan.keep["mlp"]
         flag = plan.groups["mlp"].bias_flag
         if method.compensates_bias and flag is not None:
             values[flag] = True
     if "heads" in first:
         plan = first["heads"]
         group = plan.groups["heads"]
-        values["head_dim"] = group.channels_per_unit // group.query_heads_per_unit
-        values["num_attention_heads"] = plan.keep["heads"] * group.query_heads_per_unit
-        if hasattr(config, "num_key_value_heads"):
-            values["num_key_value_heads"] = plan.keep["heads"]
+        if widths:
+            values["head_dim"] = group.channels_per_unit // group.query_heads_per_unit
+            values["num_attention_heads"] = plan.keep["heads"] * group.query_heads_per_unit
+            if hasattr(config, "num_key_value_heads"):
+                values["num_key_value_heads"] = plan.keep["heads"]
         if method.compensates_bias and group.bias_flag is not None:
             values[group.bias_flag] = True
     with_experts = [plan for plan in plans if plan.experts is not None and plan.keep_experts]

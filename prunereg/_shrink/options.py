@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from prunereg._oneshot.options import Options, setting
 from prunereg._oneshot.precision import MATMUL_PRECISIONS, check_matmul_precision
 
+#: How the units removed are spread over the decoder blocks.
+ALLOCATIONS = ("uniform", "global")
+
 
 @dataclass(frozen=True)
 class ShrinkOptions(Options):
@@ -31,6 +34,12 @@ class ShrinkOptions(Options):
     )
     layers: int = setting(0, "Number of decoder blocks removed, the lowest-scored.", metavar="N", minimum=0)
     experts: float = setting(0.0, "Share of each mixture-of-experts layer's experts removed.", metavar="X")
+    allocation: str = setting(
+        "uniform",
+        "Which blocks lose the units: the same number in every block (the config states it), or the lowest "
+        "standardized scores across blocks (needs prunereg.from_pretrained; not with streaming).",
+        choices=ALLOCATIONS,
+    )
     blocks: str | None = setting(
         None,
         "The nn.ModuleList holding the decoder blocks (model.layers), for an architecture prunereg does not know.",
@@ -64,6 +73,8 @@ class ShrinkOptions(Options):
             raise ValueError(f"layers must be a number of blocks (an int >= 0), not {self.layers!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {self.allocation!r}")
         if self.blocks is not None and not isinstance(self.blocks, str):
             raise TypeError(f"blocks must be a module path like 'model.layers', not {type(self.blocks).__name__}")
         check_matmul_precision(self.matmul_precision)

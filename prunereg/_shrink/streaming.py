@@ -120,6 +120,7 @@ def shrink_folder(
     holds files only with ``replace=True`` and never when it is or holds ``model_dir``.
     """
     settings, method_options = ShrinkOptions.split(options, refused=FOLDER_REFUSES)
+    refuse_global_streaming(settings)
     folder = AtomicFolder(
         output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
         keep={"model_dir": model_dir},
@@ -133,6 +134,15 @@ def shrink_folder(
     with folder as staging:
         return shrink_folder_into(
             Path(model_dir), folder, staging, method, calibration, settings, method_options, label="model_dir"
+        )
+
+
+def refuse_global_streaming(options: ShrinkOptions) -> None:
+    """Refuse ``allocation="global"`` block by block: it needs every block's scores before the first cut."""
+    if options.allocation == "global":
+        raise ValueError(
+            "allocation='global' ranks every block's units before cutting any, which streaming block by block "
+            "cannot (it would read the folder twice); shrink in memory with prunereg.shrink"
         )
 
 
@@ -152,6 +162,7 @@ def shrink_folder_into(
     ``label`` names ``source`` in errors; a failure leaves the model half shrunk
     (``options.restore_on_error`` is not read: the staging folder is discarded).
     """
+    refuse_global_streaming(options)
     check_links(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
