@@ -47,6 +47,14 @@ def oneshot_options_table() -> str:
     return options_table()
 
 
+def shrink_options_table() -> str:
+    """The settings of ``prunereg.shrink`` and ``prunereg shrink``, from the one object that defines them."""
+    from prunereg._oneshot.options import options_table
+    from prunereg._shrink.options import ShrinkOptions
+
+    return options_table(options=ShrinkOptions)
+
+
 def _cell(text: str) -> str:
     """``text`` as one Markdown table cell: a ``|`` in it would end the cell."""
     return text.replace("|", "\\|")
@@ -56,6 +64,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "methods": methods_table,
     "kinds": kinds_table,
     "oneshot-options": oneshot_options_table,
+    "shrink-options": shrink_options_table,
 }
 
 

@@ -38,10 +38,13 @@ class Flap(ShrinkMethod):
     removed channel, ``W_:,j * mean(X_j)``, is added to the output projection's
     bias, which the config's ``mlp_bias`` / ``attention_bias`` then creates;
     ``compensate=False`` scores alone, for architectures without such a flag.
+    Its scores, standardized per block, are ranked across blocks with
+    ``allocation="global"`` (the paper's adaptive structure).
     """
 
     TARGETS = frozenset({"channels"})
     STATISTICS = frozenset({"channel_moments"})
+    ALLOCATES_ACROSS_BLOCKS = True
 
     def __init__(self, compensate: bool = True) -> None:
         if not isinstance(compensate, bool):

@@ -14,65 +14,42 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from prunereg._cli.app import main
-from prunereg._cli.values import Number, key_values
+from prunereg._cli.shared import (
+    Results,
+    bytes_to_write,
+    calibration_options,
+    dtype_option,
+    eval_options,
+    force_option,
+    json_option,
+    output_folder,
+    read_eval_ids,
+    settings_as_options,
+    stream_option,
+    torch_dtype,
+)
+from prunereg._cli.values import key_values
 from prunereg._disk.signals import cleanup_on_signals
-from prunereg._oneshot.options import OneShotOptions, cli_flag, value_type
+from prunereg._oneshot.options import OneShotOptions, cli_flag
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
-    from prunereg._disk.folder import AtomicFolder
-    from prunereg._oneshot.report import OneShotReport
-
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def settings_as_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give ``command`` a click option for each setting with a flag: type, help and default read from the setting."""
-    for name, (default, setting) in reversed(OneShotOptions.settings().items()):
-        flag = cli_flag(name, setting)
-        if flag is None:
-            continue
-        kind: Any = value_type(name)
-        if setting.choices is not None:
-            kind = click.Choice(setting.choices)
-        elif kind in (int, float):
-            kind = Number(kind, setting.minimum)
-        command = click.option(
-            flag,
-            name,
-            type=kind,
-            default=None if default is None or setting.repeatable else default,
-            show_default=default is not None and not setting.repeatable,
-            multiple=setting.repeatable,
-            metavar=setting.metavar,
-            help=setting.help + (" Repeatable." if setting.repeatable else ""),
-        )(command)
-    return command
+    pass
 
 
 @main.command("oneshot")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--method", "-m", required=True, help="A calibrated method: wanda, sparsegpt, magnitude (prunereg list).")
-@click.option(
-    "--calibration",
-    required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Text file whose first tokens calibrate the method.",
-)
-@click.option("--samples", type=Number(int, 1), default=64, show_default=True, help="Calibration samples.")
-@click.option("--seq-len", type=Number(int, 2), default=256, show_default=True, help="Tokens per sample.")
-@settings_as_options
+@calibration_options()
+@settings_as_options(OneShotOptions)
 @click.option(
     "--option",
     "-o",
@@ -87,34 +64,17 @@ def settings_as_options(command: Callable[..., Any]) -> Callable[..., Any]:
     metavar="DEVICE",
     help="Where the model runs: cpu, cuda, cuda:1, mps ... [default: where from_pretrained puts it, the CPU].",
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(_DTYPES),
-    default="auto",
-    show_default=True,
-    help="Load the model as (not with --stream).",
-)
-@click.option(
-    "--stream",
-    is_flag=True,
-    help="Read one block at a time from MODEL_DIR's safetensors files (models larger than memory).",
-)
-@click.option(
-    "--eval",
-    "eval_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Text file: print perplexity before and after (loads the whole model, also with --stream).",
-)
-@click.option("--eval-window", type=Number(int, 2), default=512, show_default=True)
-@click.option("--eval-tokens", type=Number(int, 2), help="Evaluate only the first N tokens of --eval.")
+@dtype_option
+@stream_option
+@eval_options
 @click.option(
     "--masks",
     is_flag=True,
     help="Also write the masks (prunereg_masks.safetensors), so that prunereg.from_pretrained keeps the pruned "
     "entries at zero through fine-tuning (not with --stream).",
 )
-@click.option("--force", is_flag=True, help="Replace OUTPUT_DIR if it holds files (in one step, once complete).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@force_option
+@json_option
 def oneshot_command(
     model_dir: Path,
     output_dir: Path,
@@ -153,7 +113,7 @@ def oneshot_command(
     _refuse_oneshot_arguments(options)
     settings = _settings(flags, masks)
     torch_device = _torch_device(device)
-    output = _output_folder(output_dir, model_dir, force)
+    output = output_folder(output_dir, model_dir, force)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
     except ImportError as error:
@@ -168,14 +128,14 @@ def oneshot_command(
     from prunereg._oneshot.streaming import prune_folder_into
 
     build_method(method, settings.sparsity, settings.pattern, options)  # the method and its -o, before any loading
-    results = _Results(eval_file.name if eval_file is not None else None)
+    results = Results(eval_file.name if eval_file is not None else None)
     with results.shown_on_failure(as_json):
         tokenizer = load_tokenizer(model_dir)
         ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
-        eval_ids = _eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+        eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
 
         def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            model = load_causal_lm(folder, dtype=_torch_dtype(dtype), label=label)
+            model = load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
             return model if torch_device is None else model.to(torch_device)
 
         with cleanup_on_signals(), output as staging:
@@ -190,7 +150,7 @@ def oneshot_command(
                     results.after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
             else:
                 model = load(model_dir)
-                output.require_free_space(_bytes_to_write(model, masks))
+                output.require_free_space(bytes_to_write(model, masks))
                 if eval_ids is not None:
                     results.before = prunereg.perplexity(model, eval_ids, window=eval_window)
                 with _masks_if(masks):
@@ -207,71 +167,6 @@ def oneshot_command(
     results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")
-
-
-@dataclass
-class _Results:
-    """What the command has computed so far: shown at the end, or before the error when a later step fails."""
-
-    eval_name: str | None
-    report: OneShotReport | None = None
-    before: float | None = None
-    after: float | None = None
-
-    def show(self, as_json: bool) -> None:
-        """The report and perplexities; in JSON a perplexity that is no finite number is ``null`` (JSON has none)."""
-        if as_json:
-            report = self.report.as_dict() if self.report is not None else None
-            perplexities = {"perplexity_before": _finite(self.before), "perplexity_after": _finite(self.after)}
-            click.echo(json.dumps({**(report or {}), **perplexities}, indent=2, allow_nan=False))
-            return
-        if self.report is not None:
-            click.echo(str(self.report))
-        if self.before is not None:
-            after = f", {_shown(self.after)} after" if self.after is not None else ""
-            click.echo(f"perplexity on {printable(self.eval_name or '')}: {_shown(self.before)} before{after}")
-            for value in (self.before, self.after):
-                if value is not None and not math.isfinite(value):
-                    click.echo(f"note: {_why_not_finite(value)}", err=True)
-                    break
-
-    @contextlib.contextmanager
-    def shown_on_failure(self, as_json: bool) -> Iterator[None]:
-        """Show what was computed before an error (or Ctrl-C) ends the command."""
-        try:
-            yield
-        except BaseException:
-            if self.report is not None or self.before is not None:
-                self.show(as_json)
-            raise
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
-def _shown(value: float) -> str:
-    return f"{value:.2f}" if math.isfinite(value) else ("NaN" if math.isnan(value) else "infinite")
-
-
-def _why_not_finite(value: float) -> str:
-    if math.isnan(value):
-        return (
-            "a perplexity of NaN: the model's outputs hold NaN or infinity (its weights, or an overflow in its dtype)"
-        )
-    return "an infinite perplexity: the mean loss on the text exceeds what a float can exponentiate (about 709 nats)"
-
-
-def _output_folder(output_dir: Path, model_dir: Path, force: bool) -> AtomicFolder:
-    """OUTPUT_DIR's writer, checked before any work: not MODEL_DIR, not holding it, empty unless --force."""
-    from prunereg._disk.folder import AtomicFolder
-
-    folder = AtomicFolder(output_dir, replace=force, keep={"MODEL_DIR": model_dir})
-    try:
-        folder.check()
-    except OSError as error:
-        raise click.ClickException(str(error)) from error
-    return folder
 
 
 def _refuse_oneshot_arguments(method_options: dict[str, Any]) -> None:
@@ -313,13 +208,6 @@ def _torch_device(name: str | None) -> Any:
     return device
 
 
-def _bytes_to_write(model: Any, masks: bool) -> int:
-    """About what OUTPUT_DIR will take: the model's weights, and one byte per weight for the masks."""
-    parameters = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() * p.element_size() for p in parameters)
-    return total + (sum(p.numel() for p in parameters) if masks else 0)
-
-
 @contextlib.contextmanager
 def _masks_if(wanted: bool) -> Iterator[None]:
     """With --masks, keep the masks as bool (a byte per weight) instead of in the weights' dtype."""
@@ -330,19 +218,3 @@ def _masks_if(wanted: bool) -> Iterator[None]:
 
     with prunereg.compact_masks():
         yield
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return name if name == "auto" else getattr(torch, name)
-
-
-def _eval_ids(tokenizer: Any, path: Path, limit: int | None) -> Any:
-    """The evaluation text's first ``--eval-tokens`` tokens (all without it), read no further than needed."""
-    from prunereg._oneshot.calibration import text_file_ids
-
-    tokens = text_file_ids(tokenizer, path, limit)
-    if tokens.numel() < 2:
-        raise click.ClickException(f"{path} has fewer than 2 tokens to evaluate on")
-    return tokens

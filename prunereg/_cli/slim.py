@@ -25,7 +25,8 @@ import click
 
 from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
-from prunereg._cli.oneshot import _output_folder
+from prunereg._cli.shared import force_option, json_option, output_folder
+from prunereg._cli.values import Number
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._text import printable
 
@@ -52,9 +53,9 @@ _BESIDE_THE_WEIGHTS = (
     help="How channels are ranked: magnitude, random, taylor, or a registered importance.",
 )
 @click.option("--ignore", multiple=True, metavar="MODULE", help="A module to keep whole (its name). Repeatable.")
-@click.option("--round-to", type=click.IntRange(min=1), default=1, show_default=True, help="Keep a multiple of N.")
-@click.option("--force", is_flag=True, help="Replace OUTPUT_DIR if it holds files (in one step, once complete).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--round-to", type=Number(int, 1), default=1, show_default=True, help="Keep a multiple of N.")
+@force_option
+@json_option
 def slim_command(
     model_dir: Path,
     output_dir: Path,
@@ -77,7 +78,7 @@ def slim_command(
     prunereg slim ./SmolLM2 ./SmolLM2-slim --ratio 0.3 --ignore lm_head --json
     prunereg slim ./pruned-with-masks ./slim        # the channels its masks pruned
     """
-    output = _output_folder(output_dir, model_dir, force)
+    output = output_folder(output_dir, model_dir, force)
     try:
         import transformers  # noqa: F401
     except ImportError as error:

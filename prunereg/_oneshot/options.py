@@ -42,7 +42,7 @@ class Setting:
     repeatable: bool = False
 
 
-def _setting(
+def setting(
     default: Any,
     help: str,  # the name click and argparse give it
     *,
@@ -59,50 +59,91 @@ def _setting(
     )
 
 
+_O = TypeVar("_O", bound="Options")
+
+
+class Options:
+    """What every settings dataclass shares (:class:`OneShotOptions`, ``prunereg._shrink.options.ShrinkOptions``).
+
+    Each field holds a :class:`Setting` in its metadata (made by :func:`setting`),
+    so the names, defaults, help and flags are read from the class itself.
+    """
+
+    #: The command whose flags the settings are, as the docs' table names it.
+    COMMAND = ""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every setting's name, in order."""
+        return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    @classmethod
+    def settings(cls) -> dict[str, tuple[Any, Setting]]:
+        """Each setting's name -> (default, :class:`Setting`), in order."""
+        return {f.name: (f.default, f.metadata["setting"]) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def split(
+        cls: type[_O], keywords: Mapping[str, Any], *, refused: Mapping[str, str] | None = None
+    ) -> tuple[_O, dict[str, Any]]:
+        """``keywords`` as (the settings among them, checked; the method's options: the rest).
+
+        ``refused`` maps settings a caller does not take to why (a TypeError says it).
+        """
+        for name, why in (refused or {}).items():
+            if name in keywords:
+                raise TypeError(f"{name!r} is not taken here: {why}")
+        own = set(cls.names())
+        settings = {key: value for key, value in keywords.items() if key in own}
+        return cls(**settings), {key: value for key, value in keywords.items() if key not in own}
+
+
 @dataclass(frozen=True)
-class OneShotOptions:
+class OneShotOptions(Options):
     """The settings of one one-shot run, checked when made (``ValueError``/``TypeError`` in one line)."""
 
-    sparsity: float | None = _setting(
+    COMMAND = "prunereg oneshot"
+
+    sparsity: float | None = setting(
         None, "Share of each layer's weights to prune [default: 0.5, or N/M with a pattern].", metavar="X"
     )
-    pattern: str | None = _setting(
+    pattern: str | None = setting(
         None, "N:M pattern, e.g. 2:4 (N zeros in every M consecutive inputs of a row).", metavar="N:M"
     )
-    allocation: str = _setting(
+    allocation: str = setting(
         "uniform", "Each block's sparsity: the target everywhere, or OWL's from outlier ratios.", choices=ALLOCATIONS
     )
-    owl_threshold: float = _setting(OWL_THRESHOLD, "OWL's outlier threshold M (times the mean score).", metavar="M")
-    owl_lambda: float = _setting(OWL_LAMBDA, "OWL's sparsity range lambda, in [0, 0.5).", metavar="LAMBDA")
-    layers: Sequence[str] | None = _setting(
+    owl_threshold: float = setting(OWL_THRESHOLD, "OWL's outlier threshold M (times the mean score).", metavar="M")
+    owl_lambda: float = setting(OWL_LAMBDA, "OWL's sparsity range lambda, in [0, 0.5).", metavar="LAMBDA")
+    layers: Sequence[str] | None = setting(
         None,
         "Prune only the layers inside the blocks whose full name matches a glob (model.layers.*.mlp.*).",
         metavar="GLOB",
         repeatable=True,
     )
-    ignore: Sequence[str] = _setting(
+    ignore: Sequence[str] = setting(
         (), "Leave out the layers whose full name matches a glob (*.self_attn.q_proj).", metavar="GLOB", repeatable=True
     )
-    blocks: str | None = _setting(
+    blocks: str | None = setting(
         None,
         "The nn.ModuleList holding the decoder blocks (model.layers), for an architecture prunereg does not know.",
         metavar="PATH",
     )
-    batch_size: int = _setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
-    matmul_precision: str = _setting(
+    batch_size: int = setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
+    matmul_precision: str = setting(
         "medium",
         "float32 matmul precision of the calibration forwards; statistics and pruning always run in full float32.",
         choices=MATMUL_PRECISIONS,
     )
-    permanent: bool = _setting(
+    permanent: bool = setting(
         True,
         "Leave plain weights with exact zeros; False also installs the reparametrization (weight_orig, weight_mask).",
         flag=None,
     )
-    progress: bool | None = _setting(
+    progress: bool | None = setting(
         None, "Draw a bar per block on stderr [default: when stderr is a terminal or a notebook].", flag=None
     )
-    restore_on_error: bool | None = _setting(
+    restore_on_error: bool | None = setting(
         None,
         "On a failure midway, put every pruned weight back [default: when a copy takes at most half the free memory].",
         flag=None,
@@ -144,31 +185,6 @@ class OneShotOptions:
             raise TypeError(f"blocks must be a module path like 'model.layers', not {type(self.blocks).__name__}")
         check_matmul_precision(self.matmul_precision)
 
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        """Every setting's name, in order."""
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    @classmethod
-    def settings(cls) -> dict[str, tuple[Any, Setting]]:
-        """Each setting's name -> (default, :class:`Setting`), in order."""
-        return {f.name: (f.default, f.metadata["setting"]) for f in dataclasses.fields(cls)}
-
-    @classmethod
-    def split(
-        cls, keywords: Mapping[str, Any], *, refused: Mapping[str, str] | None = None
-    ) -> tuple[OneShotOptions, dict[str, Any]]:
-        """``keywords`` as (the settings among them, checked; the method's options: the rest).
-
-        ``refused`` maps settings a caller does not take to why (a TypeError says it).
-        """
-        for name, why in (refused or {}).items():
-            if name in keywords:
-                raise TypeError(f"{name!r} is not taken here: {why}")
-        own = set(cls.names())
-        settings = {key: value for key, value in keywords.items() if key in own}
-        return cls(**settings), {key: value for key, value in keywords.items() if key not in own}
-
 
 def check_allocation(allocation: object, pattern: str | None) -> None:
     """Refuse an unknown ``allocation``, and OWL with an N:M ``pattern`` (which fixes every block's sparsity)."""
@@ -181,20 +197,23 @@ def check_allocation(allocation: object, pattern: str | None) -> None:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def with_options_signature(*, leave_out: Iterable[str] = ()) -> Callable[[_F], _F]:
+def with_options_signature(
+    options: type[Options] | None = None, *, leave_out: Iterable[str] = ()
+) -> Callable[[_F], _F]:
     """Show a function taking ``**options`` with every setting as a keyword (``help()``, ``inspect.signature``).
 
     The function's own parameters stay; its ``**options`` becomes the settings
     (but ``leave_out``) with their defaults, followed by ``**method_options``.
     """
     left_out = set(leave_out)
+    kind = options or OneShotOptions
 
     def decorate(function: _F) -> _F:
         signature = inspect.signature(function)
         own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
         settings = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(name))
-            for name, (default, _) in OneShotOptions.settings().items()
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(name, kind))
+            for name, (default, _) in kind.settings().items()
             if name not in left_out and name not in {p.name for p in own}
         ]
         rest = inspect.Parameter("method_options", inspect.Parameter.VAR_KEYWORD, annotation="Any")
@@ -204,23 +223,25 @@ def with_options_signature(*, leave_out: Iterable[str] = ()) -> Callable[[_F], _
     return decorate
 
 
-def _annotation(name: str) -> Any:
-    return {f.name: f.type for f in dataclasses.fields(OneShotOptions)}[name]
+def _annotation(name: str, options: type[Options]) -> Any:
+    return {f.name: f.type for f in dataclasses.fields(options)}[name]  # type: ignore[arg-type]
 
 
-def value_type(name: str) -> type:
+def value_type(name: str, options: type[Options] | None = None) -> type:
     """The type of one value of setting ``name`` (``float`` for ``float | None``, ``str`` for globs)."""
-    spelled = str(_annotation(name)).split(" | ")  # the annotations are text (``from __future__ import annotations``)
+    # the annotations are text (``from __future__ import annotations``)
+    spelled = str(_annotation(name, options or OneShotOptions)).split(" | ")
     for kind in (bool, int, float):
         if kind.__name__ in spelled:
             return kind
     return str
 
 
-def options_table(leave_out: Sequence[str] = ()) -> str:
-    """The settings as a Markdown table: keyword, ``prunereg oneshot`` flag, default, what it does (for the docs)."""
-    rows = ["| keyword | `prunereg oneshot` | default | what it sets |", "| --- | --- | --- | --- |"]
-    for name, (default, setting) in OneShotOptions.settings().items():
+def options_table(leave_out: Sequence[str] = (), options: type[Options] | None = None) -> str:
+    """The settings as a Markdown table: keyword, the command's flag, default, what it does (for the docs)."""
+    kind = options or OneShotOptions
+    rows = [f"| keyword | `{kind.COMMAND}` | default | what it sets |", "| --- | --- | --- | --- |"]
+    for name, (default, setting) in kind.settings().items():
         if name in leave_out:
             continue
         flag = cli_flag(name, setting)

@@ -32,7 +32,8 @@ def check_shrink_method(method: str | type, /, *, devices: Sequence[str] | None 
 
     - the class: a ``ShrinkMethod`` of kind ``shrink`` (the registered kind, for a
       name) that scores at least one target, with ``TARGETS`` and ``STATISTICS``
-      the engine knows;
+      the engine knows, and ``ALLOCATES_ACROSS_BLOCKS`` a bool, true only for a
+      channel method;
     - ``channel_scores``: one finite score per input channel of the weight, on its
       device; the same result for the same input; the weight and statistics unchanged;
       ``unit_scores``: one finite score per unit, for MLP channels and for heads;
@@ -74,6 +75,10 @@ def _method_class(method: str | type) -> tuple[type[ShrinkMethod], str]:
         raise AssertionError(f"{label}: TARGETS must be a non-empty subset of {sorted(TARGET_NAMES)}")
     if not set(cls.STATISTICS) <= STATISTIC_NAMES:
         raise AssertionError(f"{label}: STATISTICS must be a subset of {sorted(STATISTIC_NAMES)}")
+    if not isinstance(cls.ALLOCATES_ACROSS_BLOCKS, bool):
+        raise AssertionError(f"{label}: ALLOCATES_ACROSS_BLOCKS must be True or False")
+    if cls.ALLOCATES_ACROSS_BLOCKS and "channels" not in cls.TARGETS:
+        raise AssertionError(f"{label}: ALLOCATES_ACROSS_BLOCKS ranks channel scores, and it scores no channels")
     return cls, label
 
 

@@ -89,6 +89,8 @@ class ShrinkMethod:
     PRUNING_TYPE: ClassVar[str] = KIND
     TARGETS: ClassVar[frozenset[str]] = frozenset()
     STATISTICS: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the channel scores, standardized per block, may be ranked across blocks (``allocation="global"``).
+    ALLOCATES_ACROSS_BLOCKS: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

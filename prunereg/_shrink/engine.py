@@ -7,7 +7,9 @@ the next block, so memory is the weights plus one block's activations. Blocks
 are scored in the same pass and the lowest removed at the end (ShortGPT scores
 every block from one pass over the model). Every block loses the same number of
 units, so the rewritten config states the new shape and stock ``transformers``
-reloads the saved model.
+reloads the saved model; ``allocation="global"`` (FLAP's adaptive structure)
+observes every block first, ranks standardized scores across blocks and records
+the differing widths as slimming does, for ``prunereg.from_pretrained``.
 
 Every argument is checked before anything changes: a refusal leaves the model
 as it was. A failure midway (the method raises, Ctrl-C) puts every replaced
@@ -25,10 +27,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunereg._models import slimmed
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids, check_fits_model
 from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
-from prunereg._oneshot.contract import check_sparsity
 from prunereg._oneshot.engine import (
     BlockWeights,
     InMemory,
@@ -36,7 +38,8 @@ from prunereg._oneshot.engine import (
     _check_not_reparametrized,
     _input_device,
 )
-from prunereg._oneshot.precision import check_matmul_precision, matmul_precision
+from prunereg._oneshot.options import with_options_signature
+from prunereg._oneshot.precision import matmul_precision
 from prunereg._progress import progress as progress_bar
 from prunereg._shrink.architecture import (
     Experts,
@@ -53,6 +56,7 @@ from prunereg._shrink.architecture import (
 )
 from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
 from prunereg._shrink.gather import BlockObservation, observe_block
+from prunereg._shrink.options import ShrinkOptions
 from prunereg._shrink.report import BlockShrink, ShrinkReport
 
 #: Each argument of :func:`shrink` and the kind of unit its method must score.
@@ -60,6 +64,7 @@ TARGET_OF = {"mlp": "channels", "heads": "channels", "layers": "blocks", "expert
 _NONE = ChannelStatistics(0)
 
 
+@with_options_signature(ShrinkOptions)
 def shrink(
     model: nn.Module,
     method: str | ShrinkMethod = "flap",
@@ -68,27 +73,22 @@ def shrink(
     tokenizer: Any = None,
     num_samples: int | None = None,
     seq_len: int | None = None,
-    mlp: float = 0.0,
-    heads: float = 0.0,
-    layers: int = 0,
-    experts: float = 0.0,
-    blocks: str | None = None,
-    batch_size: int = 2,
-    matmul_precision: str = "medium",
-    progress: bool | None = None,
-    restore_on_error: bool = True,
-    **method_options: Any,
+    **options: Any,
 ) -> ShrinkReport:
     """Make a causal language model smaller in place: fewer MLP channels, heads, blocks or experts.
 
     ``method`` is a registered name of kind ``shrink`` (``"flap"``, ``"wanda_sp"``,
-    ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), with ``method_options``
-    passed to its constructor, or a configured :class:`prunereg.ShrinkMethod`.
-    ``calibration`` is what :func:`prunereg.oneshot` accepts: token ids
-    (``[n_samples, seq_len]``, run in batches of ``batch_size``, or an iterable of
-    batches), or a text, texts, a tokenizer's output or a dataset, tokenised with
-    ``tokenizer`` and cut into ``num_samples`` x ``seq_len``; a method that needs no
-    statistics (``magnitude_sp``) runs without it.
+    ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), or a configured
+    :class:`prunereg.ShrinkMethod`. ``calibration`` is what :func:`prunereg.oneshot`
+    accepts: token ids (``[n_samples, seq_len]``, run in batches of ``batch_size``,
+    or an iterable of batches), or a text, texts, a tokenizer's output or a
+    dataset, tokenised with ``tokenizer`` and cut into ``num_samples`` x
+    ``seq_len``; a method that needs no statistics (``magnitude_sp``) runs without it.
+
+    The other keyword arguments are the run's settings (the table in
+    ``docs/shrinking.md``; :class:`prunereg._shrink.options.ShrinkOptions` holds
+    their defaults and checks); any other keyword is an option of the method,
+    passed to its constructor (``compensate=False``).
 
     - ``mlp``: the share of each MLP's intermediate channels removed (gate and up
       rows with the down projection's columns);
@@ -98,12 +98,17 @@ def shrink(
     - ``experts``: the share of each mixture-of-experts layer's experts removed,
       router rows included.
 
-    Every block loses the same number of units and the config is rewritten
-    (``intermediate_size``, ``num_attention_heads``, ``num_key_value_heads``,
-    ``head_dim``, ``num_hidden_layers``, ``layer_types``, ``num_local_experts`` /
+    With ``allocation="uniform"`` (the default) every block loses the same number
+    of units and the config is rewritten (``intermediate_size``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+    ``num_hidden_layers``, ``layer_types``, ``num_local_experts`` /
     ``num_experts``, and ``mlp_bias`` / ``attention_bias`` where a method adds a
     bias compensation), so ``save_pretrained`` then stock
     ``AutoModelForCausalLM.from_pretrained`` gives the same logits.
+    ``allocation="global"`` (FLAP's adaptive structure) standardizes each block's
+    scores and removes the lowest across all blocks, so blocks keep different
+    widths: the config records them (``prunereg_slimmed``, as slimming does) and
+    the saved model loads with :func:`prunereg.from_pretrained`.
 
     ``matmul_precision`` is torch's float32 matmul precision of the calibration
     forwards (see :func:`prunereg.oneshot`); statistics and scores run in full
@@ -114,13 +119,11 @@ def shrink(
     until the call returns (up to a second copy of the shrunk layers); ``False``
     keeps nothing, and a failure leaves the model half shrunk.
     """
+    settings, method_options = ShrinkOptions.split(options)
     if calibration is not None:
         calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
-    job = ShrinkJob.prepare(
-        model, method, calibration, mlp=mlp, heads=heads, layers=layers, experts=experts, blocks=blocks,
-        batch_size=batch_size, matmul_precision=matmul_precision, method_options=method_options,
-    )  # fmt: skip
-    return job.run(progress, restore_on_error=restore_on_error)
+    job = ShrinkJob.prepare(model, method, calibration, settings, method_options)
+    return job.run(settings.progress, restore_on_error=settings.restore_on_error)
 
 
 @dataclass
@@ -148,6 +151,7 @@ class ShrinkJob:
     batches: list[Tensor]
     matmul_precision: str
     width: dict[str, Any]
+    allocation: str = "uniform"
 
     @classmethod
     def prepare(
@@ -155,14 +159,7 @@ class ShrinkJob:
         model: nn.Module,
         method: str | ShrinkMethod,
         calibration: Tensor | Iterable[Tensor] | None,
-        *,
-        mlp: float,
-        heads: float,
-        layers: int,
-        experts: float,
-        blocks: str | None,
-        batch_size: int,
-        matmul_precision: str,
+        options: ShrinkOptions,
         method_options: dict[str, Any],
     ) -> ShrinkJob:
         """Check every argument and build the method; nothing in ``model`` changes."""
@@ -171,43 +168,42 @@ class ShrinkJob:
         config = getattr(model, "config", None)
         if config is None:
             raise ValueError(f"shrink rewrites a Hugging Face config, and {type(model).__name__} has none")
-        shares = {
-            name: check_sparsity(value, name) for name, value in (("mlp", mlp), ("heads", heads), ("experts", experts))
-        }
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-            raise ValueError(f"layers must be a number of blocks (an int >= 0), not {layers!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        check_matmul_precision(matmul_precision)
-        wanted = [name for name, share in shares.items() if share > 0] + (["layers"] if layers else [])
+        shares = {name: getattr(options, name) for name in ("mlp", "heads", "experts")}
+        layers = options.layers
+        wanted = options.wanted()
         if not wanted:
             raise ValueError("nothing to remove: give mlp, heads or experts (a share) or layers (a count)")
         instance, name = _build_method(method, method_options)
+        across = options.allocation == "global"
+        if across:
+            _check_global(instance, name, wanted)
         for what in wanted:
             if TARGET_OF[what] not in instance.TARGETS:
                 scores = ", ".join(sorted(instance.TARGETS)) or "nothing"
                 raise ValueError(f"{what}=... needs a method that scores {TARGET_OF[what]}; {name} scores {scores}")
-        blocks_path, block_list = find_blocks(model, blocks)
+        blocks_path, block_list = find_blocks(model, options.blocks)
         _check_not_reparametrized(model)
         if layers >= len(block_list):
             raise ValueError(f"layers={layers} would leave none of the {len(block_list)} blocks of {blocks_path}")
         plans = [_plan_block(f"{blocks_path}.{i}", b, config, shares, instance, name) for i, b in enumerate(block_list)]
         if shares["experts"] and not any(plan.experts for plan in plans):
             raise ValueError(f"experts=... needs a mixture-of-experts model; {blocks_path} holds none")
-        _check_config(config, plans, layers)
+        _check_config(config, plans, layers, same_width=not across)
         needs = frozenset().union(*(instance.needs(TARGET_OF[what]) for what in wanted))
         batches: list[Tensor] = []
         if needs:
             if calibration is None:
                 raise ValueError(f"{name} needs calibration data (token ids) for {', '.join(sorted(needs))}")
-            batches = list(batches_of(calibration, batch_size, _input_device(model)))
+            batches = list(batches_of(calibration, options.batch_size, _input_device(model)))
             if not batches:
                 raise ValueError("calibration holds no token ids")
             check_fits_model(model, batches)
-        width = _width_config(config, plans, instance)
+        width = _width_config(config, plans, instance, widths=not across)
+        precision = options.matmul_precision
         return cls(
-            model, instance, name, blocks_path, block_list, plans, layers, needs, batches, matmul_precision, width
-        )
+            model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width,
+            options.allocation,
+        )  # fmt: skip
 
     def run(
         self, progress: bool | None, weights: BlockWeights | None = None, *, restore_on_error: bool = True
@@ -224,13 +220,21 @@ class ShrinkJob:
         config_before = dict(vars(config))
         journal = Journal(enabled=restore_on_error)
         report = ShrinkReport(self.method_name, _n_params(self.model), 0, 0, self.blocks_path)
+        across = self.allocation == "global"
+        shapes_before = _outside_blocks(slimmed.snapshot(self.model), self.blocks_path) if across else None
         try:
             with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
                 inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if self.needs else None
                 report.n_tokens = sum(batch.numel() for batch in self.batches) if self.needs else 0
                 label = f"{self.method_name} {self.blocks_path}"
-                for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                    report.blocks.append(self._shrink_block(index, inputs, journal, weights))
+                if across:  # every block's scores first (on the dense model's activations), then the cuts
+                    observations = self._observe_all(inputs, progress, label)
+                    self._allocate_across_blocks(observations)
+                    for index, observation in enumerate(observations):
+                        report.blocks.append(self._cut_block(index, observation, journal)[0])
+                else:
+                    for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
+                        report.blocks.append(self._shrink_block(index, inputs, journal, weights))
             if self.layers:
                 scores = [block.score for block in report.blocks]
                 order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
@@ -239,6 +243,9 @@ class ShrinkJob:
                     report.blocks[index].removed = True
                 remove_blocks(self.blocks, report.removed_blocks, journal)
             _rewrite_config(config, self.width, report, self.blocks)
+            if shapes_before is not None:  # the blocks' widths differ: recorded as slimming records them
+                setattr(config, slimmed.CONFIG_KEY, slimmed.record(self.model, shapes_before))
+                report.needs_prunereg_loader = True
         except BaseException:
             journal.restore()
             vars(config).clear()
@@ -247,7 +254,7 @@ class ShrinkJob:
         report.config = {
             key: [config_before.get(key), value]
             for key, value in vars(config).items()
-            if config_before.get(key) != value
+            if config_before.get(key) != value and key != slimmed.CONFIG_KEY
         }
         report.params_after = _n_params(self.model)
         report.seconds = time.perf_counter() - start
@@ -258,18 +265,86 @@ class ShrinkJob:
     ) -> BlockShrink:
         block, plan = self.blocks[index], self.plans[index]
         weights.fetch(index, block)
-        result = BlockShrink(index)
         observation = None
         if inputs is not None:
-            writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
-            routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
-            n_experts = plan.experts.n_experts if plan.experts is not None else 0
-            cosine = "block_cosine" in self.needs
             unchanged = all(plan.keep[kind] == group.n_units for kind, group in plan.groups.items()) and (
                 plan.experts is None or plan.keep_experts in (0, plan.experts.n_experts)
             )
-            keep = unchanged and index + 1 < len(self.blocks)
-            observation = observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep)
+            observation = self._observe(index, inputs, keep_outputs=unchanged and index + 1 < len(self.blocks))
+        result, changed = self._cut_block(index, observation, journal)
+        if inputs is not None and observation is not None and index + 1 < len(self.blocks):
+            if changed or len(observation.outputs) != len(inputs):
+                with _config_as(self.model.config, self.width):
+                    advance(block, inputs)
+            else:  # the block is as it was: its outputs from the observing pass feed the next
+                inputs.hidden = observation.outputs
+        weights.done(index, block, pruned=True)
+        return result
+
+    def _observe(self, index: int, inputs: BlockInputs, *, keep_outputs: bool) -> BlockObservation:
+        """One calibration pass over block ``index``: the statistics the method needs (and its outputs if kept)."""
+        block, plan = self.blocks[index], self.plans[index]
+        writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
+        routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
+        n_experts = plan.experts.n_experts if plan.experts is not None else 0
+        cosine = "block_cosine" in self.needs
+        return observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep_outputs)
+
+    def _observe_all(
+        self, inputs: BlockInputs | None, progress: bool | None, label: str
+    ) -> list[BlockObservation | None]:
+        """Every block's statistics, each block run as it is (FLAP scores every block of the dense model)."""
+        observations: list[BlockObservation | None] = []
+        for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
+            if inputs is None:
+                observations.append(None)
+                continue
+            more = index + 1 < len(self.blocks)
+            observation = self._observe(index, inputs, keep_outputs=more)
+            if more:
+                if len(observation.outputs) == len(inputs):
+                    inputs.hidden = observation.outputs
+                else:
+                    advance(self.blocks[index], inputs)
+            observation.outputs = []
+            observations.append(observation)
+        return observations
+
+    def _allocate_across_blocks(self, observations: list[BlockObservation | None]) -> None:
+        """FLAP's adaptive structure: each block's unit scores standardized, the lowest removed across blocks.
+
+        Per kind (MLP channels, key/value groups) as many units go as the uniform
+        split removes in all; a block never loses its last unit (its best one is
+        kept and the next lowest unit elsewhere goes instead). Sets each plan's ``keep``.
+        """
+        for kind in ("mlp", "heads"):
+            ranked: list[tuple[float, int, int]] = []
+            units: dict[int, int] = {}
+            to_remove = 0
+            for index, plan in enumerate(self.plans):
+                if kind not in plan.groups:
+                    continue
+                group = plan.groups[kind]
+                units[index] = group.n_units
+                to_remove += group.n_units - plan.keep[kind]
+                standard = _standardized(self._unit_scores(group, observations[index]))
+                ranked += [(float(z), index, unit) for unit, z in enumerate(standard.tolist())]
+            removed = dict.fromkeys(units, 0)
+            for _, index, _ in sorted(ranked):
+                if not to_remove:
+                    break
+                if units[index] - removed[index] > 1:
+                    removed[index] += 1
+                    to_remove -= 1
+            for index, count in removed.items():
+                self.plans[index].keep[kind] = units[index] - count
+
+    def _cut_block(
+        self, index: int, observation: BlockObservation | None, journal: Journal
+    ) -> tuple[BlockShrink, bool]:
+        """Score block ``index`` and remove its lowest units as planned: its report row, and whether it changed."""
+        plan = self.plans[index]
+        result = BlockShrink(index)
         if self.layers:
             statistics = observation.block if observation is not None else BlockStatistics(0, 0.0)
             result.score = float(self.method.block_score(statistics))
@@ -281,6 +356,8 @@ class ShrinkJob:
                 if plan.keep[kind] < group.n_units:
                     self._shrink_group(group, plan.keep[kind], observation, journal)
                     changed = True
+                elif group.bias_flag in self.width and group.writer.bias is None:
+                    add_zero_biases(group.owner, journal)  # the config creates the biases in every block
             if plan.experts is not None and plan.keep_experts:
                 result.before["experts"] = plan.experts.n_experts
                 result.kept["experts"] = plan.keep_experts
@@ -288,24 +365,20 @@ class ShrinkJob:
                     kept = self._kept_experts(plan.experts, plan.keep_experts, observation)
                     remove_experts(plan.experts, kept, journal)
                     changed = True
-        if inputs is not None and observation is not None and index + 1 < len(self.blocks):
-            if changed or len(observation.outputs) != len(inputs):
-                with _config_as(self.model.config, self.width):
-                    advance(block, inputs)
-            else:  # the block is as it was: its outputs from the observing pass feed the next
-                inputs.hidden = observation.outputs
-        weights.done(index, block, pruned=True)
-        return result
+        return result, changed
+
+    def _unit_scores(self, group: UnitGroup, observation: BlockObservation | None) -> Tensor:
+        statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
+        weight = group.writer_weight().detach().float()
+        scores = _checked_scores(self.method.channel_scores(weight, statistics), weight.shape[1], "channel_scores")
+        per_unit = scores.reshape(group.n_units, group.channels_per_unit)
+        return _checked_scores(self.method.unit_scores(per_unit, group.kind), group.n_units, "unit_scores")
 
     def _shrink_group(
         self, group: UnitGroup, keep: int, observation: BlockObservation | None, journal: Journal
     ) -> None:
         statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
-        weight = group.writer_weight().detach().float()
-        scores = _checked_scores(self.method.channel_scores(weight, statistics), weight.shape[1], "channel_scores")
-        per_unit = scores.reshape(group.n_units, group.channels_per_unit)
-        unit_scores = _checked_scores(self.method.unit_scores(per_unit, group.kind), group.n_units, "unit_scores")
-        kept, removed = _split(unit_scores, keep)
+        kept, removed = _split(self._unit_scores(group, observation), keep)
         if self.method.compensates_bias and removed.numel():
             assert statistics.mean is not None  # needs() asked for channel_moments
             if group.writer.bias is None:
@@ -346,6 +419,32 @@ def _build_method(method: str | ShrinkMethod, options: dict[str, Any]) -> tuple[
     return cls(**options), method
 
 
+def _check_global(method: ShrinkMethod, name: str, wanted: list[str]) -> None:
+    """Refuse ``allocation="global"`` for a method whose scores do not compare across blocks, or with no width cut."""
+    if not method.ALLOCATES_ACROSS_BLOCKS:
+        raise ValueError(
+            f"allocation='global' ranks units across blocks, and {name}'s scores are not meant to be compared "
+            "across blocks; use allocation='uniform' (or flap)"
+        )
+    if not {"mlp", "heads"} & set(wanted):
+        raise ValueError("allocation='global' spreads the mlp and heads removal over the blocks; give mlp or heads")
+
+
+def _standardized(scores: Tensor) -> Tensor:
+    """``scores`` less their mean, over their standard deviation (all zero when they do not vary)."""
+    scores = scores.double()
+    spread = scores.std() if scores.numel() > 1 else scores.new_zeros(())
+    if not bool(spread > 0):
+        return torch.zeros_like(scores)
+    return (scores - scores.mean()) / spread
+
+
+def _outside_blocks(shapes: slimmed.Record, blocks_path: str) -> slimmed.Record:
+    """A snapshot less the blocks: every block's shapes are then recorded (blocks may also be renumbered)."""
+    inside = blocks_path + "."
+    return {part: {k: v for k, v in entries.items() if not k.startswith(inside)} for part, entries in shapes.items()}
+
+
 def _plan_block(
     where: str, block: nn.Module, config: Any, shares: dict[str, float], method: ShrinkMethod, name: str
 ) -> BlockPlan:
@@ -383,13 +482,16 @@ def _plan_block(
     return plan
 
 
-def _check_config(config: Any, plans: list[BlockPlan], layers: int) -> None:
-    """Refuse what the config cannot state: a size it has no key for, or blocks that would differ."""
-    if any("mlp" in plan.groups for plan in plans) and _mlp_key(config) is None:
+def _check_config(config: Any, plans: list[BlockPlan], layers: int, *, same_width: bool = True) -> None:
+    """Refuse what the config cannot state: a size it has no key for, or blocks that would differ.
+
+    ``same_width=False`` (a per-block allocation) lets the blocks' widths differ: they are recorded instead.
+    """
+    if same_width and any("mlp" in plan.groups for plan in plans) and _mlp_key(config) is None:
         raise ValueError(
             f"{type(config).__name__} has no intermediate_size (or n_inner, ffn_dim) to state the MLP width"
         )
-    for kind in ("mlp", "heads"):
+    for kind in ("mlp", "heads") if same_width else ():
         shapes = {(plan.groups[kind].n_units, plan.keep[kind]) for plan in plans if kind in plan.groups}
         if len(shapes) > 1:
             raise ValueError(f"the blocks' {kind} differ in size, which one config value cannot state")
@@ -430,23 +532,28 @@ def _n_params(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod) -> dict[str, Any]:
-    """The config values that state the blocks' new width: every block lost the same, so one value per key."""
+def _width_config(config: Any, plans: list[BlockPlan], method: ShrinkMethod, *, widths: bool = True) -> dict[str, Any]:
+    """The config values that state the blocks' new width: every block lost the same, so one value per key.
+
+    ``widths=False`` (the blocks' widths differ): only the bias flags a compensation needs, and the expert count.
+    """
     values: dict[str, Any] = {}
     first = {kind: plan for plan in reversed(plans) for kind in plan.groups}
     if "mlp" in first:
         plan = first["mlp"]
-        values[str(_mlp_key(config))] = plan.keep["mlp"]
+        if widths:
+            values[str(_mlp_key(config))] = plan.keep["mlp"]
         flag = plan.groups["mlp"].bias_flag
         if method.compensates_bias and flag is not None:
             values[flag] = True
     if "heads" in first:
         plan = first["heads"]
         group = plan.groups["heads"]
-        values["head_dim"] = group.channels_per_unit // group.query_heads_per_unit
-        values["num_attention_heads"] = plan.keep["heads"] * group.query_heads_per_unit
-        if hasattr(config, "num_key_value_heads"):
-            values["num_key_value_heads"] = plan.keep["heads"]
+        if widths:
+            values["head_dim"] = group.channels_per_unit // group.query_heads_per_unit
+            values["num_attention_heads"] = plan.keep["heads"] * group.query_heads_per_unit
+            if hasattr(config, "num_key_value_heads"):
+                values["num_key_value_heads"] = plan.keep["heads"]
         if method.compensates_bias and group.bias_flag is not None:
             values[group.bias_flag] = True
     with_experts = [plan for plan in plans if plan.experts is not None and plan.keep_experts]

@@ -28,8 +28,9 @@ class ShrinkReport:
 
     ``blocks`` has one entry per decoder block of the model before the call;
     ``removed_blocks`` their indices that were taken out; ``config`` each config
-    key that changed, as ``[before, after]``. ``str(report)`` is a table,
-    :meth:`as_dict` / :meth:`to_json` the same as plain data.
+    key that changed, as ``[before, after]`` (the per-block record ``prunereg_slimmed``
+    left out). ``str(report)`` is a table, :meth:`as_dict` / :meth:`to_json` the
+    same as plain data.
     """
 
     method: str
@@ -41,6 +42,9 @@ class ShrinkReport:
     removed_blocks: list[int] = field(default_factory=list)
     config: dict[str, list[Any]] = field(default_factory=dict)
     seconds: float = 0.0
+    needs_prunereg_loader: bool = False
+    """The blocks kept different widths (``allocation="global"``), which the config cannot state: the saved
+    model loads with ``prunereg.from_pretrained``, not stock ``from_pretrained``."""
 
     @property
     def params_ratio(self) -> float:
@@ -74,4 +78,9 @@ class ShrinkReport:
             f"{self.method}: {self.params_before:,} -> {self.params_after:,} parameters "
             f"({self.params_ratio:.1%}), {len(self.removed_blocks)} blocks removed, {source}, {self.seconds:.1f} s",
         )
+        if self.needs_prunereg_loader:
+            lines.append(
+                "the blocks keep different widths, which the config cannot state: load the saved model with "
+                "prunereg.from_pretrained"
+            )
         return "\n".join(lines)

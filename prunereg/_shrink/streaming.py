@@ -12,6 +12,7 @@ shards deleted and the blocks after them are renamed to their new indices, and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,9 +25,11 @@ from prunereg._disk.model_dir import check_links
 from prunereg._models.hf_folder import CONFIG_NAME, empty_causal_lm, is_gguf_marker
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids
+from prunereg._oneshot.options import with_options_signature
 from prunereg._oneshot.streaming import CheckpointReader, StreamedBlocks, _empty, _refuse_incomplete
 from prunereg._shrink.contract import ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob
+from prunereg._shrink.options import ShrinkOptions
 from prunereg._shrink.report import ShrinkReport
 
 
@@ -84,6 +87,13 @@ class ShrunkBlocks(StreamedBlocks):
         return self.key_of(f"{self.blocks_path}.{index}.x")[:-1]
 
 
+#: Settings :func:`shrink_folder` does not take, and why.
+FOLDER_REFUSES = {
+    "restore_on_error": "shrink_folder writes a new folder, and a failure leaves none",
+}
+
+
+@with_options_signature(ShrinkOptions, leave_out=FOLDER_REFUSES)
 def shrink_folder(
     model_dir: str | Path,
     output_dir: str | Path,
@@ -93,16 +103,8 @@ def shrink_folder(
     tokenizer: Any = None,
     num_samples: int | None = None,
     seq_len: int | None = None,
-    mlp: float = 0.0,
-    heads: float = 0.0,
-    layers: int = 0,
-    experts: float = 0.0,
-    blocks: str | None = None,
-    batch_size: int = 2,
-    matmul_precision: str = "medium",
-    progress: bool | None = None,
     replace: bool = False,
-    **method_options: Any,
+    **options: Any,
 ) -> ShrinkReport:
     """Shrink the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
 
@@ -117,6 +119,8 @@ def shrink_folder(
     reads it; ``output_dir`` appears only when complete, replacing a folder that
     holds files only with ``replace=True`` and never when it is or holds ``model_dir``.
     """
+    settings, method_options = ShrinkOptions.split(options, refused=FOLDER_REFUSES)
+    refuse_global_streaming(settings)
     folder = AtomicFolder(
         output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
         keep={"model_dir": model_dir},
@@ -127,15 +131,19 @@ def shrink_folder(
             calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
             label="model_dir",
         )  # fmt: skip
-    options: dict[str, Any] = {
-        "mlp": mlp, "heads": heads, "layers": layers, "experts": experts, "batch_size": batch_size,
-        "matmul_precision": matmul_precision, "method_options": method_options,
-    }  # fmt: skip
     with folder as staging:
         return shrink_folder_into(
-            Path(model_dir), folder, staging, method, calibration, blocks=blocks, progress=progress,
-            label="model_dir", options=options,
-        )  # fmt: skip
+            Path(model_dir), folder, staging, method, calibration, settings, method_options, label="model_dir"
+        )
+
+
+def refuse_global_streaming(options: ShrinkOptions) -> None:
+    """Refuse ``allocation="global"`` block by block: it needs every block's scores before the first cut."""
+    if options.allocation == "global":
+        raise ValueError(
+            "allocation='global' ranks every block's units before cutting any, which streaming block by block "
+            "cannot (it would read the folder twice); shrink in memory with prunereg.shrink"
+        )
 
 
 def shrink_folder_into(
@@ -144,22 +152,22 @@ def shrink_folder_into(
     staging: Path,
     method: str | ShrinkMethod,
     calibration: Tensor | Iterable[Tensor] | None,
+    options: ShrinkOptions,
+    method_options: dict[str, Any],
     *,
-    blocks: str | None,
-    progress: bool | None,
     label: str,
-    options: dict[str, Any],
 ) -> ShrinkReport:
     """:func:`shrink_folder`'s work: shrink ``source`` into ``staging``, the open ``folder``'s staging folder.
 
-    ``options`` are :meth:`ShrinkJob.prepare`'s keyword arguments but ``blocks``;
-    ``label`` names ``source`` in errors.
+    ``label`` names ``source`` in errors; a failure leaves the model half shrunk
+    (``options.restore_on_error`` is not read: the staging folder is discarded).
     """
+    refuse_global_streaming(options)
     check_links(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
     model = empty_causal_lm(source, label)
-    blocks_path, block_list = find_blocks(model, blocks)
+    blocks_path, block_list = find_blocks(model, options.blocks)
     n_blocks = len(block_list)
     streamed = ShrunkBlocks(model, reader, blocks_path, staging, n_blocks)
     rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
@@ -170,8 +178,9 @@ def shrink_folder_into(
     if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
         tie_weights()
     _refuse_incomplete(model, streamed.names, reader.files, source, label)
-    job = ShrinkJob.prepare(model, method, calibration, blocks=blocks_path, **options)
-    report = job.run(progress, streamed, restore_on_error=False)
+    options = dataclasses.replace(options, blocks=blocks_path)
+    job = ShrinkJob.prepare(model, method, calibration, options, method_options)
+    report = job.run(options.progress, streamed, restore_on_error=False)
     streamed.drop_and_renumber(n_blocks, report.removed_blocks)
     streamed.finish(list(rest.values()), source)
     shrunk_config: Any = model.config

@@ -58,10 +58,24 @@ class _UnitsAsChannels(prunereg.ShrinkMethod):
         return channel_scores.reshape(-1)
 
 
+class _GlobalBlocks(prunereg.ShrinkMethod):
+    TARGETS = frozenset({"blocks"})
+    ALLOCATES_ACROSS_BLOCKS = True
+
+    def block_score(self, statistics: prunereg.BlockStatistics) -> float:
+        return 1.0
+
+
+class _GlobalNotABool(_UnitsAsChannels):
+    ALLOCATES_ACROSS_BLOCKS = "yes"  # type: ignore[assignment]
+
+
 @pytest.mark.parametrize(
     ("method", "message"),
     [
         (_UnitsAsChannels, "unit_scores must return one score per unit (5,), got (20,)"),
+        (_GlobalBlocks, "ALLOCATES_ACROSS_BLOCKS ranks channel scores, and it scores no channels"),
+        (_GlobalNotABool, "ALLOCATES_ACROSS_BLOCKS must be True or False"),
         (_NaNChannels, "not finite"),
         (_WrongShape, "must return a tensor of shape (6,), got (5,)"),
         (_ChangesItsInput, "changed its inputs"),

@@ -1,0 +1,86 @@
+"""The settings of shrinking, spelled once: names, defaults, checks and help text.
+
+:func:`prunereg.shrink`, :func:`prunereg.shrink_folder`, the engine's
+:meth:`~prunereg._shrink.engine.ShrinkJob.prepare` and ``prunereg shrink`` all
+take these settings, as :class:`~prunereg._oneshot.options.OneShotOptions` is
+taken by one-shot pruning: the Python signatures, the command's flags and their
+help, and the docs' table (``docs/_ext/generated.py``) are read from here. Every
+other keyword of the Python functions is an option of the method
+(``compensate=False``).
+
+This module imports no torch: the command line builds its flags from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prunereg._oneshot.options import Options, setting
+from prunereg._oneshot.precision import MATMUL_PRECISIONS, check_matmul_precision
+
+#: How the units removed are spread over the decoder blocks.
+ALLOCATIONS = ("uniform", "global")
+
+
+@dataclass(frozen=True)
+class ShrinkOptions(Options):
+    """The settings of one shrink run, checked when made (``ValueError``/``TypeError`` in one line)."""
+
+    COMMAND = "prunereg shrink"
+
+    mlp: float = setting(0.0, "Share of each MLP's intermediate channels removed.", metavar="X")
+    heads: float = setting(
+        0.0, "Share of each attention's key/value groups removed, each with its query heads.", metavar="X"
+    )
+    layers: int = setting(0, "Number of decoder blocks removed, the lowest-scored.", metavar="N", minimum=0)
+    experts: float = setting(0.0, "Share of each mixture-of-experts layer's experts removed.", metavar="X")
+    allocation: str = setting(
+        "uniform",
+        "Which blocks lose the units: the same number in every block (the config states it), or the lowest "
+        "standardized scores across blocks (needs prunereg.from_pretrained; not with streaming).",
+        choices=ALLOCATIONS,
+    )
+    blocks: str | None = setting(
+        None,
+        "The nn.ModuleList holding the decoder blocks (model.layers), for an architecture prunereg does not know.",
+        metavar="PATH",
+    )
+    batch_size: int = setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
+    matmul_precision: str = setting(
+        "medium",
+        "float32 matmul precision of the calibration forwards; statistics and scores always run in full float32.",
+        choices=MATMUL_PRECISIONS,
+    )
+    progress: bool | None = setting(
+        None, "Draw a bar per block on stderr [default: when stderr is a terminal or a notebook].", flag=None
+    )
+    restore_on_error: bool = setting(
+        True,
+        "On a failure midway, put every replaced tensor, attribute and config value back (keeps a copy of them).",
+        flag=None,
+    )
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse a setting of the wrong type or out of range; nothing about the model is needed."""
+        from prunereg._oneshot.contract import check_sparsity  # torch: imported when a run is checked
+
+        for name in ("mlp", "heads", "experts"):
+            object.__setattr__(self, name, check_sparsity(getattr(self, name), name))
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
+            raise ValueError(f"layers must be a number of blocks (an int >= 0), not {self.layers!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {self.allocation!r}")
+        if self.blocks is not None and not isinstance(self.blocks, str):
+            raise TypeError(f"blocks must be a module path like 'model.layers', not {type(self.blocks).__name__}")
+        check_matmul_precision(self.matmul_precision)
+
+    def wanted(self) -> list[str]:
+        """The settings that remove something (``mlp``, ``heads``, ``experts``, ``layers``), in that order."""
+        return [name for name in ("mlp", "heads", "experts") if getattr(self, name) > 0] + (
+            ["layers"] if self.layers else []
+        )
