@@ -202,8 +202,8 @@ class _Snapshot:
     def __init__(self, module: nn.Module, name: str) -> None:
         self.module = module
         self.name = name
-        self.parameters = dict(module._parameters)
-        self.buffers = dict(module._buffers)
+        self.parameters = module._parameters.copy()
+        self.buffers = module._buffers.copy()
         self.hooks = dict(module._forward_pre_hooks)
         self.attribute = module.__dict__.get(name, _MISSING)
         # Every pruning hook of the module (a copy of their state is what a lookup of this name's would save).

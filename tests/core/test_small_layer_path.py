@@ -89,3 +89,27 @@ def test_an_amount_is_accepted_or_refused_as_torch_does(amount):
     assert outcome(prune._validate_pruning_amount_init) == outcome(torch_prune._validate_pruning_amount_init)
     if outcome(torch_prune._validate_pruning_amount_init) is None:
         assert prune._compute_nparams_toprune(amount, 10) == torch_prune._compute_nparams_toprune(amount, 10)
+
+
+def test_a_default_mask_of_ones_written_to_in_place_is_still_applied():
+    from prunereg._selection.channels import channel_mask, ones_like, still_ones
+
+    t = torch.randn(4, 3)
+    keep = torch.tensor([0, 2])
+    ones = ones_like(t)
+    assert still_ones(ones) and not still_ones(torch.ones_like(t))
+    assert torch.equal(channel_mask(t, keep, 0, ones), torch.tensor([[1.0] * 3, [0.0] * 3, [1.0] * 3, [0.0] * 3]))
+    ones[0] = 0  # a method may change its default mask before using it
+    assert not still_ones(ones)
+    assert torch.equal(channel_mask(t, keep, 0, ones)[0], torch.zeros(3))
+
+
+def test_a_method_that_changes_its_default_mask_in_place_gets_it_respected():
+    class HalvedThenLn(prune.LnStructured):
+        def compute_mask(self, t, default_mask):
+            default_mask[:, 0] = 0  # prunes a column first, writing into the mask it was given
+            return super().compute_mask(t, default_mask)
+
+    module = nn.Linear(4, 4)
+    HalvedThenLn.apply(module, "weight", amount=1, n=2, dim=0)
+    assert not module.weight_mask[:, 0].any() and int((module.weight_mask.sum(1) == 0).sum()) == 1
