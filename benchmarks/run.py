@@ -2,7 +2,7 @@
 
     python benchmarks/run.py                 # every case, full sizes (about 10 minutes on 2 cores)
     python benchmarks/run.py --quick         # small sizes: a smoke test, printed, docs left alone
-    python benchmarks/run.py --only global   # the cases whose name contains "global"
+    python benchmarks/run.py --only global   # the cases whose name contains "global"; the page's other sections stay
 
 Every (case, library) pair runs in a fresh Python process, so its peak memory is
 its own; prunereg and torch run one after the other on the same machine.
@@ -19,6 +19,7 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,11 @@ def _ratio(value: float | None) -> str:
 
 
 def report(
-    results: dict[str, dict[str, dict[str, Any]]], info: dict[str, str], loads: tuple[str, str], quick: bool
+    results: dict[str, dict[str, dict[str, Any]]],
+    info: dict[str, str],
+    loads: tuple[str, str],
+    quick: bool,
+    only: Sequence[str] = (),
 ) -> str:
     lines = [
         "# Benchmarks",
@@ -133,9 +138,18 @@ def report(
         "prunereg against `torch.nn.utils.prune`, measured in the same run on the same machine by",
         "",
         "```bash",
-        "python benchmarks/run.py" + (" --quick" if quick else ""),
+        "python benchmarks/run.py" + (" --quick" if quick else "") + "".join(f" --only {part}" for part in only),
         "```",
         "",
+        *(
+            [
+                "The sections that run measured replaced those of the page; the others, and the targets",
+                "it did not measure, are from earlier runs (each on the machine its run's header named).",
+                "",
+            ]
+            if only
+            else []
+        ),
         "Each (case, library) pair runs in a fresh process. Times are the best of several runs",
         "(global pruning: one run); *peak* is the peak resident memory (VmHWM) above what the",
         "process held once its inputs existed, in units of the bytes of the tensors pruned",
@@ -467,10 +481,13 @@ def main() -> None:
             result = run_case(name, lib, args.quick)
             results.setdefault(name, {})[lib] = result
             print(result.get("error") or result.get("skipped") or "done", file=sys.stderr)
-    text = report(results, machine(), (before, load()), args.quick)
+    text = report(results, machine(), (before, load()), args.quick, args.only)
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)
     if output is None:
         print(text)
+    elif args.only and output.exists():
+        output.write_text(merge(output.read_text(), text))
+        print(f"wrote {output} (only the sections this run measured)", file=sys.stderr)
     else:
         kept = sections_written_elsewhere(output.read_text()) if output.exists() else []
         output.write_text("\n".join([text.rstrip("\n"), *kept]) + "\n")
@@ -487,6 +504,61 @@ def sections_written_elsewhere(old: str) -> list[str]:
     """
     sections = re.split(r"\n(?=## )", old)
     return ["\n" + section.rstrip("\n") for section in sections[1:] if re.search(r"<!-- [\w-]+ -->", section)]
+
+
+def merge(old: str, new: str) -> str:
+    """``old`` page with the sections of ``new`` (a partial run's report) put in: what ``--only`` writes.
+
+    A section (``## `` heading) that ``new`` has replaces the one of the same
+    heading, in its place; one that ``old`` lacks goes before the sections other
+    scripts write (:func:`sections_written_elsewhere`), or last. The targets
+    table is merged row by row (keyed by the target): a partial run measures
+    only some of them. The header (machine, load) is ``new``'s, which says the
+    rest of the page is older; every other section of ``old`` stays as it was.
+    """
+    _, old_sections = _split_sections(old)
+    new_head, new_sections = _split_sections(new)
+    fresh = {_heading(section): section for section in new_sections}
+    merged = []
+    for section in old_sections:
+        heading = _heading(section)
+        if heading not in fresh:
+            merged.append(section)
+        elif heading == "## Targets":
+            merged.append(_merge_rows(section, fresh.pop(heading)))
+        else:
+            merged.append(fresh.pop(heading))
+    elsewhere = [i for i, section in enumerate(merged) if re.search(r"<!-- [\w-]+ -->", section)]
+    at = elsewhere[0] if elsewhere else len(merged)
+    merged[at:at] = fresh.values()
+    return "\n\n".join([new_head, *merged]) + "\n"
+
+
+def _split_sections(page: str) -> tuple[str, list[str]]:
+    """The text before the first ``## `` heading, and each ``## `` section, without their trailing blank lines."""
+    head, *sections = re.split(r"\n(?=## )", page)
+    return head.rstrip("\n"), [section.rstrip("\n") for section in sections]
+
+
+def _heading(section: str) -> str:
+    return section.split("\n", 1)[0].rstrip()
+
+
+def _merge_rows(old: str, new: str) -> str:
+    """``old``'s table with each row keyed as one of ``new``'s (first cell) replaced, and ``new``'s other rows after."""
+    fresh = {_first_cell(line): line for line in new.splitlines() if _first_cell(line)}
+    lines = []
+    for line in old.splitlines():
+        key = _first_cell(line)
+        lines.append(fresh.pop(key) if key in fresh else line)
+    last_row = max((i for i, line in enumerate(lines) if _first_cell(line)), default=len(lines) - 1)
+    lines[last_row + 1 : last_row + 1] = fresh.values()
+    return "\n".join(lines)
+
+
+def _first_cell(line: str) -> str | None:
+    """The first cell of a table row (of its column titles too); None for any other line."""
+    return line[2:].split(" | ", 1)[0] if line.startswith("| ") else None
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ class LnStructured(_ChannelPruning):
 
     def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
         norm = channel_norms(t.detach(), self.n, self.dim)  # ranked only: no autograd record
-        return top_indices(norm, nchannels - k, largest=True)
+        return top_indices(norm, nchannels - k, largest=True, nonnegative=True)  # a norm is >= 0 or NaN
 
     @classmethod
     def apply(  # type: ignore[override]

@@ -80,6 +80,8 @@ def forget_refreshes(root: nn.Module, qualified: str) -> None:
 
 
 def _readers(root: nn.Module, qualified: str) -> list[tuple[nn.Module, str]]:
+    if "." not in qualified and not isinstance(root, READ_BY_THEIR_HOLDER):
+        return []  # a tensor of root itself, which no reader reads directly: the loop over a model's layers
     above = [(reader, f"{path}.{qualified}") for reader, path in readers_above(root)]
     return above + _readers_on_path(root, qualified)
 

@@ -21,6 +21,7 @@ from prunereg._core import reparam
 from prunereg._core import tied as _tied
 from prunereg._distributed.remaining import combine_masks
 from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._selection.channels import ones_like
 
 if TYPE_CHECKING:
     from torch import nn
@@ -186,7 +187,7 @@ def _prune(
         importance_scores = reparam.scores_for(orig, importance_scores, f"parameter {name} of {module}")
     if not hooks:
         if mask is None:
-            mask = _checked(method.compute_mask(importance_scores, default_mask=torch.ones_like(orig)), orig, name)
+            mask = _checked(method.compute_mask(importance_scores, default_mask=ones_like(orig)), orig, name)
         reparam.install(module, name, method, _compact.stored(mask, orig.dtype, None), hooks)
         return method
 

@@ -72,17 +72,7 @@ class PruningHook(torch_prune.BasePruningMethod):
         """The pruned tensor, ``<name>_orig * <name>_mask``, in the original's dtype."""
         if self._tensor_name is None:
             raise AssertionError(f"Module {module} has to be pruned")
-        # The registered tensors straight from their dicts (Module.__getattr__ costs more than the rest on a
-        # small layer); getattr where they live elsewhere, as torch looks them up.
-        mask = module._buffers.get(self._tensor_name + "_mask")
-        if mask is None:
-            mask = getattr(module, self._tensor_name + "_mask")
-        orig = module._parameters.get(self._tensor_name + "_orig")
-        if orig is None:
-            orig = getattr(module, self._tensor_name + "_orig")
-        if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
-            return orig * mask
-        return mask.to(dtype=orig.dtype) * orig
+        return _product(*_factors(module, self._tensor_name))
 
     def remove(self, module: nn.Module) -> None:
         """Make the pruning permanent: ``<name>`` becomes a plain parameter holding the pruned values."""
@@ -127,7 +117,8 @@ def check_prunable(module: nn.Module, name: str, hooks: Hooks | None = None, ori
     """
     orig = getattr(module, name) if orig is _UNSET else orig
     hooks = pruning_hooks(module, name) if hooks is None else hooks
-    if not hooks and not isinstance(orig, torch.nn.Parameter):
+    # type() first: Parameter's isinstance runs a Python __instancecheck__.
+    if not hooks and type(orig) is not torch.nn.Parameter and not isinstance(orig, torch.nn.Parameter):
         raise TypeError(
             f"cannot assign '{torch.typename(orig)}' object to parameter "
             f"'{name}_orig' (torch.nn.Parameter or None required)"
@@ -180,7 +171,7 @@ class _AllOrNothing(AbstractContextManager[None]):
     """:func:`all_or_nothing`'s block: a class rather than a generator, as every pruning call opens one."""
 
     def __init__(self, tensors: list[tuple[nn.Module, str]]) -> None:
-        self.snapshots = tuple(_Snapshot(module, name) for module, name in tensors)
+        self.snapshots = tuple([_Snapshot(module, name) for module, name in tensors])
 
     def __enter__(self) -> None:
         self.opened = _open_snapshots.set(_open_snapshots.get() + self.snapshots)
@@ -206,11 +197,13 @@ def snapshot_parameters() -> list[dict[str, torch.nn.Parameter | None]]:
 class _Snapshot:
     """What pruning may change on one module for one tensor name."""
 
+    __slots__ = ("attribute", "buffers", "hook_states", "hooks", "module", "name", "parameters")
+
     def __init__(self, module: nn.Module, name: str) -> None:
         self.module = module
         self.name = name
-        self.parameters = dict(module._parameters)
-        self.buffers = dict(module._buffers)
+        self.parameters = module._parameters.copy()
+        self.buffers = module._buffers.copy()
         self.hooks = dict(module._forward_pre_hooks)
         self.attribute = module.__dict__.get(name, _MISSING)
         # Every pruning hook of the module (a copy of their state is what a lookup of this name's would save).
@@ -257,16 +250,65 @@ def _parameter_order(module: nn.Module, name: str) -> tuple[str, ...]:
     return tuple(module._parameters)
 
 
+def _factors(module: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``<name>_orig`` and ``<name>_mask`` as the forward sees them.
+
+    Straight from their dicts (Module.__getattr__ costs more than the rest on a
+    small layer); getattr where they live elsewhere, as torch looks them up.
+    """
+    orig = module._parameters.get(name + "_orig")
+    if orig is None:
+        orig = getattr(module, name + "_orig")
+    mask = module._buffers.get(name + "_mask")
+    if mask is None:
+        mask = getattr(module, name + "_mask")
+    return orig, mask
+
+
+def _product(orig: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``orig * mask`` in ``orig``'s dtype."""
+    if mask.dtype == torch.bool:  # compact masks: autograd then keeps the bool mask, not a float copy
+        return orig * mask
+    return mask.to(dtype=orig.dtype) * orig
+
+
 def set_pruned_tensor(method: PruningHook, module: nn.Module) -> None:
     """Set ``module.<name>`` to the pruned tensor, remembering what it was made of."""
     name = method._tensor_name
     if name in module._parameters:
         layout.refuse_gathered_parameter(module, name)
-    pruned = method.apply_mask(module)
-    setattr(module, name, pruned)
-    orig, mask = orig_and_mask(module, name)
+    held, mask_held = module._parameters.get(name + "_orig"), module._buffers.get(name + "_mask")
+    if held is None or mask_held is None or type(method).apply_mask is not PruningHook.apply_mask:
+        pruned = method.apply_mask(module)  # a subclass's own product, or tensors that live elsewhere
+        orig, mask = orig_and_mask(module, name)
+    else:
+        orig, mask = held, mask_held
+        pruned = _product(orig, mask)
+    _set_plain_attribute(module, name, pruned)
     method._refs = (weakref.ref(orig), weakref.ref(mask), weakref.ref(pruned))
     method._stamp = _stamp(orig, mask, pruned)
+
+
+def _set_plain_attribute(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """``setattr(module, name, value)``, for a plain tensor without Module.__setattr__'s checks where they pass.
+
+    Module.__setattr__ ends in object.__setattr__ for a plain tensor under a name
+    that no parameter, buffer or submodule holds; its checks before cost more than
+    the rest of setting a small layer's pruned tensor.
+    """
+    if (
+        type(value) is torch.Tensor
+        and type(module).__setattr__ is _MODULE_SETATTR
+        and name not in module._parameters
+        and name not in module._buffers
+        and name not in module._modules
+    ):
+        object.__setattr__(module, name, value)
+    else:
+        setattr(module, name, value)
+
+
+_MODULE_SETATTR = torch.nn.Module.__setattr__
 
 
 def pruned_tensor_is_current(method: PruningHook, module: nn.Module) -> bool:

@@ -25,7 +25,7 @@ import copy
 import functools
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -68,8 +68,14 @@ def sites(root: nn.Module, name: str) -> list[Site]:
     if parameter is None:
         return [named]
     found = [named]
-    # A module without submodules holds its parameters itself: no need for named_parameters' walk.
-    held = root._parameters.items() if not root._modules else root.named_parameters(remove_duplicate=False)
+    if not root._modules:
+        # A module without submodules holds its parameters itself: no need for named_parameters' walk,
+        # and mostly the named one alone (the loop over a model's layers).
+        if sum(candidate is parameter for candidate in root._parameters.values()) == 1:
+            return found
+        held: Iterable[tuple[str, nn.Parameter | None]] = root._parameters.items()
+    else:
+        held = root.named_parameters(remove_duplicate=False)
     for qualified, candidate in held:
         if candidate is not parameter:
             continue
@@ -179,7 +185,10 @@ def refuse_holders_outside(targets: Sequence[tuple[nn.Module, list[Site]]]) -> N
     for all of them; holders that are not modules (optimizers, user variables)
     are fine.
     """
-    suspects = [(root, group[0]) for root, group in targets if _has_unexplained_references(group)]
+    suspects = []
+    for root, group in targets:  # a loop: a comprehension's own frame costs as much as the check on a small layer
+        if _has_unexplained_references(group):
+            suspects.append((root, group[0]))
     if not suspects:
         return
     parameters = [site.module._parameters[_key(site)] for _, site in suspects]
@@ -225,7 +234,7 @@ def _has_unexplained_references(group: list[Site]) -> bool:
         return False
     pruned = getattr(site.module, site.name, None) if key != site.name else None
     in_graph = pruned is not None and _computed_from(pruned, site.module._parameters[key])
-    other_holders = len({(id(member.module), member.name) for member in group}) - 1
+    other_holders = len({(id(member.module), member.name) for member in group}) - 1 if len(group) > 1 else 0
     references = _references(site.module._parameters, key)
     explained = _own_references()[in_graph] + other_holders
     # Copies held by open snapshots only explain more: counted only when the rest leaves references unexplained.

@@ -274,16 +274,18 @@ def _spread(collectives: Collectives) -> dict[str, Callable[[torch.Tensor], torc
     return {"all_reduce": collectives.all_reduce, "exclusive_prefix": collectives.exclusive_prefix}
 
 
-def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False) -> torch.Tensor:
+def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False, nonnegative: bool = False) -> torch.Tensor:
     """Flat indices of the ``k`` smallest (or largest) entries of ``scores``, NaN the smallest.
 
-    Order of the indices is unspecified.
+    Order of the indices is unspecified. ``nonnegative``: every number in
+    ``scores`` is >= 0 (norms, magnitudes), which ranks NaN lowest in one pass
+    without first looking for it (:func:`nan_lowest`).
     """
     flat = scores.detach() if scores.requires_grad else scores  # no autograd record of the reshape or topk
     if flat.dim() != 1:
         flat = flat.reshape(-1)
     if flat.numel() <= _SMALLEST_CUTOFF or flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
-        return _topk_indices(flat, k, largest, magnitude=False)
+        return _topk_indices(flat, k, largest, magnitude=False, nonnegative=nonnegative)
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
 
 
@@ -333,20 +335,25 @@ def _select_by_topk(
     return [p.view(c.shape).to(c.device) for p, c in zip(pieces, chunks)]
 
 
-def _topk_indices(flat: torch.Tensor, k: int, largest: bool, magnitude: bool) -> torch.Tensor:
+def _topk_indices(
+    flat: torch.Tensor, k: int, largest: bool, magnitude: bool, nonnegative: bool = False
+) -> torch.Tensor:
     """Flat indices, in no order, of the ``k`` lowest (highest) entries of 1-D ``flat`` (of ``|flat|``), NaN lowest.
 
     The entries ``torch.topk`` chooses, ties included: ``sorted=False`` only
     skips ordering them (on CPU a full sort of the k chosen, most of topk's
-    time on a small layer), not which ones are chosen.
+    time on a small layer), not which ones are chosen. ``nonnegative``: every
+    number in ``flat`` is >= 0 (as ``|flat|`` always is).
     """
     if flat.requires_grad:  # no autograd record of abs, sum or topk: a mask has no gradient
         flat = flat.detach()
     scores = flat.abs() if magnitude else flat
-    return torch.topk(nan_lowest(scores), k, largest=largest, sorted=False).indices
+    return torch.topk(
+        nan_lowest(scores, nonnegative=magnitude or nonnegative), k, largest=largest, sorted=False
+    ).indices
 
 
-def nan_lowest(scores: torch.Tensor) -> torch.Tensor:
+def nan_lowest(scores: torch.Tensor, *, nonnegative: bool = False) -> torch.Tensor:
     """``scores`` ranked by prunereg's one NaN rule: NaN below every number, ``-inf`` included.
 
     Without NaN (and on ``meta``) the scores themselves; with NaN their integer
@@ -356,8 +363,16 @@ def nan_lowest(scores: torch.Tensor) -> torch.Tensor:
     the lowest prunes NaN first and keeping the highest keeps NaN last. Every
     selection path (``select_k``, ``prune_lowest``, ``top_indices``, the per-row
     and N:M helpers) ranks through this function or the radix engine.
+
+    ``nonnegative``: every number in ``scores`` is >= 0 (norms, magnitudes).
+    NaN then becomes -1, below all of them, in one pass: no search for NaN
+    first (a reduction and a read back, most of the ranking's cost on a small layer).
     """
-    if scores.is_meta or not scores.is_floating_point() or not _holds_nan(scores):
+    if scores.is_meta or not scores.is_floating_point():
+        return scores
+    if nonnegative:
+        return torch.nan_to_num(scores, nan=-1.0, posinf=math.inf, neginf=-math.inf)
+    if not _holds_nan(scores):
         return scores
     return order_keys(scores).view(scores.shape)
 

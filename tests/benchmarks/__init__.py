@@ -1,0 +1,1 @@
+"""The benchmark runner's own logic (benchmarks/run.py), without timing anything."""
