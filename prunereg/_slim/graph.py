@@ -65,12 +65,14 @@ class DependencyGraph:
 
     def count_macs(self, removed: set[int] | None = None) -> int:
         """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
+        roots = self.ids.all_roots() if removed else None
+        gone = torch.tensor(sorted(removed), dtype=torch.int64) if removed else None
         total = 0
         for dims, factor in self.macs:
             count = factor
             for ids in dims:
-                if removed:
-                    count *= sum(1 for root in self.ids.roots(ids).tolist() if root not in removed)
+                if roots is not None and gone is not None:
+                    count *= int((~torch.isin(roots[ids], gone)).sum())
                 else:
                     count *= ids.numel()
             total += count
