@@ -65,16 +65,17 @@ class DependencyGraph:
 
     def count_macs(self, removed: set[int] | None = None) -> int:
         """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
-        roots = self.ids.all_roots() if removed else None
-        gone = torch.tensor(sorted(removed), dtype=torch.int64) if removed else None
+        kept = None
+        if removed:  # per id: whether its class stays (units are roots)
+            roots = self.ids.all_roots()
+            gone = torch.zeros(roots.numel(), dtype=torch.bool)
+            gone[torch.tensor(sorted(removed), dtype=torch.int64)] = True
+            kept = ~gone[roots]
         total = 0
         for dims, factor in self.macs:
             count = factor
             for ids in dims:
-                if roots is not None and gone is not None:
-                    count *= int((~torch.isin(roots[ids], gone)).sum())
-                else:
-                    count *= ids.numel()
+                count *= int(kept[ids].sum()) if kept is not None else ids.numel()
             total += count
         return total
 
