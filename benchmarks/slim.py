@@ -3,6 +3,7 @@
     python benchmarks/slim.py                     # full-size models; writes the docs (see the time budget below)
     python benchmarks/slim.py --quick             # tiny models: a smoke test, printed, docs left alone
     python benchmarks/slim.py --models resnet50   # some models only (in the docs too)
+    python benchmarks/slim.py --json r.json --only resnet50 llama   # rerun these; the other models' results kept
 
 Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``:
 torch-pruning, transformers, matplotlib); without torch_pruning its rows are
@@ -643,6 +644,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=Path, help="keep the raw results here; what is in it already (not skipped) is not rerun"
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(MODELS),
+        help="rerun these models (all their rows and sweeps, even if --json has them); the report keeps "
+        "every other model --json holds",
+    )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "LIBRARY"), help=argparse.SUPPRESS)
     parser.add_argument("--one-sweep", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -654,6 +662,11 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, dict[str, Any]]] = stored.get("results", {})
     sweeps: dict[str, dict[str, list[dict[str, Any]]]] = stored.get("sweeps", {})
     reused = 0
+    if args.only:  # rerun these afresh; report them with whatever else the file holds, in the usual order
+        for name in args.only:
+            results.pop(name, None)
+            sweeps.pop(name, None)
+        args.models = [name for name in MODELS if name in args.only or name in results]
 
     def left() -> float:
         return args.budget * 60 - (time.perf_counter() - started)
@@ -662,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps({"results": results, "sweeps": sweeps}, indent=1) + "\n")
 
-    for name in args.models:
+    for name in args.only or args.models:
         for tool in tools_for(name):
             if tool in results.get(name, {}) and not unfinished(results[name][tool]):
                 reused += 1
@@ -675,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             save()
             print(results[name][tool].get("error", "done"), f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    for name in (m for m in SWEEP_MODELS if m in args.models):
+    for name in (m for m in SWEEP_MODELS if m in (args.only or args.models)):
         for tool in sweep_tools(name, results):
             points = sweeps.get(name, {}).get(tool, [])
             if points and not any(unfinished(point) for point in points):

@@ -319,7 +319,8 @@ def _cut(model: nn.Module, graph: DependencyGraph, keep: dict[TensorDim, Tensor]
     names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
     touched: dict[str, nn.Module] = {}
     changes: list[TensorChange] = []
-    for name in sorted(by_tensor, key=list(graph.tensors).index):
+    order = {name: k for k, name in enumerate(graph.tensors)}
+    for name in sorted(by_tensor, key=order.__getitem__):
         owner, _, attribute = name.rpartition(".")
         module = model.get_submodule(owner)
         old = getattr(module, attribute)

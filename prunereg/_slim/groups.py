@@ -65,21 +65,29 @@ def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
     linked = Ids()
     slot: dict[int, int] = {}
     order: list[int] = []
-    uniques: dict[TensorDim, tuple[Tensor, Tensor]] = {}
+    uniques: dict[TensorDim, tuple[Tensor, Tensor, bytes]] = {}
+    seen: set[bytes] = set()
     for key, unit_ids in roots.items():
         unique, inverse = torch.unique(unit_ids, return_inverse=True)
-        uniques[key] = (unique, inverse)
+        signature = unique.numpy().tobytes()  # coupled tensors (a layer's rows, its norm, ...) hold the same units
+        uniques[key] = (unique, inverse, signature)
+        if signature in seen:
+            continue
+        seen.add(signature)
         members = unique.tolist()
-        for unit in members:
-            if unit not in slot:
-                slot[unit] = len(order)
-                order.append(unit)
-                linked.fresh(1)
-        for unit in members[1:]:
-            linked.union(slot[members[0]], slot[unit])
+        new = [unit for unit in members if unit not in slot]
+        slot.update(zip(new, range(len(order), len(order) + len(new)), strict=True))
+        order.extend(new)
+        linked.fresh(len(new))  # slot k is id k of linked
+        slots = torch.tensor([slot[unit] for unit in members], dtype=torch.int64)
+        linked.union_arrays(slots[:1].expand(len(members) - 1), slots[1:])
+    group_of = linked.all_roots().tolist()
     by_group: dict[int, Group] = {}
     for unit in order:
-        group = by_group.setdefault(linked.find(slot[unit]), Group([]))
+        root = group_of[slot[unit]]
+        group = by_group.get(root)
+        if group is None:
+            group = by_group[root] = Group([])
         group.units.append(unit)
         reason = ids.pin_reason(unit)
         if reason is None and unit not in produced:
@@ -87,11 +95,14 @@ def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
         group.pinned.append(reason)
     kept = {root: g for root, g in by_group.items() if every or (g.size > 1 and g.removable)}
     indices = {root: {unit: k for k, unit in enumerate(g.units)} for root, g in kept.items()}
-    for key, (unique, inverse) in uniques.items():
-        root = linked.find(slot[int(unique[0])])
+    positions: dict[bytes, Tensor] = {}
+    for key, (unique, inverse, signature) in uniques.items():
+        root = group_of[slot[int(unique[0])]]
         if root in kept:
-            index = indices[root]
-            kept[root].members[key] = torch.tensor([index[u] for u in unique.tolist()], dtype=torch.long)[inverse]
+            if signature not in positions:
+                index = indices[root]
+                positions[signature] = torch.tensor([index[u] for u in unique.tolist()], dtype=torch.long)
+            kept[root].members[key] = positions[signature][inverse]
     return list(kept.values())
 
 

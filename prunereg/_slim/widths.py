@@ -110,7 +110,7 @@ def rewrite_config(
         delattr(candidate, CONFIG_KEY)
     for key, value in _derived_fields(model, config, before).items():
         setattr(candidate, key, value)
-    if _builds_these_shapes(model, candidate) and _computes_the_same(model, candidate, run, expected):
+    if _is_this_model(model, candidate, run, expected):
         for key, value in candidate.__dict__.items():
             setattr(config, key, value)
         if hasattr(config, CONFIG_KEY):
@@ -190,31 +190,36 @@ def _input_embedding(model: nn.Module) -> tuple[str, int] | None:
     return (name, embedding.embedding_dim) if name is not None else None
 
 
-def _builds_these_shapes(model: nn.Module, candidate: Any) -> bool:
-    try:
-        with torch.device("meta"):
-            fresh = type(model)(candidate)
-    except Exception:
-        return False
-    return _plain_shapes(fresh) == _plain_shapes(model)
-
-
-def _computes_the_same(
+def _is_this_model(
     model: nn.Module, candidate: Any, run: Callable[[nn.Module], list[Tensor]], expected: list[Tensor]
 ) -> bool:
-    """Whether a model built from ``candidate`` with these weights (shared, not copied) computes ``expected``."""
+    """Whether a model built from ``candidate`` has the slimmed shapes and, with these weights, computes ``expected``.
+
+    One model is built, without memory for its parameters; it takes the
+    slimmed model's weights (shared, not copied) and computes its buffers as a
+    reloaded model would. Without accelerate no second model can run: the shapes alone are checked.
+    """
     try:
         from accelerate import init_empty_weights
-    except ImportError:  # no second model without accelerate: the shapes were checked
+    except ImportError:
+        empty, runnable = torch.device("meta"), False
+    else:
+        empty, runnable = init_empty_weights(include_buffers=False), True
+    try:
+        with empty:
+            fresh = type(model)(candidate)
+    except Exception:  # a config the model cannot be built from is not this one
+        return False
+    if _plain_shapes(fresh) != _plain_shapes(model):
+        return False
+    if not runnable:
         return True
     try:
-        with init_empty_weights(include_buffers=False):
-            fresh = type(model)(candidate)
         fresh.load_state_dict(_plain_state(model), assign=True, strict=True)
         if any(t.is_meta for t in [*fresh.parameters(), *fresh.buffers()]):
             return False
         got = run(fresh.eval())
-    except Exception:  # a model the config cannot build or run is not this one
+    except Exception:  # a model the config cannot run is not this one
         return False
     return len(got) == len(expected) and all(
         a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, expected, strict=True)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch import nn
@@ -145,6 +146,33 @@ def test_a_run_past_its_budget_skips_what_is_left_and_a_second_run_redoes_only_t
         "skipped" not in text and f"{len(slim.tools_for('cnn'))} results kept from an earlier run in slim.json" in text
     )
     assert _row(text, cnn, "prunereg").startswith(f"| {cnn} | prunereg | 300 (30%) |")
+
+
+def test_only_reruns_the_models_it_names_and_keeps_the_others_from_the_json_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page, raw = tmp_path / "benchmarks.md", tmp_path / "slim.json"
+    old = {tool: dict(THEIRS if tool != slim.ORIGINAL else ORIGINAL) for tool in slim.tools_for("cnn")}
+    raw.write_text(json.dumps({"results": {"cnn": old, "resnet50": old}, "sweeps": {}}))
+    ran: list[tuple[str, str, bool]] = []
+
+    def fake_run(name: str, tool: str, quick: bool, sweep: bool = False, timeout: float = 0) -> dict[str, Any]:
+        ran.append((name, tool, sweep))
+        if sweep:
+            return {"sweep": [{"ratio": 0.3, "seconds": 1.0, "params": 300, "latency": 0.05}]}
+        return dict(MINE if tool != slim.ORIGINAL else ORIGINAL)
+
+    monkeypatch.setattr(slim, "run_in_subprocess", fake_run)
+    assert slim.main(["--only", "resnet50", "--output", str(page), "--json", str(raw)]) == 0
+    assert {name for name, _, _ in ran} == {"resnet50"}  # resnet50 rerun although the file had it; cnn not
+    assert {tool for _, tool, sweep in ran if not sweep} == set(slim.tools_for("resnet50"))
+    stored = json.loads(raw.read_text())
+    assert stored["results"]["cnn"] == old and stored["results"]["resnet50"][slim.PRUNEREG] == MINE
+    assert "resnet50" in stored["sweeps"]
+    text = page.read_text()
+    cnn, resnet = slim.MODELS["cnn"].title, slim.MODELS["resnet50"].title
+    assert _row(text, cnn, "prunereg").startswith(f"| {cnn} | prunereg | 400 (40%) |")  # kept from the file
+    assert _row(text, resnet, "prunereg").startswith(f"| {resnet} | prunereg | 300 (30%) |")  # rerun
 
 
 def test_a_slimming_call_that_hangs_is_stopped_and_reported() -> None:
