@@ -62,6 +62,36 @@ def setting(
 _O = TypeVar("_O", bound="Options")
 
 
+def blocks_setting() -> Any:
+    """``blocks``: where the decoder blocks are, for every block-by-block engine (one-shot pruning, shrinking)."""
+    return setting(
+        None,
+        "The nn.ModuleList holding the decoder blocks (model.layers), for an architecture prunereg does not know.",
+        metavar="PATH",
+    )
+
+
+def batch_size_setting() -> Any:
+    """``batch_size``: calibration samples per forward, for every block-by-block engine."""
+    return setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
+
+
+def matmul_precision_setting(exact: str) -> Any:
+    """``matmul_precision`` of the calibration forwards; ``exact`` names what always runs in full float32."""
+    return setting(
+        "medium",
+        f"float32 matmul precision of the calibration forwards; {exact} always run in full float32.",
+        choices=MATMUL_PRECISIONS,
+    )
+
+
+def progress_setting() -> Any:
+    """``progress``: a bar per block, for every block-by-block engine."""
+    return setting(
+        None, "Draw a bar per block on stderr [default: when stderr is a terminal or a notebook].", flag=None
+    )
+
+
 class Options:
     """What every settings dataclass shares (:class:`OneShotOptions`, ``prunereg._shrink.options.ShrinkOptions``).
 
@@ -124,25 +154,15 @@ class OneShotOptions(Options):
     ignore: Sequence[str] = setting(
         (), "Leave out the layers whose full name matches a glob (*.self_attn.q_proj).", metavar="GLOB", repeatable=True
     )
-    blocks: str | None = setting(
-        None,
-        "The nn.ModuleList holding the decoder blocks (model.layers), for an architecture prunereg does not know.",
-        metavar="PATH",
-    )
-    batch_size: int = setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
-    matmul_precision: str = setting(
-        "medium",
-        "float32 matmul precision of the calibration forwards; statistics and pruning always run in full float32.",
-        choices=MATMUL_PRECISIONS,
-    )
+    blocks: str | None = blocks_setting()
+    batch_size: int = batch_size_setting()
+    matmul_precision: str = matmul_precision_setting("statistics and pruning")
     permanent: bool = setting(
         True,
         "Leave plain weights with exact zeros; False also installs the reparametrization (weight_orig, weight_mask).",
         flag=None,
     )
-    progress: bool | None = setting(
-        None, "Draw a bar per block on stderr [default: when stderr is a terminal or a notebook].", flag=None
-    )
+    progress: bool | None = progress_setting()
     restore_on_error: bool | None = setting(
         None,
         "On a failure midway, put every pruned weight back [default: when a copy takes at most half the free memory].",

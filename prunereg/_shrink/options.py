@@ -15,8 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prunereg._oneshot.options import Options, setting
-from prunereg._oneshot.precision import MATMUL_PRECISIONS, check_matmul_precision
+from prunereg._oneshot.options import (
+    Options,
+    batch_size_setting,
+    blocks_setting,
+    matmul_precision_setting,
+    progress_setting,
+    setting,
+)
+from prunereg._oneshot.precision import check_matmul_precision
 
 #: How the units removed are spread over the decoder blocks.
 ALLOCATIONS = ("uniform", "global")
@@ -40,20 +47,10 @@ class ShrinkOptions(Options):
         "standardized scores across blocks (needs prunereg.from_pretrained; not with streaming).",
         choices=ALLOCATIONS,
     )
-    blocks: str | None = setting(
-        None,
-        "The nn.ModuleList holding the decoder blocks (model.layers), for an architecture prunereg does not know.",
-        metavar="PATH",
-    )
-    batch_size: int = setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
-    matmul_precision: str = setting(
-        "medium",
-        "float32 matmul precision of the calibration forwards; statistics and scores always run in full float32.",
-        choices=MATMUL_PRECISIONS,
-    )
-    progress: bool | None = setting(
-        None, "Draw a bar per block on stderr [default: when stderr is a terminal or a notebook].", flag=None
-    )
+    blocks: str | None = blocks_setting()
+    batch_size: int = batch_size_setting()
+    matmul_precision: str = matmul_precision_setting("statistics and scores")
+    progress: bool | None = progress_setting()
     restore_on_error: bool = setting(
         True,
         "On a failure midway, put every replaced tensor, attribute and config value back (keeps a copy of them).",
