@@ -17,7 +17,8 @@ import prunereg
 from prunereg._cli import main
 from prunereg._cli.values import parse_value
 from prunereg._oneshot import allocation, options
-from prunereg._oneshot.options import OneShotOptions, cli_flag
+from prunereg._oneshot.options import OneShotOptions, Options, cli_flag
+from prunereg._shrink.options import ShrinkOptions
 
 pytest.importorskip("transformers")
 
@@ -54,11 +55,19 @@ def _one_error_line(result: Result, status: int = 1) -> str:
 # -- issue 23 item 3: one options object ------------------------------------------------------
 
 
-def test_the_commands_flags_help_and_defaults_are_read_from_the_options_object() -> None:
-    command = main.commands["oneshot"]
-    params = {param.name: param for param in command.params}
+@pytest.mark.parametrize(
+    ("command", "options_class", "flags", "some"),
+    [
+        ("oneshot", OneShotOptions, 10, {"layers", "ignore", "blocks"}),
+        ("shrink", ShrinkOptions, 8, {"mlp", "heads", "layers", "experts", "blocks", "batch_size"}),
+    ],
+)
+def test_the_commands_flags_help_and_defaults_are_read_from_the_options_object(
+    command: str, options_class: type[Options], flags: int, some: set[str]
+) -> None:
+    params = {param.name: param for param in main.commands[command].params}
     flagged = 0
-    for name, (default, setting) in OneShotOptions.settings().items():
+    for name, (default, setting) in options_class.settings().items():
         flag = cli_flag(name, setting)
         if flag is None:
             assert name not in params
@@ -68,7 +77,7 @@ def test_the_commands_flags_help_and_defaults_are_read_from_the_options_object()
         assert isinstance(param, click.Option) and param.opts == [flag]
         assert param.help is not None and param.help.startswith(setting.help)
         assert param.default == (None if setting.repeatable else default)
-    assert flagged == 10 and {"layers", "ignore", "blocks"} <= set(params)
+    assert flagged == flags and some <= set(params)
 
 
 def test_owls_defaults_are_defined_once() -> None:

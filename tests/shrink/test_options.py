@@ -5,13 +5,10 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-import click
 import pytest
 import torch
 
 import prunereg
-from prunereg._cli import main
-from prunereg._oneshot.options import cli_flag
 from prunereg._shrink.options import ShrinkOptions
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -28,22 +25,6 @@ def test_the_python_signatures_show_every_setting_with_its_default() -> None:
     assert {name: folder[name].default for name in defaults if name != "restore_on_error"} == {
         name: default for name, default in defaults.items() if name != "restore_on_error"
     }
-
-
-def test_the_commands_flags_help_and_defaults_are_read_from_the_options_object() -> None:
-    params = {param.name: param for param in main.commands["shrink"].params}
-    flagged = 0
-    for name, (default, setting) in ShrinkOptions.settings().items():
-        flag = cli_flag(name, setting)
-        if flag is None:
-            assert name not in params
-            continue
-        flagged += 1
-        param = params[name]
-        assert isinstance(param, click.Option) and param.opts == [flag]
-        assert param.help is not None and param.help.startswith(setting.help)
-        assert param.default == default
-    assert flagged >= 7 and {"mlp", "heads", "layers", "experts", "blocks", "batch_size"} <= set(params)
 
 
 def test_the_docs_table_lists_every_setting() -> None:
