@@ -67,11 +67,19 @@ CONFIGS = [
             ("heads1of3", {"heads": 1 / 3}),
         )
     ],
+    Config("flap-mlp50-global", "flap", {"mlp": 0.5, "allocation": "global"}),
     Config("block_influence-layers4", "block_influence", {"layers": 4}),
     Config("block_influence-layers8", "block_influence", {"layers": 8}),
 ]
 BY_NAME = {config.name: config for config in CONFIGS}
-QUICK = ["dense", "oneshot-wanda-50", "flap-mlp50", "wanda_sp-heads1of3", "block_influence-layers4"]
+QUICK = [
+    "dense",
+    "oneshot-wanda-50",
+    "flap-mlp50",
+    "flap-mlp50-global",
+    "wanda_sp-heads1of3",
+    "block_influence-layers4",
+]
 
 
 def quick_data() -> tuple[Any, Any, Any]:
@@ -131,7 +139,13 @@ def load_folder(folder: Path) -> Any:
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    import prunereg
+
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config)
+    record = getattr(config, "prunereg_slimmed", None)
+    if record:  # per-block widths (allocation="global"): the config keeps the old ones and records the new
+        prunereg.apply_slimmed_shapes(model, record)
     load_model(model, str(folder / "model.safetensors"))
     return model.eval()
 
