@@ -97,6 +97,8 @@ class PruningHook(torch_prune.BasePruningMethod):
 
 def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
     """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``, torch's included."""
+    if not module._forward_pre_hooks:  # most modules pruned in a loop: no comprehension to run
+        return []
     return [
         (key, cast(PruningHook, hook))  # torch's own hooks are used through the same attributes
         for key, hook in module._forward_pre_hooks.items()
@@ -183,6 +185,53 @@ class _AllOrNothing(AbstractContextManager[None]):
                     snapshot.restore()
         finally:
             _open_snapshots.reset(self.opened)
+
+
+def all_or_nothing_first(module: nn.Module, name: str) -> AbstractContextManager[None]:
+    """:func:`all_or_nothing` for one pruning call's block over ``module.<name>`` alone, lighter where it can be.
+
+    The loop over a model's layers prunes each one for the first time: a
+    module without forward pre-hooks, whose hooks' states need no copy (with
+    hooks, this is :func:`all_or_nothing`). Its undo log
+    holds the module's ``_parameters`` and ``_buffers`` as they were (plain
+    dict copies), restores them, drops the hooks the block added and puts back
+    ``module.<name>``: the same state a snapshot restores. Unlike
+    :func:`all_or_nothing` it is not listed for :func:`snapshot_parameters`:
+    only for a block that counts no references to the parameter (a pruning
+    call counts them before it opens its block); one that did would only take
+    the slower exact look (a gc scan), never a wrong answer.
+    """
+    if module._forward_pre_hooks:
+        return _AllOrNothing([(module, name)])
+    return _FirstPruning(module, name)
+
+
+class _FirstPruning(AbstractContextManager[None]):
+    """:func:`all_or_nothing_first`'s undo log."""
+
+    __slots__ = ("attribute", "buffers", "module", "name", "parameters")
+
+    def __init__(self, module: nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+        self.parameters = module._parameters.copy()
+        self.buffers = module._buffers.copy()
+        self.attribute = module.__dict__.get(name, _MISSING)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is None:
+            return
+        module = self.module
+        _refill(module._parameters, self.parameters)
+        _refill(module._buffers, self.buffers)
+        module._forward_pre_hooks.clear()  # it had none
+        if self.attribute is _MISSING:
+            module.__dict__.pop(self.name, None)
+        else:
+            module.__dict__[self.name] = self.attribute
 
 
 def snapshot_parameters() -> list[dict[str, torch.nn.Parameter | None]]:

@@ -113,3 +113,85 @@ def test_a_method_that_changes_its_default_mask_in_place_gets_it_respected():
     module = nn.Linear(4, 4)
     HalvedThenLn.apply(module, "weight", amount=1, n=2, dim=0)
     assert not module.weight_mask[:, 0].any() and int((module.weight_mask.sum(1) == 0).sum()) == 1
+
+
+# --- the undo log of a first pruning ----------------------------------------------------------
+
+
+class MiddleWeight(nn.Module):
+    """Parameters around the pruned one, and a buffer a pruning overwrites: their order and objects must come back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(3))
+        self.weight = nn.Parameter(torch.randn(4, 3))
+        self.c = nn.Parameter(torch.randn(2))
+        self.register_buffer("weight_mask", torch.full((4, 3), 7.0))  # pruning replaces it, as torch's does
+
+
+def held(module: nn.Module) -> tuple:
+    """What a pruning call may change on ``module``, by identity and in order."""
+    return (
+        [(k, id(v)) for k, v in module._parameters.items()],
+        [(k, id(v)) for k, v in module._buffers.items()],
+        list(module._forward_pre_hooks.items()),
+        module.__dict__.get("weight"),
+    )
+
+
+def test_a_first_pruning_of_a_layer_without_hooks_takes_the_undo_log_and_a_hooked_one_the_snapshot():
+    from prunereg._core import reparam
+
+    layer = nn.Linear(3, 3)
+    assert isinstance(reparam.all_or_nothing_first(layer, "weight"), reparam._FirstPruning)
+    prune.l1_unstructured(layer, "bias", amount=1)
+    assert isinstance(reparam.all_or_nothing_first(layer, "weight"), reparam._AllOrNothing)
+
+
+def test_a_first_pruning_lists_no_snapshot_while_a_second_one_does():
+    from prunereg._core import reparam
+
+    seen = []
+
+    class Watching(prune.L1Unstructured):
+        def compute_mask(self, t, default_mask):
+            seen.append(len(reparam.snapshot_parameters()))
+            return super().compute_mask(t, default_mask)
+
+    layer = nn.Linear(3, 3)
+    Watching.apply(layer, "weight", amount=1)  # the undo log: nothing for reference counts to explain
+    Watching.apply(layer, "weight", amount=1)  # a snapshot of the pruned layer, listed
+    assert seen == [0, 1]
+
+
+@pytest.mark.parametrize("stage", ["register_buffer", "apply_mask", "register_forward_pre_hook"])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_error_after_the_parameter_moved_leaves_a_first_pruned_layer_exactly_as_it_was(stage, error, monkeypatch):
+    module = MiddleWeight()
+    weight = module.weight
+    before = held(module)
+
+    def fail(*args, **kwargs):
+        raise error("injected")
+
+    target = prune.BasePruningMethod if stage == "apply_mask" else module
+    monkeypatch.setattr(target, stage, fail)
+    with pytest.raises(error, match="injected"):
+        prune.l1_unstructured(module, "weight", amount=2)
+    monkeypatch.undo()
+    assert held(module) == before
+    assert module.weight is weight and [name for name, _ in module.named_parameters()] == ["a", "weight", "c"]
+    assert torch.equal(module.weight_mask, torch.full((4, 3), 7.0)) and not prune.is_pruned(module)
+
+
+def test_top_indices_may_rank_a_temporary_in_place_and_choose_the_same_entries():
+    scores = torch.tensor([0.5, math.nan, 2.0, math.inf, 0.0, math.nan, 1.0])
+    kept = scores.clone()
+    for k in range(len(scores) + 1):
+        for largest in (True, False):
+            plain = toolkit.top_indices(scores, k, largest=largest, nonnegative=True)
+            scratch = scores.clone()
+            in_place = toolkit.top_indices(scratch, k, largest=largest, nonnegative=True, overwrite=True)
+            assert sorted(in_place.tolist()) == sorted(plain.tolist())
+            assert not scratch.isnan().any()  # NaN ranked as -1 where they were
+    assert torch.equal(scores.isnan(), kept.isnan()) and torch.equal(scores.nan_to_num(), kept.nan_to_num())
