@@ -195,3 +195,82 @@ def test_top_indices_may_rank_a_temporary_in_place_and_choose_the_same_entries()
             assert sorted(in_place.tolist()) == sorted(plain.tolist())
             assert not scratch.isnan().any()  # NaN ranked as -1 where they were
     assert torch.equal(scores.isnan(), kept.isnan()) and torch.equal(scores.nan_to_num(), kept.nan_to_num())
+
+
+# --- registering <name>_orig and <name>_mask -------------------------------------------------
+
+
+def test_a_plain_layer_registers_its_tensors_without_torchs_registration_methods(monkeypatch):
+    mine, theirs = nn.Linear(4, 3), nn.Linear(4, 3)
+    theirs.load_state_dict(mine.state_dict())
+    calls = []
+    for method in ("register_parameter", "register_buffer"):
+        original = getattr(nn.Module, method)
+        monkeypatch.setattr(
+            nn.Module, method, lambda self, *a, _o=original, _m=method, **k: calls.append(_m) or _o(self, *a, **k)
+        )
+    prune.ln_structured(mine, "weight", amount=1, n=2, dim=0)
+    assert calls == []
+    torch_prune.ln_structured(theirs, "weight", amount=1, n=2, dim=0)
+    assert calls == ["register_parameter", "register_buffer"]
+    assert list(mine._parameters) == list(theirs._parameters) and list(mine._buffers) == list(theirs._buffers)
+    assert list(mine.state_dict()) == list(theirs.state_dict())
+
+
+class OwnRegistration(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(4, 3)
+        self.registered: list[str] = []
+
+    def register_buffer(self, name, tensor, persistent=True):
+        self.registered.append(name)
+        super().register_buffer(name, tensor, persistent)
+
+
+class ClassAttribute(nn.Linear):
+    weight_orig = "taken"
+
+
+def test_a_layer_with_its_own_registration_or_a_taken_name_gets_torchs_registration_and_errors():
+    module = OwnRegistration()
+    prune.l1_unstructured(module, "weight", amount=1)
+    assert module.registered == ["weight_mask"]
+
+    mine, theirs = ClassAttribute(4, 3), ClassAttribute(4, 3)
+    with pytest.raises(KeyError) as torch_error:
+        torch_prune.l1_unstructured(theirs, "weight", amount=1)
+    before = list(mine._parameters.items())
+    with pytest.raises(KeyError) as error:
+        prune.l1_unstructured(mine, "weight", amount=1)
+    assert str(error.value) == str(torch_error.value)
+    assert list(mine._parameters.items()) == before and not mine._buffers and not mine._forward_pre_hooks
+
+
+def test_global_registration_hooks_see_a_pruning_register_its_tensors():
+    from torch.nn.modules.module import (
+        register_module_buffer_registration_hook,
+        register_module_parameter_registration_hook,
+    )
+
+    module = nn.Linear(4, 3)
+    seen = []
+    handles = [
+        register_module_parameter_registration_hook(lambda module, name, value: seen.append(name)),
+        register_module_buffer_registration_hook(lambda module, name, value: seen.append(name)),
+    ]
+    try:
+        prune.ln_structured(module, "weight", amount=1, n=2, dim=0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == ["weight_orig", "weight_mask"]
+
+
+def test_a_non_persistent_buffer_the_mask_replaces_becomes_persistent_as_with_torch():
+    modules = [nn.Linear(4, 3), nn.Linear(4, 3)]
+    for module in modules:
+        module.register_buffer("weight_mask", torch.zeros(1), persistent=False)
+    prune.l1_unstructured(modules[0], "weight", amount=1)
+    torch_prune.l1_unstructured(modules[1], "weight", amount=1)
+    mine, theirs = (list(module.state_dict()) for module in modules)
+    assert mine == theirs and "weight_mask" in mine
