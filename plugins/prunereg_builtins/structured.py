@@ -70,7 +70,8 @@ class LnStructured(_ChannelPruning):
 
     def _channels_to_keep(self, t: torch.Tensor, nchannels: int, k: int) -> torch.Tensor:
         norm = channel_norms(t.detach(), self.n, self.dim)  # ranked only: no autograd record
-        return top_indices(norm, nchannels - k, largest=True, nonnegative=True)  # a norm is >= 0 or NaN
+        # A norm is >= 0 or NaN; the norms are this call's own, ranked in place.
+        return top_indices(norm, nchannels - k, largest=True, nonnegative=True, overwrite=True)
 
     @classmethod
     def apply(  # type: ignore[override]

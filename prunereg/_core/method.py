@@ -89,7 +89,9 @@ class BasePruningMethod(reparam.PruningHook, ABC):
             _tied.refuse_splitting(first)
         _tied.refuse_holders_outside([(module, group)])
         method = cls(*args, **kwargs)
-        with reparam.all_or_nothing(_tied.tensors(group)):
+        # One tensor: the undo log of a first pruning where it applies (no references are counted inside).
+        block = reparam.all_or_nothing_first(first.module, first.name) if len(group) == 1 else None
+        with block or reparam.all_or_nothing(_tied.tensors(group)):
             hook = _prune(first.module, first.name, method, importance_scores, hooks=list(first.hooks))
             _tied.share(group, hook)
             _attention.refresh_where_read(module, first.qualified)

@@ -20,6 +20,7 @@ installs it, keeps ``module.<name>`` current and takes it away again.
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
@@ -97,6 +98,8 @@ class PruningHook(torch_prune.BasePruningMethod):
 
 def pruning_hooks(module: nn.Module, name: str) -> list[tuple[int, PruningHook]]:
     """The (handle id, hook) pairs of the pruning hooks acting on ``module.<name>``, torch's included."""
+    if not module._forward_pre_hooks:  # most modules pruned in a loop: no comprehension to run
+        return []
     return [
         (key, cast(PruningHook, hook))  # torch's own hooks are used through the same attributes
         for key, hook in module._forward_pre_hooks.items()
@@ -139,16 +142,74 @@ def install(module: nn.Module, name: str, hook: PruningHook, mask: torch.Tensor,
     if not hooks:
         orig = module._parameters[name]
         hook._param_order = _parameter_order(module, name)
-        module.register_parameter(name + "_orig", orig)
+        _register(module, "_parameters", name + "_orig", orig)
         del module._parameters[name]
     else:
         for key, old in hooks:
             if old is not hook:
                 hook._param_order = getattr(old, "_param_order", None)
             del module._forward_pre_hooks[key]
-    module.register_buffer(name + "_mask", mask)
+    _register(module, "_buffers", name + "_mask", mask)
     set_pruned_tensor(hook, module)
     module.register_forward_pre_hook(hook)
+
+
+def _register(module: nn.Module, slot: str, key: str, value: torch.Tensor | None) -> None:
+    """``module.register_parameter(key, value)`` (``slot`` ``"_parameters"``) or ``register_buffer``, persistent.
+
+    Inserted straight into the dict where torch's checks would pass and no
+    global registration hook would see it: the same entry, without the
+    ``hasattr`` that raises and catches an AttributeError for a new name (on
+    a small layer, the two registrations cost more than its mask's ranking).
+    Anything else (a class or instance with its own registration or
+    attribute lookup, a name an attribute holds, a tensor subclass or one
+    that is not a leaf) takes the module's own method and its errors.
+    """
+    parameters = slot == "_parameters"
+    cls: type = type(module)
+    if (
+        _plain_registration(cls)
+        and ("register_parameter" if parameters else "register_buffer") not in module.__dict__  # no own method
+        and key not in module.__dict__
+        and key not in module._modules
+        and (key not in module._buffers if parameters else key not in module._parameters)
+        and "." not in key
+        and not _class_holds(cls, key)
+        and not (_GLOBAL_PARAMETER_HOOKS if parameters else _GLOBAL_BUFFER_HOOKS)
+        and (type(value) is torch.nn.Parameter if parameters else type(value) is torch.Tensor)
+        and value.grad_fn is None  # type: ignore[union-attr]  # a Tensor by now
+    ):
+        getattr(module, slot)[key] = value  # an existing entry under key is replaced, as torch's methods do
+        if not parameters:
+            module._non_persistent_buffers_set.discard(key)
+    elif parameters:
+        module.register_parameter(key, value)  # type: ignore[arg-type]  # a Parameter: check_prunable refused others
+    else:
+        module.register_buffer(key, value)
+
+
+@functools.cache
+def _plain_registration(cls: type) -> bool:
+    """Whether ``cls`` registers parameters and buffers, and looks attributes up, as ``nn.Module`` does."""
+    return (
+        cls.register_parameter is torch.nn.Module.register_parameter  # type: ignore[attr-defined]
+        and cls.register_buffer is torch.nn.Module.register_buffer  # type: ignore[attr-defined]
+        and cls.__getattr__ is torch.nn.Module.__getattr__  # type: ignore[attr-defined]
+        and cls.__getattribute__ is object.__getattribute__
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_holds(cls: type, key: str) -> bool:
+    """Whether ``cls`` or a base defines an attribute ``key`` (then ``hasattr`` would find it on any instance)."""
+    return any(key in vars(base) for base in cls.__mro__)
+
+
+# Torch's global registration hooks; where a torch lacks them, every registration takes torch's own method.
+_GLOBAL_PARAMETER_HOOKS: dict[int, Any] = getattr(
+    torch.nn.modules.module, "_global_parameter_registration_hooks", {0: None}
+)
+_GLOBAL_BUFFER_HOOKS: dict[int, Any] = getattr(torch.nn.modules.module, "_global_buffer_registration_hooks", {0: None})
 
 
 def scores_for(t: torch.Tensor, importance_scores: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -183,6 +244,53 @@ class _AllOrNothing(AbstractContextManager[None]):
                     snapshot.restore()
         finally:
             _open_snapshots.reset(self.opened)
+
+
+def all_or_nothing_first(module: nn.Module, name: str) -> AbstractContextManager[None]:
+    """:func:`all_or_nothing` for one pruning call's block over ``module.<name>`` alone, lighter where it can be.
+
+    The loop over a model's layers prunes each one for the first time: a
+    module without forward pre-hooks, whose hooks' states need no copy (with
+    hooks, this is :func:`all_or_nothing`). Its undo log
+    holds the module's ``_parameters`` and ``_buffers`` as they were (plain
+    dict copies), restores them, drops the hooks the block added and puts back
+    ``module.<name>``: the same state a snapshot restores. Unlike
+    :func:`all_or_nothing` it is not listed for :func:`snapshot_parameters`:
+    only for a block that counts no references to the parameter (a pruning
+    call counts them before it opens its block); one that did would only take
+    the slower exact look (a gc scan), never a wrong answer.
+    """
+    if module._forward_pre_hooks:
+        return _AllOrNothing([(module, name)])
+    return _FirstPruning(module, name)
+
+
+class _FirstPruning(AbstractContextManager[None]):
+    """:func:`all_or_nothing_first`'s undo log."""
+
+    __slots__ = ("attribute", "buffers", "module", "name", "parameters")
+
+    def __init__(self, module: nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+        self.parameters = module._parameters.copy()
+        self.buffers = module._buffers.copy()
+        self.attribute = module.__dict__.get(name, _MISSING)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if kind is None:
+            return
+        module = self.module
+        _refill(module._parameters, self.parameters)
+        _refill(module._buffers, self.buffers)
+        module._forward_pre_hooks.clear()  # it had none
+        if self.attribute is _MISSING:
+            module.__dict__.pop(self.name, None)
+        else:
+            module.__dict__[self.name] = self.attribute
 
 
 def snapshot_parameters() -> list[dict[str, torch.nn.Parameter | None]]:

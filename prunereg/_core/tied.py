@@ -71,7 +71,11 @@ def sites(root: nn.Module, name: str) -> list[Site]:
     if not root._modules:
         # A module without submodules holds its parameters itself: no need for named_parameters' walk,
         # and mostly the named one alone (the loop over a model's layers).
-        if sum(candidate is parameter for candidate in root._parameters.values()) == 1:
+        held_by_root = 0
+        for candidate in root._parameters.values():  # a loop: a generator's frame costs more here
+            if candidate is parameter:
+                held_by_root += 1
+        if held_by_root == 1:
             return found
         held: Iterable[tuple[str, nn.Parameter | None]] = root._parameters.items()
     else:

@@ -274,18 +274,22 @@ def _spread(collectives: Collectives) -> dict[str, Callable[[torch.Tensor], torc
     return {"all_reduce": collectives.all_reduce, "exclusive_prefix": collectives.exclusive_prefix}
 
 
-def top_indices(scores: torch.Tensor, k: int, *, largest: bool = False, nonnegative: bool = False) -> torch.Tensor:
+def top_indices(
+    scores: torch.Tensor, k: int, *, largest: bool = False, nonnegative: bool = False, overwrite: bool = False
+) -> torch.Tensor:
     """Flat indices of the ``k`` smallest (or largest) entries of ``scores``, NaN the smallest.
 
     Order of the indices is unspecified. ``nonnegative``: every number in
     ``scores`` is >= 0 (norms, magnitudes), which ranks NaN lowest in one pass
-    without first looking for it (:func:`nan_lowest`).
+    without first looking for it (:func:`nan_lowest`). ``overwrite``: ``scores``
+    is a temporary of the caller's (norms just computed), which that pass may
+    write in place instead of a new tensor.
     """
     flat = scores.detach() if scores.requires_grad else scores  # no autograd record of the reshape or topk
     if flat.dim() != 1:
         flat = flat.reshape(-1)
     if flat.numel() <= _SMALLEST_CUTOFF or flat.is_meta or uses_topk(flat.numel(), flat.device, flat.dtype):
-        return _topk_indices(flat, k, largest, magnitude=False, nonnegative=nonnegative)
+        return _topk_indices(flat, k, largest, magnitude=False, nonnegative=nonnegative, overwrite=overwrite)
     return select_k([flat], k, largest=largest)[0].nonzero().squeeze(1)
 
 
@@ -336,24 +340,24 @@ def _select_by_topk(
 
 
 def _topk_indices(
-    flat: torch.Tensor, k: int, largest: bool, magnitude: bool, nonnegative: bool = False
+    flat: torch.Tensor, k: int, largest: bool, magnitude: bool, nonnegative: bool = False, overwrite: bool = False
 ) -> torch.Tensor:
     """Flat indices, in no order, of the ``k`` lowest (highest) entries of 1-D ``flat`` (of ``|flat|``), NaN lowest.
 
     The entries ``torch.topk`` chooses, ties included: ``sorted=False`` only
     skips ordering them (on CPU a full sort of the k chosen, most of topk's
     time on a small layer), not which ones are chosen. ``nonnegative``: every
-    number in ``flat`` is >= 0 (as ``|flat|`` always is).
+    number in ``flat`` is >= 0 (as ``|flat|`` always is). ``overwrite``: ``flat``
+    may be written in place.
     """
     if flat.requires_grad:  # no autograd record of abs, sum or topk: a mask has no gradient
         flat = flat.detach()
     scores = flat.abs() if magnitude else flat
-    return torch.topk(
-        nan_lowest(scores, nonnegative=magnitude or nonnegative), k, largest=largest, sorted=False
-    ).indices
+    ranks = nan_lowest(scores, nonnegative=magnitude or nonnegative, overwrite=magnitude or overwrite)
+    return torch.topk(ranks, k, largest=largest, sorted=False).indices
 
 
-def nan_lowest(scores: torch.Tensor, *, nonnegative: bool = False) -> torch.Tensor:
+def nan_lowest(scores: torch.Tensor, *, nonnegative: bool = False, overwrite: bool = False) -> torch.Tensor:
     """``scores`` ranked by prunereg's one NaN rule: NaN below every number, ``-inf`` included.
 
     Without NaN (and on ``meta``) the scores themselves; with NaN their integer
@@ -366,11 +370,15 @@ def nan_lowest(scores: torch.Tensor, *, nonnegative: bool = False) -> torch.Tens
 
     ``nonnegative``: every number in ``scores`` is >= 0 (norms, magnitudes).
     NaN then becomes -1, below all of them, in one pass: no search for NaN
-    first (a reduction and a read back, most of the ranking's cost on a small layer).
+    first (a reduction and a read back, most of the ranking's cost on a small layer);
+    with ``overwrite`` (``scores`` is a temporary of the caller's) in place, without
+    a new tensor.
     """
     if scores.is_meta or not scores.is_floating_point():
         return scores
     if nonnegative:
+        if overwrite:
+            return scores.nan_to_num_(-1.0, math.inf, -math.inf)
         return torch.nan_to_num(scores, nan=-1.0, posinf=math.inf, neginf=-math.inf)
     if not _holds_nan(scores):
         return scores

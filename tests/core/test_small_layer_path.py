@@ -113,3 +113,164 @@ def test_a_method_that_changes_its_default_mask_in_place_gets_it_respected():
     module = nn.Linear(4, 4)
     HalvedThenLn.apply(module, "weight", amount=1, n=2, dim=0)
     assert not module.weight_mask[:, 0].any() and int((module.weight_mask.sum(1) == 0).sum()) == 1
+
+
+# --- the undo log of a first pruning ----------------------------------------------------------
+
+
+class MiddleWeight(nn.Module):
+    """Parameters around the pruned one, and a buffer a pruning overwrites: their order and objects must come back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(3))
+        self.weight = nn.Parameter(torch.randn(4, 3))
+        self.c = nn.Parameter(torch.randn(2))
+        self.register_buffer("weight_mask", torch.full((4, 3), 7.0))  # pruning replaces it, as torch's does
+
+
+def held(module: nn.Module) -> tuple:
+    """What a pruning call may change on ``module``, by identity and in order."""
+    return (
+        [(k, id(v)) for k, v in module._parameters.items()],
+        [(k, id(v)) for k, v in module._buffers.items()],
+        list(module._forward_pre_hooks.items()),
+        module.__dict__.get("weight"),
+    )
+
+
+def test_a_first_pruning_of_a_layer_without_hooks_takes_the_undo_log_and_a_hooked_one_the_snapshot():
+    from prunereg._core import reparam
+
+    layer = nn.Linear(3, 3)
+    assert isinstance(reparam.all_or_nothing_first(layer, "weight"), reparam._FirstPruning)
+    prune.l1_unstructured(layer, "bias", amount=1)
+    assert isinstance(reparam.all_or_nothing_first(layer, "weight"), reparam._AllOrNothing)
+
+
+def test_a_first_pruning_lists_no_snapshot_while_a_second_one_does():
+    from prunereg._core import reparam
+
+    seen = []
+
+    class Watching(prune.L1Unstructured):
+        def compute_mask(self, t, default_mask):
+            seen.append(len(reparam.snapshot_parameters()))
+            return super().compute_mask(t, default_mask)
+
+    layer = nn.Linear(3, 3)
+    Watching.apply(layer, "weight", amount=1)  # the undo log: nothing for reference counts to explain
+    Watching.apply(layer, "weight", amount=1)  # a snapshot of the pruned layer, listed
+    assert seen == [0, 1]
+
+
+@pytest.mark.parametrize("stage", ["register_buffer", "apply_mask", "register_forward_pre_hook"])
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_error_after_the_parameter_moved_leaves_a_first_pruned_layer_exactly_as_it_was(stage, error, monkeypatch):
+    module = MiddleWeight()
+    weight = module.weight
+    before = held(module)
+
+    def fail(*args, **kwargs):
+        raise error("injected")
+
+    target = prune.BasePruningMethod if stage == "apply_mask" else module
+    monkeypatch.setattr(target, stage, fail)
+    with pytest.raises(error, match="injected"):
+        prune.l1_unstructured(module, "weight", amount=2)
+    monkeypatch.undo()
+    assert held(module) == before
+    assert module.weight is weight and [name for name, _ in module.named_parameters()] == ["a", "weight", "c"]
+    assert torch.equal(module.weight_mask, torch.full((4, 3), 7.0)) and not prune.is_pruned(module)
+
+
+def test_top_indices_may_rank_a_temporary_in_place_and_choose_the_same_entries():
+    scores = torch.tensor([0.5, math.nan, 2.0, math.inf, 0.0, math.nan, 1.0])
+    kept = scores.clone()
+    for k in range(len(scores) + 1):
+        for largest in (True, False):
+            plain = toolkit.top_indices(scores, k, largest=largest, nonnegative=True)
+            scratch = scores.clone()
+            in_place = toolkit.top_indices(scratch, k, largest=largest, nonnegative=True, overwrite=True)
+            assert sorted(in_place.tolist()) == sorted(plain.tolist())
+            assert not scratch.isnan().any()  # NaN ranked as -1 where they were
+    assert torch.equal(scores.isnan(), kept.isnan()) and torch.equal(scores.nan_to_num(), kept.nan_to_num())
+
+
+# --- registering <name>_orig and <name>_mask -------------------------------------------------
+
+
+def test_a_plain_layer_registers_its_tensors_without_torchs_registration_methods(monkeypatch):
+    mine, theirs = nn.Linear(4, 3), nn.Linear(4, 3)
+    theirs.load_state_dict(mine.state_dict())
+    calls = []
+    for method in ("register_parameter", "register_buffer"):
+        original = getattr(nn.Module, method)
+        monkeypatch.setattr(
+            nn.Module, method, lambda self, *a, _o=original, _m=method, **k: calls.append(_m) or _o(self, *a, **k)
+        )
+    prune.ln_structured(mine, "weight", amount=1, n=2, dim=0)
+    assert calls == []
+    torch_prune.ln_structured(theirs, "weight", amount=1, n=2, dim=0)
+    assert calls == ["register_parameter", "register_buffer"]
+    assert list(mine._parameters) == list(theirs._parameters) and list(mine._buffers) == list(theirs._buffers)
+    assert list(mine.state_dict()) == list(theirs.state_dict())
+
+
+class OwnRegistration(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(4, 3)
+        self.registered: list[str] = []
+
+    def register_buffer(self, name, tensor, persistent=True):
+        self.registered.append(name)
+        super().register_buffer(name, tensor, persistent)
+
+
+class ClassAttribute(nn.Linear):
+    weight_orig = "taken"
+
+
+def test_a_layer_with_its_own_registration_or_a_taken_name_gets_torchs_registration_and_errors():
+    module = OwnRegistration()
+    prune.l1_unstructured(module, "weight", amount=1)
+    assert module.registered == ["weight_mask"]
+
+    mine, theirs = ClassAttribute(4, 3), ClassAttribute(4, 3)
+    with pytest.raises(KeyError) as torch_error:
+        torch_prune.l1_unstructured(theirs, "weight", amount=1)
+    before = list(mine._parameters.items())
+    with pytest.raises(KeyError) as error:
+        prune.l1_unstructured(mine, "weight", amount=1)
+    assert str(error.value) == str(torch_error.value)
+    assert list(mine._parameters.items()) == before and not mine._buffers and not mine._forward_pre_hooks
+
+
+def test_global_registration_hooks_see_a_pruning_register_its_tensors():
+    from torch.nn.modules.module import (
+        register_module_buffer_registration_hook,
+        register_module_parameter_registration_hook,
+    )
+
+    module = nn.Linear(4, 3)
+    seen = []
+    handles = [
+        register_module_parameter_registration_hook(lambda module, name, value: seen.append(name)),
+        register_module_buffer_registration_hook(lambda module, name, value: seen.append(name)),
+    ]
+    try:
+        prune.ln_structured(module, "weight", amount=1, n=2, dim=0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert seen == ["weight_orig", "weight_mask"]
+
+
+def test_a_non_persistent_buffer_the_mask_replaces_becomes_persistent_as_with_torch():
+    modules = [nn.Linear(4, 3), nn.Linear(4, 3)]
+    for module in modules:
+        module.register_buffer("weight_mask", torch.zeros(1), persistent=False)
+    prune.l1_unstructured(modules[0], "weight", amount=1)
+    torch_prune.l1_unstructured(modules[1], "weight", amount=1)
+    mine, theirs = (list(module.state_dict()) for module in modules)
+    assert mine == theirs and "weight_mask" in mine
