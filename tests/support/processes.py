@@ -19,11 +19,18 @@ from pathlib import Path
 
 import pytest
 
+DEFAULT_TERMINATION = (
+    "import signal\nfor each in (signal.SIGTERM, signal.SIGHUP):\n    signal.signal(each, signal.SIG_DFL)\n"
+)
+"""Each gated run starts as from a terminal: a test suite started under ``nohup`` would pass SIGHUP on ignored."""
+
 
 def start_gated(program: str, args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
     """``program`` (prunereg's ``main`` behind a gate) with ``args`` in a new process; ``setup`` runs first.
 
-    The marker and gate files are ``control / "written"`` and ``control / "gate"``.
+    SIGTERM and SIGHUP start at their defaults (:data:`DEFAULT_TERMINATION`),
+    whatever the test run inherited, before ``setup``. The marker and gate files
+    are ``control / "written"`` and ``control / "gate"``.
     """
     environment = {
         **os.environ,
@@ -31,7 +38,7 @@ def start_gated(program: str, args: list[str], control: Path, setup: str = "") -
         "PRUNEREG_TEST_GATE": str(control / "gate"),
     }
     return subprocess.Popen(
-        [sys.executable, "-c", setup + program, *args],
+        [sys.executable, "-c", DEFAULT_TERMINATION + setup + program, *args],
         env=environment,
         text=True,
         stdout=subprocess.PIPE,
