@@ -39,12 +39,15 @@ class Flap(ShrinkMethod):
     bias, which the config's ``mlp_bias`` / ``attention_bias`` then creates;
     ``compensate=False`` scores alone, for architectures without such a flag.
     Its scores, standardized per block, are ranked across blocks with
-    ``allocation="global"`` (the paper's adaptive structure).
+    ``allocation="global"`` (the paper's adaptive structure). Every block is
+    observed on the dense model's activations, as the authors' code does: one
+    calibration forward per block.
     """
 
     TARGETS = frozenset({"channels"})
     STATISTICS = frozenset({"channel_moments"})
     ALLOCATES_ACROSS_BLOCKS = True
+    OBSERVES_DENSE_MODEL = True  # the authors' code feeds each block the dense block's outputs
 
     def __init__(self, compensate: bool = True) -> None:
         if not isinstance(compensate, bool):

@@ -75,8 +75,9 @@ def _method_class(method: str | type) -> tuple[type[ShrinkMethod], str]:
         raise AssertionError(f"{label}: TARGETS must be a non-empty subset of {sorted(TARGET_NAMES)}")
     if not set(cls.STATISTICS) <= STATISTIC_NAMES:
         raise AssertionError(f"{label}: STATISTICS must be a subset of {sorted(STATISTIC_NAMES)}")
-    if not isinstance(cls.ALLOCATES_ACROSS_BLOCKS, bool):
-        raise AssertionError(f"{label}: ALLOCATES_ACROSS_BLOCKS must be True or False")
+    for flag in ("ALLOCATES_ACROSS_BLOCKS", "OBSERVES_DENSE_MODEL"):
+        if not isinstance(getattr(cls, flag), bool):
+            raise AssertionError(f"{label}: {flag} must be True or False")
     if cls.ALLOCATES_ACROSS_BLOCKS and "channels" not in cls.TARGETS:
         raise AssertionError(f"{label}: ALLOCATES_ACROSS_BLOCKS ranks channel scores, and it scores no channels")
     return cls, label

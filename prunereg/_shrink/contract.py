@@ -91,6 +91,9 @@ class ShrinkMethod:
     STATISTICS: ClassVar[frozenset[str]] = frozenset()
     #: Whether the channel scores, standardized per block, may be ranked across blocks (``allocation="global"``).
     ALLOCATES_ACROSS_BLOCKS: ClassVar[bool] = False
+    #: Whether every block is observed on the dense model's activations (FLAP's code: one forward per block) rather
+    #: than on what the blocks already cut before it give (Wanda's: a second forward of each cut block).
+    OBSERVES_DENSE_MODEL: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

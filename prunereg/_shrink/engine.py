@@ -270,10 +270,13 @@ class ShrinkJob:
             unchanged = all(plan.keep[kind] == group.n_units for kind, group in plan.groups.items()) and (
                 plan.experts is None or plan.keep_experts in (0, plan.experts.n_experts)
             )
-            observation = self._observe(index, inputs, keep_outputs=unchanged and index + 1 < len(self.blocks))
+            dense = self.method.OBSERVES_DENSE_MODEL  # its outputs feed the next block, cut or not
+            observation = self._observe(
+                index, inputs, keep_outputs=(unchanged or dense) and index + 1 < len(self.blocks)
+            )
         result, changed = self._cut_block(index, observation, journal)
         if inputs is not None and observation is not None and index + 1 < len(self.blocks):
-            if changed or len(observation.outputs) != len(inputs):
+            if (changed and not self.method.OBSERVES_DENSE_MODEL) or len(observation.outputs) != len(inputs):
                 with _config_as(self.model.config, self.width):
                     advance(block, inputs)
             else:  # the block is as it was: its outputs from the observing pass feed the next

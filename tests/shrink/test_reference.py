@@ -67,14 +67,20 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 
 
 def _reference_channels(model: nn.Module, ids: torch.Tensor, score: Score, compensate: bool) -> nn.Module:
-    """The whole procedure on a float64 copy: per block, remove half the MLP channels and one of two KV groups."""
+    """The whole procedure on a float64 copy: per block, remove half the MLP channels and one of two KV groups.
+
+    FLAP observes every block on the dense model (its authors' code feeds each
+    block the dense block's outputs); the others on the blocks already cut.
+    """
     ref = copy.deepcopy(model).double()
+    dense = copy.deepcopy(ref)
+    observed = dense if score is _flap else ref
     head_dim, n_heads, n_kv = 8, 4, 2
     group_width = (n_heads // n_kv) * head_dim
-    for layer in ref.model.layers:
+    for layer, seen in zip(ref.model.layers, observed.model.layers, strict=True):
         mlp, attention = layer.mlp, layer.self_attn
-        x_mlp = _inputs_of(ref, mlp.down_proj, ids)
-        x_attn = _inputs_of(ref, attention.o_proj, ids)
+        x_mlp = _inputs_of(observed, seen.mlp.down_proj, ids)
+        x_attn = _inputs_of(observed, seen.self_attn.o_proj, ids)
         # MLP: half of the channels.
         down = mlp.down_proj.weight.detach()
         kept, removed = _lowest(score(down, x_mlp), down.shape[1] // 2)
