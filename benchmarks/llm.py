@@ -378,6 +378,18 @@ def time_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The processor's model name (bf16 matmul speed, and so ``matmul_precision="medium"``, depends on it)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine(load_before: tuple[float, ...], load_after: tuple[float, ...], threads: int, jobs: int) -> str:
     import torch
 
@@ -386,7 +398,7 @@ def machine(load_before: tuple[float, ...], load_after: tuple[float, ...], threa
 
     return "\n".join([
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores "
-        f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {threads} threads, "
+        f"({cpu_model()}), torch {torch.__version__}, {threads} threads, "
         f"{jobs} configuration(s) at a time, "
         f"Python {platform.python_version()}.",
         f"Load average (1/5/15 min) before: {loads(load_before)}; after: {loads(load_after)}.",
