@@ -270,16 +270,15 @@ class ShrinkJob:
             unchanged = all(plan.keep[kind] == group.n_units for kind, group in plan.groups.items()) and (
                 plan.experts is None or plan.keep_experts in (0, plan.experts.n_experts)
             )
-            dense = self.method.OBSERVES_DENSE_MODEL  # its outputs feed the next block, cut or not
-            observation = self._observe(
-                index, inputs, keep_outputs=(unchanged or dense) and index + 1 < len(self.blocks)
-            )
+            # Unchanged, or observed as the dense model: this pass's outputs feed the next block.
+            keep = (unchanged or self.method.OBSERVES_DENSE_MODEL) and index + 1 < len(self.blocks)
+            observation = self._observe(index, inputs, keep_outputs=keep)
         result, changed = self._cut_block(index, observation, journal)
         if inputs is not None and observation is not None and index + 1 < len(self.blocks):
-            if (changed and not self.method.OBSERVES_DENSE_MODEL) or len(observation.outputs) != len(inputs):
+            if (changed and not self.method.OBSERVES_DENSE_MODEL) or not observation.outputs:
                 with _config_as(self.model.config, self.width):
-                    advance(block, inputs)
-            else:  # the block is as it was: its outputs from the observing pass feed the next
+                    advance(block, inputs)  # the cut block runs once more: its outputs feed the next
+            else:  # unchanged, or observed as the dense model: the observing pass's outputs feed the next
                 inputs.hidden = observation.outputs
         weights.done(index, block, pruned=True)
         return result
@@ -304,11 +303,8 @@ class ShrinkJob:
                 continue
             more = index + 1 < len(self.blocks)
             observation = self._observe(index, inputs, keep_outputs=more)
-            if more:
-                if len(observation.outputs) == len(inputs):
-                    inputs.hidden = observation.outputs
-                else:
-                    advance(self.blocks[index], inputs)
+            if more:  # every batch's output was kept: the next block's inputs
+                inputs.hidden = observation.outputs
             observation.outputs = []
             observations.append(observation)
         return observations
