@@ -112,6 +112,15 @@ class Options:
         """Each setting's name -> (default, :class:`Setting`), in order."""
         return {f.name: (f.default, f.metadata["setting"]) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
 
+    def check_engine_settings(self) -> None:
+        """Check the settings every block-by-block engine has: ``blocks``, ``batch_size``, ``matmul_precision``."""
+        batch_size, blocks = getattr(self, "batch_size"), getattr(self, "blocks")  # noqa: B009  # a subclass's fields
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if blocks is not None and not isinstance(blocks, str):
+            raise TypeError(f"blocks must be a module path like 'model.layers', not {type(blocks).__name__}")
+        check_matmul_precision(getattr(self, "matmul_precision"))  # noqa: B009
+
     @classmethod
     def split(
         cls: type[_O], keywords: Mapping[str, Any], *, refused: Mapping[str, str] | None = None
@@ -195,15 +204,11 @@ class OneShotOptions(Options):
             raise ValueError(
                 f"owl_threshold must be > 0 and owl_lambda >= 0, got {self.owl_threshold!r} and {self.owl_lambda!r}"
             )
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
         for name in ("layers", "ignore"):
             globs = getattr(self, name)
             if globs is not None and not all(isinstance(glob, str) for glob in globs):
                 raise TypeError(f"{name} must be glob patterns (str), got {globs!r}")
-        if self.blocks is not None and not isinstance(self.blocks, str):
-            raise TypeError(f"blocks must be a module path like 'model.layers', not {type(self.blocks).__name__}")
-        check_matmul_precision(self.matmul_precision)
+        self.check_engine_settings()
 
 
 def check_allocation(allocation: object, pattern: str | None) -> None:

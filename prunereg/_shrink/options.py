@@ -23,7 +23,6 @@ from prunereg._oneshot.options import (
     progress_setting,
     setting,
 )
-from prunereg._oneshot.precision import check_matmul_precision
 
 #: How the units removed are spread over the decoder blocks.
 ALLOCATIONS = ("uniform", "global")
@@ -68,13 +67,9 @@ class ShrinkOptions(Options):
             object.__setattr__(self, name, check_sparsity(getattr(self, name), name))
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
             raise ValueError(f"layers must be a number of blocks (an int >= 0), not {self.layers!r}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {self.allocation!r}")
-        if self.blocks is not None and not isinstance(self.blocks, str):
-            raise TypeError(f"blocks must be a module path like 'model.layers', not {type(self.blocks).__name__}")
-        check_matmul_precision(self.matmul_precision)
+        self.check_engine_settings()
 
     def wanted(self) -> list[str]:
         """The settings that remove something (``mlp``, ``heads``, ``experts``, ``layers``), in that order."""
