@@ -8,6 +8,7 @@ the blocks itself, one after the other, reusing the captured arguments.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,15 @@ from torch import Tensor, nn
 
 class _FirstBlockReached(Exception):
     """Raised by the capture hook to stop the model's forward at the first block."""
+
+
+class RestNotNeeded(Exception):
+    """Raised by a statistics hook once a block's forward has given what is gathered: the rest is skipped.
+
+    A pass that only gathers statistics (its outputs feed nothing) need not run
+    the products after the last hooked layer's input: the down projection of an
+    MLP, say. :func:`call_block_for_statistics` catches it.
+    """
 
 
 @dataclass
@@ -62,6 +72,13 @@ def call_block(block: nn.Module, inputs: BlockInputs, batch: int) -> Tensor:
     """The block's output hidden states for calibration batch ``batch``."""
     output = block(inputs.hidden[batch], *inputs.args[batch], **inputs.kwargs[batch])
     return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def call_block_for_statistics(block: nn.Module, inputs: BlockInputs, batch: int) -> Tensor | None:
+    """The block's output for batch ``batch``, or None where a hook stopped the forward with :class:`RestNotNeeded`."""
+    with contextlib.suppress(RestNotNeeded):
+        return call_block(block, inputs, batch)
+    return None
 
 
 def advance(block: nn.Module, inputs: BlockInputs) -> None:

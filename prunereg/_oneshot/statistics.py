@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from prunereg._oneshot.capture import RestNotNeeded
 from prunereg._oneshot.contract import LayerStatistics
 from prunereg._oneshot.precision import matmul_precision
 
@@ -87,17 +88,13 @@ def mirror_upper_gram(gram: Tensor) -> None:
             gram[columns, rows].copy_(gram[rows, columns].T)
 
 
-class LastGroupRecorded(Exception):
-    """Raised by a :class:`GroupRecorder` hook once the block's last input group is recorded."""
-
-
 class GroupRecorder:
     """Forward pre-hooks on a block's layers that gather each input group's statistics.
 
     Use as a context manager around the calibration forwards of one block, and
     run each batch inside :meth:`batch`. :attr:`groups` lists the groups (layer
     names in first-call order) and :attr:`seconds` the time spent in the hooks.
-    From the second batch on, the forward stops (:class:`LastGroupRecorded`,
+    From the second batch on, the forward stops (:class:`RestNotNeeded`,
     caught by :meth:`batch`) once the last group's input is recorded: the rest of
     the block (the last layer's product, usually the MLP's down projection) is
     not needed for statistics.
@@ -128,7 +125,7 @@ class GroupRecorder:
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """Around one batch's forward through the block."""
-        with contextlib.suppress(LastGroupRecorded):
+        with contextlib.suppress(RestNotNeeded):
             yield
         self._batch_done()
 
@@ -156,7 +153,7 @@ class GroupRecorder:
                 self.statistics[index].add(x)
             self.seconds += time.perf_counter() - start
             if not self._first_batch and index == len(self.groups) - 1:
-                raise LastGroupRecorded
+                raise RestNotNeeded
 
         return record
 

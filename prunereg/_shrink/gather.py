@@ -7,6 +7,9 @@ float32 precision over many tokens). The block's own output gives the cosine
 with its input per token. A mixture-of-experts layer is observed at its
 ``experts`` module: each expert is run once more on the tokens routed to it, with
 routing weight 1, to measure the norm of its output (REAP's saliency).
+A pass whose outputs feed nothing stops each forward, from the second batch on,
+once the last observed projection has read its input (the products after it
+are not needed).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunereg._oneshot.capture import BlockInputs, call_block
+from prunereg._oneshot.capture import BlockInputs, RestNotNeeded, call_block_for_statistics
 from prunereg._oneshot.precision import matmul_precision
 from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics
 
@@ -122,15 +125,20 @@ def observe_block(
     observation = BlockObservation()
     moments = {kind: RunningMoments() for kind in writers}
     routing = RunningRouting(n_experts) if experts is not None else None
+    stop = _StopAfterLastWriter(len(writers), enabled=not (keep_outputs or cosine or experts is not None))
     handles = [
-        writer.register_forward_pre_hook(_moments_hook(moments[kind], observation)) for kind, writer in writers.items()
+        writer.register_forward_pre_hook(_moments_hook(kind, moments[kind], observation, stop))
+        for kind, writer in writers.items()
     ]
     if experts is not None and routing is not None:
         handles.append(experts.register_forward_pre_hook(_routing_hook(routing, observation), with_kwargs=True))
     n_tokens, cosine_sum = 0, 0.0
     try:
         for batch in range(len(inputs)):
-            output = call_block(block, inputs, batch)
+            output = call_block_for_statistics(block, inputs, batch)
+            stop.batch_done()
+            if output is None:  # stopped after the last writer: this pass keeps no outputs
+                continue
             if cosine:
                 start = time.perf_counter()
                 with matmul_precision("highest"):
@@ -152,12 +160,42 @@ def observe_block(
     return observation
 
 
-def _moments_hook(running: RunningMoments, observation: BlockObservation) -> Any:
+class _StopAfterLastWriter:
+    """Learns on the first batch which writer reads its input last; from the second on, its hook ends the forward.
+
+    Only where every writer is called exactly once per forward (a layer called
+    twice, or never, keeps every forward whole), and only when ``enabled``: the
+    pass keeps no outputs, takes no cosine and watches no routing.
+    """
+
+    def __init__(self, n_writers: int, *, enabled: bool) -> None:
+        self.n_writers = n_writers
+        self.enabled = enabled
+        self.calls: list[str] = []
+        self.last: str | None = None
+        self.first_batch = True
+
+    def called(self, kind: str) -> None:
+        """After ``kind``'s writer recorded its input."""
+        if self.first_batch:
+            self.calls.append(kind)
+        elif kind == self.last:
+            raise RestNotNeeded
+
+    def batch_done(self) -> None:
+        if self.first_batch:
+            self.first_batch = False
+            if self.enabled and len(self.calls) == self.n_writers == len(set(self.calls)):
+                self.last = self.calls[-1]
+
+
+def _moments_hook(kind: str, running: RunningMoments, observation: BlockObservation, stop: _StopAfterLastWriter) -> Any:
     def record(module: nn.Module, args: tuple[Any, ...]) -> None:
         start = time.perf_counter()
         with matmul_precision("highest"):
             running.add(args[0])
         observation.seconds += time.perf_counter() - start
+        stop.called(kind)
 
     return record
 
