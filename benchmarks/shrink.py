@@ -16,8 +16,10 @@ Hamlet. It runs in two phases.
    ``oneshot`` Wanda at 50 %, run the same way), the parameters, the perplexity,
    and the size of the folder its weights make; the folder is kept in the cache.
 2. One more process times every kept folder at batch 1: the prefill (one
-   512-token forward) and the decode (greedy ``generate`` of 64 tokens with the
-   key/value cache) tokens per second, in float32 and in bfloat16. It goes
+   512-token forward) and the decode (greedy ``generate`` with the key/value
+   cache: the time of 65 new tokens less that of 1, so prompt and set-up are not
+   counted) tokens per second, in float32 and in bfloat16, each after an
+   untimed warm-up in that dtype. It goes
    round the models in turn, several rounds, and keeps each one's best, so a
    change in the machine's load during the run falls on every model alike
    rather than on whichever ran at the time: the speed-ups against the dense
@@ -30,6 +32,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +71,7 @@ CONFIGS = [
         )
     ],
     Config("flap-mlp50-global", "flap", {"mlp": 0.5, "allocation": "global"}),
+    Config("flap-mlp50-uncompensated", "flap", {"mlp": 0.5, "compensate": False}),
     Config("block_influence-layers4", "block_influence", {"layers": 4}),
     Config("block_influence-layers8", "block_influence", {"layers": 8}),
 ]
@@ -102,20 +106,33 @@ def quick_data() -> tuple[Any, Any, Any]:
 
 
 def speeds(model: Any, ids: Any, prefill: int, decode_tokens: int) -> dict[str, float]:
-    """Prefill and decode tokens per second at batch 1, one timing each, in the model's dtype."""
+    """Prefill and decode tokens per second at batch 1 in the model's dtype, after an untimed warm-up.
+
+    The decode rate is that of the steady token-by-token loop: ``generate`` of
+    one token (the prompt's prefill, the cache's set-up) is timed too and taken
+    off the time of ``1 + decode_tokens``, so the figure is what each further
+    token costs.
+    """
     import torch
 
     prompt = ids[:1, :prefill]
+
+    def generate(new_tokens: int) -> float:
+        start = time.perf_counter()
+        model.generate(
+            ids[:1, :DECODE_PROMPT], max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            do_sample=False, use_cache=True, pad_token_id=0,
+        )  # fmt: skip
+        return time.perf_counter() - start
+
     with torch.no_grad():
+        model(prompt[:, :DECODE_PROMPT], use_cache=False)  # warm-up: the dtype's kernels and buffers are set up
+        generate(2)
         start = time.perf_counter()
         model(prompt, use_cache=False)
         prefill_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        model.generate(
-            ids[:1, :DECODE_PROMPT], max_new_tokens=decode_tokens, min_new_tokens=decode_tokens,
-            do_sample=False, use_cache=True, pad_token_id=0,
-        )  # fmt: skip
-        decode_seconds = time.perf_counter() - start
+        first = generate(1)
+        decode_seconds = generate(1 + decode_tokens) - first
     return {"prefill_tps": prompt.shape[1] / prefill_seconds, "decode_tps": decode_tokens / decode_seconds}
 
 
@@ -184,24 +201,54 @@ def run_one(config: Config, cache: Path, threads: int, quick: bool) -> dict[str,
 
 
 def run_speeds(names: list[str], cache: Path, threads: int, quick: bool) -> dict[str, dict[str, Any]]:
-    """Every kept folder's speeds, the models timed in turn for ``SPEED_ROUNDS`` rounds, each one's best kept."""
+    """Every kept folder's speeds, each model timed in turn with the dense one, ``SPEED_ROUNDS`` pairs per dtype.
+
+    A model's speed-up is the median over the rounds of its speed over the dense
+    model's timed just before or after it (the order alternates): batch-1
+    decoding is bound by memory bandwidth, which this shared machine's load
+    moves by 20 % within minutes, and a pair taken seconds apart sees the same
+    machine. The tokens per second are medians too.
+    """
     import torch
 
     torch.set_num_threads(threads)
     _, _, evaluation = quick_data() if quick else llm.load(cache)
     prefill = min(PREFILL, evaluation.shape[1])
     decode, rounds = (8, 1) if quick else (DECODE_TOKENS, SPEED_ROUNDS)
-    best: dict[str, dict[str, dict[str, float]]] = {}
-    for _ in range(rounds):
-        for name in names:
-            model = load_folder(folders_root(cache, quick) / name)
-            for dtype in DTYPES:
-                measured = speeds(model.to(getattr(torch, dtype)), evaluation, prefill, decode)
-                kept = best.setdefault(name, {}).setdefault(dtype, measured)
-                for key, value in measured.items():
-                    kept[key] = max(kept[key], value)
-            del model
-    return best
+    root = folders_root(cache, quick)
+    dense = {dtype: load_folder(root / "dense").to(getattr(torch, dtype)) for dtype in DTYPES}
+    dense_runs: dict[str, list[dict[str, float]]] = {dtype: [] for dtype in DTYPES}
+    results: dict[str, dict[str, Any]] = {}
+    for name in (name for name in names if name != "dense"):
+        model = load_folder(root / name)
+        for dtype in DTYPES:
+            model = model.to(getattr(torch, dtype))
+            runs: list[dict[str, float]] = []
+            ratios: dict[str, list[float]] = {key: [] for key in ("prefill_tps", "decode_tps")}
+            for round_ in range(rounds):
+                pair = (dense[dtype], model) if round_ % 2 == 0 else (model, dense[dtype])
+                timed = {id(each): speeds(each, evaluation, prefill, decode) for each in pair}
+                mine, theirs = timed[id(model)], timed[id(dense[dtype])]
+                runs.append(mine)
+                dense_runs[dtype].append(theirs)
+                for key in ratios:
+                    ratios[key].append(mine[key] / theirs[key])
+            results[name] = results.get(name, {})
+            results[name][dtype] = {
+                **_medians(runs),
+                **{key.replace("_tps", "_speedup"): statistics.median(values) for key, values in ratios.items()},
+            }
+        del model
+    results["dense"] = {
+        dtype: {**_medians(runs), "prefill_speedup": 1.0, "decode_speedup": 1.0}
+        for dtype, runs in dense_runs.items()
+        if runs
+    }
+    return results
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 def in_subprocess(arguments: list[str], cache: Path, threads: int, quick: bool) -> Any:
@@ -213,13 +260,11 @@ def in_subprocess(arguments: list[str], cache: Path, threads: int, quick: bool) 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """One row per configuration: perplexity, parameters, file size, speeds (and speed-ups) against dense."""
-    dense = results.get("dense")
 
     def ratio(row: dict[str, Any], dtype: str, key: str) -> str:
         if dtype not in row:
             return "-"
-        value = row[dtype][key]
-        return f"{value:.0f} ({value / dense[dtype][key]:.2f}x)" if dense and dtype in dense else f"{value:.0f}"
+        return f"{row[dtype][key + '_tps']:.0f} ({row[dtype][key + '_speedup']:.2f}x)"
 
     lines = [
         "| configuration | ppl | params | file | shrink time | peak RSS while shrinking | prefill tok/s f32 "
@@ -231,8 +276,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         peak = f"{row['shrink_peak_rss'] / 1e9:.2f} GB" if "shrink_peak_rss" in row else "-"
         lines.append(
             f"| {name} | {row['perplexity']:.2f} | {row['params'] / 1e6:.1f} M | {row['file_bytes'] / 1e6:.0f} MB "
-            f"| {seconds} | {peak} | {ratio(row, 'float32', 'prefill_tps')} | {ratio(row, 'float32', 'decode_tps')} "
-            f"| {ratio(row, 'bfloat16', 'prefill_tps')} | {ratio(row, 'bfloat16', 'decode_tps')} |"
+            f"| {seconds} | {peak} | {ratio(row, 'float32', 'prefill')} | {ratio(row, 'float32', 'decode')} "
+            f"| {ratio(row, 'bfloat16', 'prefill')} | {ratio(row, 'bfloat16', 'decode')} |"
         )
     return "\n".join(lines)
 
@@ -252,11 +297,10 @@ def targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
     if "flap-mlp50" in results and "wanda_sp-mlp50" in results:
         measured = f"{ppl('flap-mlp50'):.2f} against {ppl('wanda_sp-mlp50'):.2f}"
         checks.append(("flap below wanda_sp at mlp50", measured, ppl("flap-mlp50") < ppl("wanda_sp-mlp50")))
-    dense = results.get("dense", {})
     for dtype, floor in (("float32", 1.3), ("bfloat16", 1.15)):
         for name in ("flap-mlp50", "wanda_sp-mlp50", "magnitude_sp-mlp50"):
-            if dtype in dense and dtype in results.get(name, {}):
-                speedup = results[name][dtype]["decode_tps"] / dense[dtype]["decode_tps"]
+            if dtype in results.get(name, {}):
+                speedup = results[name][dtype]["decode_speedup"]
                 checks.append((f"{name} decodes >= {floor}x dense in {dtype}", f"{speedup:.2f}x", speedup >= floor))
     oneshot = results.get("oneshot-wanda-50", {})
     for name in ("flap-mlp50", "wanda_sp-mlp50", "block_influence-layers4"):
@@ -303,6 +347,7 @@ def main() -> None:
     load_before = os.getloadavg()
     results = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
     names = args.only or (QUICK if args.quick else [config.name for config in CONFIGS])
+    names = names if "dense" in names else ["dense", *names]  # every speed is timed beside the dense model's
 
     def keep() -> None:
         if args.json:
@@ -314,10 +359,10 @@ def main() -> None:
             results[name] = in_subprocess(["--one", name], args.cache, args.threads, args.quick)
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
             keep()
-    untimed = [name for name in names if args.speeds_again or DTYPES[0] not in results[name]]
+    untimed = [name for name in names if args.speeds_again or "decode_speedup" not in results[name].get(DTYPES[0], {})]
     if untimed:
-        if "dense" in results and "dense" not in untimed:
-            untimed.insert(0, "dense")  # the speed-ups are against dense timed in the same rounds
+        if "dense" not in untimed:
+            untimed.insert(0, "dense")  # the dense model's speeds are those timed beside the others
         for name, measured in in_subprocess(["--speeds-of", *untimed], args.cache, args.threads, args.quick).items():
             results[name].update(measured)
         keep()
