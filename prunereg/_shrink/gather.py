@@ -185,7 +185,7 @@ class _StopAfterLastWriter:
     def batch_done(self) -> None:
         if self.first_batch:
             self.first_batch = False
-            if self.enabled and len(self.calls) == self.n_writers == len(set(self.calls)):
+            if self.enabled and 0 < len(self.calls) == self.n_writers == len(set(self.calls)):
                 self.last = self.calls[-1]
 
 

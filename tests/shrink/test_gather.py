@@ -122,3 +122,17 @@ def test_a_writer_called_twice_per_forward_keeps_every_forward_whole() -> None:
         observation = observe_block(block, inputs, {"mlp": block.shared}, None, 0, cosine=False, keep_outputs=False)
     handle.remove()
     assert out_calls[0] == 3 and observation.channels["mlp"].n_tokens == 3 * 2 * 2 * 3
+
+
+def test_a_pass_with_nothing_to_watch_runs_every_forward_whole() -> None:
+    from prunereg._oneshot.capture import BlockInputs
+    from prunereg._shrink.gather import observe_block
+
+    block = _CallsItsLayerTwice()
+    inputs = BlockInputs([torch.randn(2, 3, 4) for _ in range(2)], [()] * 2, [{}] * 2)
+    out_calls = [0]
+    handle = _calls(block.out, out_calls)
+    with torch.no_grad():
+        observation = observe_block(block, inputs, {}, None, 0, cosine=False, keep_outputs=False)
+    handle.remove()
+    assert out_calls[0] == 2 and observation.channels == {}
