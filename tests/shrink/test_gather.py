@@ -110,29 +110,27 @@ class _CallsItsLayerTwice(torch.nn.Module):
         return self.out(self.shared(self.shared(hidden)))
 
 
-def test_a_writer_called_twice_per_forward_keeps_every_forward_whole() -> None:
+def _observe_twice_caller(n_batches: int, watch_shared: bool) -> tuple[int, Any]:
+    """Observe a :class:`_CallsItsLayerTwice` over ``n_batches``: its ``out`` layer's calls and the observation."""
     from prunereg._oneshot.capture import BlockInputs
     from prunereg._shrink.gather import observe_block
 
     block = _CallsItsLayerTwice()
-    inputs = BlockInputs([torch.randn(2, 3, 4) for _ in range(3)], [()] * 3, [{}] * 3)
+    inputs = BlockInputs([torch.randn(2, 3, 4) for _ in range(n_batches)], [()] * n_batches, [{}] * n_batches)
+    writers = {"mlp": block.shared} if watch_shared else {}
     out_calls = [0]
     handle = _calls(block.out, out_calls)
     with torch.no_grad():
-        observation = observe_block(block, inputs, {"mlp": block.shared}, None, 0, cosine=False, keep_outputs=False)
+        observation = observe_block(block, inputs, writers, None, 0, cosine=False, keep_outputs=False)
     handle.remove()
-    assert out_calls[0] == 3 and observation.channels["mlp"].n_tokens == 3 * 2 * 2 * 3
+    return out_calls[0], observation
+
+
+def test_a_writer_called_twice_per_forward_keeps_every_forward_whole() -> None:
+    out_calls, observation = _observe_twice_caller(3, watch_shared=True)
+    assert out_calls == 3 and observation.channels["mlp"].n_tokens == 3 * 2 * 2 * 3
 
 
 def test_a_pass_with_nothing_to_watch_runs_every_forward_whole() -> None:
-    from prunereg._oneshot.capture import BlockInputs
-    from prunereg._shrink.gather import observe_block
-
-    block = _CallsItsLayerTwice()
-    inputs = BlockInputs([torch.randn(2, 3, 4) for _ in range(2)], [()] * 2, [{}] * 2)
-    out_calls = [0]
-    handle = _calls(block.out, out_calls)
-    with torch.no_grad():
-        observation = observe_block(block, inputs, {}, None, 0, cosine=False, keep_outputs=False)
-    handle.remove()
-    assert out_calls[0] == 2 and observation.channels == {}
+    out_calls, observation = _observe_twice_caller(2, watch_shared=False)
+    assert out_calls == 2 and observation.channels == {}
