@@ -233,8 +233,7 @@ def run_speeds(names: list[str], cache: Path, threads: int, quick: bool) -> dict
                 dense_runs[dtype].append(theirs)
                 for key in ratios:
                     ratios[key].append(mine[key] / theirs[key])
-            results[name] = results.get(name, {})
-            results[name][dtype] = {
+            results.setdefault(name, {})[dtype] = {
                 **_medians(runs),
                 **{key.replace("_tps", "_speedup"): statistics.median(values) for key, values in ratios.items()},
             }

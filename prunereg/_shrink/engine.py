@@ -231,7 +231,7 @@ class ShrinkJob:
                     observations = self._observe_all(inputs, progress, label)
                     self._allocate_across_blocks(observations)
                     for index, observation in enumerate(observations):
-                        report.blocks.append(self._cut_block(index, observation, journal)[0])
+                        report.blocks.append(self._cut_block(index, observation, journal))
                 else:
                     for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
                         report.blocks.append(self._shrink_block(index, inputs, journal, weights))
@@ -273,13 +273,13 @@ class ShrinkJob:
             # Unchanged, or observed as the dense model: this pass's outputs feed the next block.
             keep = (unchanged or self.method.OBSERVES_DENSE_MODEL) and index + 1 < len(self.blocks)
             observation = self._observe(index, inputs, keep_outputs=keep)
-        result, changed = self._cut_block(index, observation, journal)
+        result = self._cut_block(index, observation, journal)
         if inputs is not None and observation is not None and index + 1 < len(self.blocks):
-            if (changed and not self.method.OBSERVES_DENSE_MODEL) or not observation.outputs:
+            if observation.outputs:  # unchanged, or observed as the dense model: they feed the next block
+                inputs.hidden = observation.outputs
+            else:
                 with _config_as(self.model.config, self.width):
                     advance(block, inputs)  # the cut block runs once more: its outputs feed the next
-            else:  # unchanged, or observed as the dense model: the observing pass's outputs feed the next
-                inputs.hidden = observation.outputs
         weights.done(index, block, pruned=True)
         return result
 
@@ -338,23 +338,19 @@ class ShrinkJob:
             for index, count in removed.items():
                 self.plans[index].keep[kind] = units[index] - count
 
-    def _cut_block(
-        self, index: int, observation: BlockObservation | None, journal: Journal
-    ) -> tuple[BlockShrink, bool]:
-        """Score block ``index`` and remove its lowest units as planned: its report row, and whether it changed."""
+    def _cut_block(self, index: int, observation: BlockObservation | None, journal: Journal) -> BlockShrink:
+        """Score block ``index`` and remove its lowest units as planned: its report row."""
         plan = self.plans[index]
         result = BlockShrink(index)
         if self.layers:
             statistics = observation.block if observation is not None else BlockStatistics(0, 0.0)
             result.score = float(self.method.block_score(statistics))
-        changed = False
         with matmul_precision("highest"):
             for kind, group in plan.groups.items():
                 result.before[kind] = group.n_units
                 result.kept[kind] = plan.keep[kind]
                 if plan.keep[kind] < group.n_units:
                     self._shrink_group(group, plan.keep[kind], observation, journal)
-                    changed = True
                 elif group.bias_flag in self.width and group.writer.bias is None:
                     add_zero_biases(group.owner, journal)  # the config creates the biases in every block
             if plan.experts is not None and plan.keep_experts:
@@ -363,8 +359,7 @@ class ShrinkJob:
                 if plan.keep_experts < plan.experts.n_experts:
                     kept = self._kept_experts(plan.experts, plan.keep_experts, observation)
                     remove_experts(plan.experts, kept, journal)
-                    changed = True
-        return result, changed
+        return result
 
     def _unit_scores(self, group: UnitGroup, observation: BlockObservation | None) -> Tensor:
         statistics = observation.channels.get(group.kind, _NONE) if observation is not None else _NONE
