@@ -56,11 +56,17 @@ def key_values(ctx: click.Context, param: click.Parameter, items: tuple[str, ...
 
 
 class Number(click.ParamType):
-    """A click type for an int or float option, read by :func:`parse_value` (``1_0`` refused), at least ``minimum``."""
+    """A click type for an int or float option, read by :func:`parse_value`: at least ``minimum``, below ``below``.
 
-    def __init__(self, kind: type[int] | type[float], minimum: int | None = None) -> None:
+    A number not written in decimal (``1_0``, ``0x1``) is refused, and so is NaN wherever a bound is given.
+    """
+
+    def __init__(
+        self, kind: type[int] | type[float], minimum: int | None = None, *, below: float | None = None
+    ) -> None:
         self.kind = kind
         self.minimum = minimum
+        self.below = below
         self.name = kind.__name__
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -72,6 +78,8 @@ class Number(click.ParamType):
         if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
             self.fail(f"{value!r} is not a valid {'integer' if self.kind is int else 'float'}", param, ctx)  # click's
         number = self.kind(value)
-        if self.minimum is not None and number < self.minimum:
+        if self.minimum is not None and not number >= self.minimum:  # NaN fails every comparison: refused too
             self.fail(f"{number!r} is below the least value, {self.minimum}", param, ctx)
+        if self.below is not None and not number < self.below:
+            self.fail(f"{number!r} is not below {self.below!r}", param, ctx)
         return number
