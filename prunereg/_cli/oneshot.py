@@ -191,7 +191,15 @@ def _settings(flags: dict[str, Any], masks: bool) -> OneShotOptions:
     try:
         return OneShotOptions(**given, permanent=not masks, progress=None, restore_on_error=False)
     except (TypeError, ValueError) as error:
-        raise click.UsageError(str(error)) from None
+        raise click.UsageError(_in_flag_words(str(error))) from None
+
+
+def _in_flag_words(message: str) -> str:
+    """A settings error as the command says it: a leading setting name becomes its flag (``--pattern must ...``)."""
+    name, space, rest = message.partition(" ")
+    setting = OneShotOptions.settings().get(name)
+    flag = cli_flag(name, setting[1]) if setting is not None and space else None
+    return f"{flag} {rest}" if flag is not None else message
 
 
 def _torch_device(name: str | None) -> Any:

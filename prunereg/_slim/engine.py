@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import shlex
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,12 +24,12 @@ from torch import Tensor, nn
 
 from prunereg._core.reparam import PruningHook, set_pruned_tensor
 from prunereg._models import slimmed as shapes
-from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, export_model
+from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, export_model, export_quietly
 from prunereg._slim.groups import Group, TensorDim, find_groups, kept_positions
 from prunereg._slim.importance import Importance, resolve_importance
 from prunereg._slim.report import SlimReport, TensorChange
 from prunereg._slim.surgery import keep_indices, sync_shape_attributes
-from prunereg._slim.widths import rewrite_config, sync_attention
+from prunereg._slim.widths import rewrite_config, sync_attention, width_readers
 
 
 def slim(
@@ -36,7 +37,7 @@ def slim(
     example_inputs: Any,
     *,
     ratio: float | None = None,
-    importance: str | Importance = "magnitude",
+    importance: str | Importance | None = None,
     ignore: Sequence[str | nn.Module] = (),
     round_to: int = 1,
 ) -> SlimReport:
@@ -51,20 +52,22 @@ def slim(
     after checking that every layer coupled to them has them pruned too.
     ``ratio=r`` removes ``r`` of every dependency group's channels (heads and
     convolution groups count as one each), the lowest by ``importance``
-    (``"magnitude"``, ``"random"``, ``"taylor"``, a registered name, or an
-    :class:`~prunereg.Importance`), keeping a multiple of ``round_to`` of
-    them (units, as the ratio counts: channels, or heads where heads go whole).
-    ``ignore``: modules (or their names) that keep every tensor whole. The
-    model's inputs and outputs always keep their shapes, so the output head
-    keeps its outputs.
+    (``"magnitude"``, the default, ``"random"``, ``"taylor"``, a registered
+    name, or an :class:`~prunereg.Importance`), keeping a multiple of
+    ``round_to`` of them (units, as the ratio counts: channels, or heads where
+    heads go whole); both need a ratio. ``ignore``: a list of modules (or their
+    names) that keep every tensor whole. The model's inputs and outputs always
+    keep their shapes, so the output head keeps its outputs. A model on the
+    meta device slims too, by an importance that needs no values (``"random"``).
 
     Raises :class:`~prunereg.SlimError` naming the layer and the operation
     when the model cannot be slimmed as asked; the model is then unchanged.
+    A slim that removes nothing warns (and notes in the report) why.
     """
     args, kwargs = _inputs(model, example_inputs)
-    _check_arguments(ratio, round_to)
-    scorer = resolve_importance(importance) if ratio is not None else None
-    pinned = _module_names(model, ignore)
+    scorer, ignored = check_arguments(ratio, importance, ignore, round_to)
+    pinned = _module_names(model, ignored)
+    on_meta = _refuse_meta(model, args, kwargs, masked=ratio is None)
     with _eval_mode(model), _restored_on_error(model):  # any failure, from planning to the config: as it was
         exported = export_model(model, args, kwargs)
         graph = build_graph(model, exported, pinned)
@@ -75,18 +78,23 @@ def slim(
             removed = _masked_units(groups, graph, values, notes)
         else:
             assert scorer is not None
-            scorer.prepare(model, args, kwargs)
-            removed = _lowest_units(groups, scorer, values, ratio, round_to)
+            name = _importance_name(importance or "magnitude")
+            with _values_needed(name, on_meta):
+                scorer.prepare(model, args, kwargs)
+            removed = _lowest_units(groups, _scorer(scorer, name, values, on_meta), ratio, round_to)
+        if not any(removed.values()) and ratio != 0:
+            _nothing_removed(groups, ratio, round_to, notes)
         keep = kept_positions(groups, removed)
         gone = {groups[g].units[k] for g, units in removed.items() for k in units}
         macs_before, macs_after = graph.count_macs(), graph.count_macs(gone)
-        params_before, outputs_before = _parameter_count(model), _exported_output_shapes(exported)
+        params_before, outputs_before = _parameter_count(model), _shapes(_exported_outputs(exported))
         masked = _tensors(_forward(model, args, kwargs)) if ratio is None and keep else None
         before = shapes.snapshot(model)
         # nothing is cut before this line
         changes = _cut(model, graph, keep)
-        params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs)
-        outputs_after = [tuple(t.shape) for t in slimmed]
+        widths = _changed_widths(changes, groups, removed)
+        params_after, slimmed = _parameter_count(model), _run_after(model, args, kwargs, widths, on_meta)
+        outputs_after = _shapes(slimmed)
         if outputs_after != outputs_before:
             raise SlimError(f"slimming would change the model's output shapes {outputs_before} to {outputs_after}")
         if masked is not None:
@@ -95,7 +103,7 @@ def slim(
         rewritten = rewrite_config(model, before, lambda m: _tensors(_forward(m, args, kwargs)), slimmed)
     return SlimReport(
         ratio=ratio,
-        importance=None if ratio is None else _importance_name(importance),
+        importance=None if ratio is None else _importance_name(importance or "magnitude"),
         params_before=params_before,
         params_after=params_after,
         macs_before=macs_before,
@@ -109,6 +117,23 @@ def slim(
 
 
 # -- arguments --------------------------------------------------------------------------------------------------
+class ArgumentError(ValueError):
+    """A bad argument of :func:`prunereg.slim`, said with its keywords, and with ``prunereg slim``'s flags."""
+
+    def __init__(self, say: Callable[[Callable[..., str]], str]) -> None:
+        super().__init__(say(_keyword))
+        self.command_line_message = say(_flag)
+
+
+def _keyword(name: str, *value: Any) -> str:
+    return f"{name}={value[0]!r}" if value else name
+
+
+def _flag(name: str, *value: Any) -> str:
+    flag = "--" + name.replace("_", "-")
+    return f"{flag} {shlex.quote(str(value[0]))}" if value else flag
+
+
 def _inputs(model: nn.Module, example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"slim needs an nn.Module, not {type(model).__name__}")
@@ -128,7 +153,15 @@ def _inputs(model: nn.Module, example_inputs: Any) -> tuple[tuple[Any, ...], dic
     return args, kwargs
 
 
-def _check_arguments(ratio: float | None, round_to: int) -> None:
+def check_arguments(
+    ratio: float | None, importance: str | Importance | None, ignore: Sequence[str | nn.Module], round_to: int
+) -> tuple[Importance | None, list[str | nn.Module]]:
+    """Refuse arguments of :func:`slim` that are wrong whatever the model; the importance to rank by, and ``ignore``.
+
+    ``prunereg slim`` calls it before it loads the model. A setting that would
+    change nothing (``round_to`` or ``importance`` without a ratio, the root
+    module in ``ignore``) is refused, not ignored.
+    """
     if ratio is not None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
             raise TypeError(f"ratio must be a float in [0, 1) or None, not {type(ratio).__name__}")
@@ -138,27 +171,83 @@ def _check_arguments(ratio: float | None, round_to: int) -> None:
         raise TypeError(f"round_to must be an int, not {type(round_to).__name__}")
     if round_to < 1:
         raise ValueError(f"round_to must be at least 1, got {round_to}")
+    if ratio is None and importance is not None:
+        raise _needs_a_ratio("importance", _importance_name(importance))
+    if ratio is None and round_to != 1:
+        raise _needs_a_ratio("round_to", round_to)
+    ignored = _ignore_list(ignore)
+    return resolve_importance(importance or "magnitude") if ratio is not None else None, ignored
 
 
-def _module_names(model: nn.Module, ignore: Sequence[str | nn.Module]) -> list[str]:
-    if isinstance(ignore, (str, nn.Module)):
-        ignore = [ignore]
+def _needs_a_ratio(name: str, value: object) -> ArgumentError:
+    return ArgumentError(
+        lambda say: (
+            f"{say(name, value)} applies to a ratio; without {say('ratio')} the masks choose the channels: "
+            f"give {say('ratio')}, or leave {say(name)} out"
+        )
+    )
+
+
+_ROOT = "ignoring the root ignores everything: name the modules to keep whole"
+
+
+def _ignore_list(ignore: Sequence[str | nn.Module]) -> list[str | nn.Module]:
+    if isinstance(ignore, (str, nn.Module)) or not isinstance(ignore, Iterable):
+        shown = repr(ignore) if isinstance(ignore, str) else "module"
+        raise TypeError(
+            f"ignore must be a list of modules or module names, not a {type(ignore).__name__}: pass ignore=[{shown}]"
+        )
+    ignored = list(ignore)
+    for item in ignored:
+        if not isinstance(item, (str, nn.Module)):
+            raise TypeError(f"ignore holds modules or module names, not {type(item).__name__}")
+        if isinstance(item, str) and not item:
+            raise ArgumentError(lambda say: f"{say('ignore', '')} names the root module, and {_ROOT}")
+    return ignored
+
+
+def _module_names(model: nn.Module, ignore: list[str | nn.Module]) -> list[str]:
     by_object = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
     names: list[str] = []
     for item in ignore:
         if isinstance(item, nn.Module):
+            if item is model:
+                raise ValueError(f"ignore holds the model itself, the root module, and {_ROOT}")
             if id(item) not in by_object:
                 raise ValueError(f"ignore names a {type(item).__name__} that is not part of the model")
             names.append(by_object[id(item)])
-        elif isinstance(item, str):
+        else:
             try:
                 model.get_submodule(item)
             except AttributeError as error:
                 raise ValueError(f"ignore names {item!r}, which is no module of the model") from error
             names.append(item)
-        else:
-            raise TypeError(f"ignore holds modules or module names, not {type(item).__name__}")
     return names
+
+
+def _refuse_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, masked: bool) -> bool:
+    """Whether the model is on the meta device, where it holds shapes but no values.
+
+    The graph, the cut and the report need shapes only, so a meta model slims
+    by a ratio (the importance must need no values either: see :func:`_scorer`).
+    Slimming by the masks reads their zeros, and a model partly on the meta
+    device cannot run: both are refused before anything else happens.
+    """
+    from torch.utils._pytree import tree_leaves
+
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    meta = [name for name, tensor in tensors if tensor.is_meta]
+    if not meta:
+        return False
+    where = f"'{meta[0].removesuffix('_orig')}' is on the meta device, which holds shapes but no values"
+    if masked:
+        raise SlimError(f"{where}: slimming without a ratio reads which channels the masks pruned; load the weights")
+    elsewhere = [f"'{name}'" for name, tensor in tensors if not tensor.is_meta]
+    inputs = [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, Tensor)]
+    elsewhere += ["an example input" for leaf in inputs if not leaf.is_meta]
+    if elsewhere:
+        raise SlimError(f"{where}, and {elsewhere[0]} is not: put the model and the example inputs on one device")
+    return True
 
 
 def _importance_name(importance: str | Importance) -> str:
@@ -195,21 +284,50 @@ def _values(model: nn.Module, graph: DependencyGraph) -> dict[str, Tensor]:
     return values
 
 
+def _scorer(
+    importance: Importance, name: str, values: Mapping[str, Tensor], on_meta: bool
+) -> Callable[[Group], Tensor]:
+    """``importance``'s scores of a group, checked: one per unit, computed from values a meta model has."""
+
+    def score(group: Group) -> Tensor:
+        with _values_needed(name, on_meta):
+            scores = importance(group, values)
+        if not isinstance(scores, Tensor) or scores.shape != (group.size,):
+            raise ValueError(f"importance {name} gave {scores!r}, not one score per unit ({group.size})")
+        if scores.is_meta:
+            raise _no_values(name)
+        return scores
+
+    return score
+
+
+@contextlib.contextmanager
+def _values_needed(name: str, on_meta: bool) -> Iterator[None]:
+    """On a meta model, any failure of the importance ``name`` is that it needs values the model does not have."""
+    try:
+        yield
+    except Exception as error:
+        if not on_meta:
+            raise
+        raise _no_values(name) from error
+
+
+def _no_values(name: str) -> SlimError:
+    return SlimError(
+        f"importance {name} ranks channels by values, which a model on the meta device does not have: load the "
+        "weights, or use importance='random' to plan the slimmed shapes"
+    )
+
+
 def _lowest_units(
-    groups: list[Group], scorer: Importance, values: Mapping[str, Tensor], ratio: float, round_to: int
+    groups: list[Group], score: Callable[[Group], Tensor], ratio: float, round_to: int
 ) -> dict[int, set[int]]:
     removed: dict[int, set[int]] = {}
     for g, group in enumerate(groups):
-        keep = group.size - math.floor(group.size * ratio + 1e-9)
-        keep = min(group.size, max(1, math.ceil(keep / round_to) * round_to))
-        count = min(group.size - keep, len(group.removable))
+        count = min(group.size - _units_kept(group.size, ratio, round_to), len(group.removable))
         if count <= 0:
             continue
-        scores = scorer(group, values)
-        if not isinstance(scores, Tensor) or scores.shape != (group.size,):
-            raise ValueError(
-                f"importance {type(scorer).__name__} gave {scores!r}, not one score per unit ({group.size})"
-            )
+        scores = score(group)
         candidates = torch.tensor(group.removable, dtype=torch.long)
         order = torch.argsort(scores[candidates].to(torch.float64), stable=True)
         gone = set(candidates[order[:count]].tolist())
@@ -219,6 +337,30 @@ def _lowest_units(
                 gone.discard(max(units, key=lambda k: float(scores[k])))
         removed[g] = gone
     return removed
+
+
+def _units_kept(size: int, ratio: float, round_to: int) -> int:
+    keep = size - math.floor(size * ratio + 1e-9)
+    return min(size, max(1, math.ceil(keep / round_to) * round_to))
+
+
+def _largest(groups: list[Group]) -> int:
+    return max(group.size for group in groups)
+
+
+def _nothing_removed(groups: list[Group], ratio: float | None, round_to: int, notes: list[str]) -> None:
+    """Warn (and note) that slimming removed nothing, and why, rather than write an unchanged model in silence."""
+    if ratio is None:
+        why = "no channel is pruned whole (its rows or filters at zero in every layer that makes it)"
+    elif not groups:
+        why = "every channel is kept whole (an ignored module, a model input or output, an operation not followed)"
+    elif all(_units_kept(group.size, ratio, 1) == group.size for group in groups):
+        why = f"ratio {ratio:g} of a group is less than one unit (the largest group has {_largest(groups)})"
+    else:
+        why = f"round_to={round_to} keeps every group whole: the largest has {_largest(groups)} units"
+    message = f"slimming removed nothing: {why}"
+    notes.append(message)
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _masked_units(
@@ -396,16 +538,42 @@ def _parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _run_after(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
-    """The slimmed model's output tensors on the example inputs; a failure becomes a :class:`SlimError`."""
+def _run_after(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], widths: set[int], on_meta: bool
+) -> list[Tensor]:
+    """The slimmed model's output tensors on the example inputs; a failure becomes a :class:`SlimError`.
+
+    ``widths``: the sizes slimming changed; a module that failed reading an
+    attribute holding one of them is named, with the attribute. A model on the
+    meta device is exported instead of run (its outputs: meta tensors of their
+    shapes), as its code may ask for values (transformers' masks call ``.all()``).
+    """
     try:
+        if on_meta:
+            return _exported_outputs(export_quietly(model, args, kwargs))
         return _tensors(_forward(model, args, kwargs))
     except Exception as error:  # any failure of the slimmed model is reported, the model restored
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        failed = f"the slimmed model fails on the example inputs ({type(error).__name__}: {first_line})"
+        module, read = width_readers(error, model, widths)
+        if read:
+            said = " and ".join(f"self.{name} ({value})" for name, value in read.items())
+            raise SlimError(
+                f"{failed}: '{module}' reads {said}, {'a width' if len(read) == 1 else 'widths'} slimming changed "
+                f"but cannot set there: pass ignore=['{module}'] to keep that module whole"
+            ) from error
         raise SlimError(
-            f"the slimmed model fails on the example inputs ({type(error).__name__}: {first_line}); a module reads "
-            "a width from somewhere slimming does not know: pass it (or its parent) in ignore="
+            f"{failed}; a module reads a width from somewhere slimming does not know: pass it (or its parent) in "
+            "ignore="
         ) from error
+
+
+def _changed_widths(changes: list[TensorChange], groups: list[Group], removed: dict[int, set[int]]) -> set[int]:
+    """Each size slimming changed: a dimension's old length, a group's old unit count (its heads)."""
+    widths = {groups[g].size for g, units in removed.items() if units}
+    for change in changes:
+        widths.update(old for old, new in zip(change.before, change.after, strict=True) if old != new)
+    return widths
 
 
 def _compare_with_masked(masked: list[Tensor], slimmed: list[Tensor], notes: list[str]) -> None:
@@ -425,12 +593,17 @@ def _compare_with_masked(masked: list[Tensor], slimmed: list[Tensor], notes: lis
     warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def _exported_output_shapes(exported: torch.export.ExportedProgram) -> list[tuple[int, ...]]:
-    """The shapes of the model's outputs as torch.export saw them (no forward needed)."""
+def _exported_outputs(exported: torch.export.ExportedProgram) -> list[Tensor]:
+    """The model's output tensors as torch.export saw them, as meta tensors (no forward needed)."""
     specs = exported.graph_signature.output_specs
     user = [getattr(spec.arg, "name", None) for spec in specs if spec.kind.name == "USER_OUTPUT"]
     values = {node.name: node.meta.get("val") for node in exported.graph.nodes}
-    return [tuple(values[name].shape) for name in user if isinstance(values.get(name), Tensor)]
+    found = [values.get(name) for name in user]
+    return [torch.empty(value.shape, dtype=value.dtype, device="meta") for value in found if isinstance(value, Tensor)]
+
+
+def _shapes(tensors: list[Tensor]) -> list[tuple[int, ...]]:
+    return [tuple(tensor.shape) for tensor in tensors]
 
 
 def _tensors(output: Any) -> list[Tensor]:

@@ -21,6 +21,8 @@ turns that into removable units.
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import math
 import operator
 import warnings
@@ -81,23 +83,57 @@ class DependencyGraph:
 
 
 def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` on the example inputs, its failure turned into a :class:`SlimError`."""
-    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
-    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
+    """:func:`export_quietly`, its failure turned into a :class:`SlimError`."""
     try:
-        with warnings.catch_warnings(), _no_stack_traces(), _lazy_graph_modules():
-            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
-            return torch.export.export(model, args, kwargs=kwargs, strict=False)
+        return export_quietly(model, args, kwargs)
     except Exception as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SlimError(
             f"cannot build the graph of {type(model).__name__} with torch.export: {type(error).__name__}: {first_line}"
         ) from error
+
+
+def export_quietly(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on the example inputs, with no output from torch; its own errors raised."""
+    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
+    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
+    try:
+        with warnings.catch_warnings(), _no_stack_traces(), _lazy_graph_modules(), _torch_silenced():
+            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
+            return torch.export.export(model, args, kwargs=kwargs, strict=False)
     finally:
         for module, tensors in held:
             for key in _plain_tensors(module).keys() - tensors.keys():
                 del module.__dict__[key]
             module.__dict__.update(tensors)
+
+
+@contextlib.contextmanager
+def _torch_silenced() -> Iterator[None]:
+    """No output from torch while it exports: its log records, and the partial graph it prints when export fails.
+
+    A model export cannot trace made torch print some twenty lines of its graph
+    before slimming's one-line error. torch's loggers (those with a level of
+    their own; the rest inherit it) are raised above every level, and
+    ``sys.stderr`` (where torch prints the graph) goes nowhere, both for the
+    export only: the levels and the stream are put back after, whatever happens.
+    ``torch.__trace`` (``TORCH_TRACE``'s files, not the terminal) is left alone.
+    """
+    loggers = [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and (name == "torch" or name.startswith("torch."))
+        and not name.startswith("torch.__") and logger.level != logging.NOTSET
+    ]  # fmt: skip
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL + 1)
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -504,7 +540,6 @@ _ELEMENTWISE = [
     "softplus",
     "relu6",
     "logit",
-    "prelu",
     "dropout",
     "alpha_dropout",
     "feature_dropout",
@@ -992,6 +1027,19 @@ def _layer_norm(b: _Builder, node: Node) -> Any:
     value = node.meta.get("val")
     if isinstance(value, (tuple, list)):
         return [list(x), *b.fresh_like(node, None)[1:]]
+    return list(x)
+
+
+@_rule("prelu")
+def _prelu(b: _Builder, node: Node) -> Any:
+    """PReLU's weight: one slope per channel (dimension 1 of the input) goes with it, as a norm's; one shared stays."""
+    x, weight = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    if x is None or weight is None or len(weight) != 1:
+        return b.unfollowed(node)
+    if weight[0].numel() > 1:
+        if len(x) < 2 or x[1].numel() != weight[0].numel():
+            return b.unfollowed(node)
+        b.union(weight[0], x[1])
     return list(x)
 
 
