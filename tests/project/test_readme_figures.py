@@ -47,7 +47,7 @@ def _forward(weights: str) -> float:
 
 
 def _llm_total(configuration: str) -> float:
-    return number(row("One-shot pruning of SmolLM2-135M", configuration=configuration)["total"])
+    return number(row("One-shot pruning of SmolLM2-135M-Instruct", configuration=configuration)["total"])
 
 
 def _engine_ratios() -> list[float]:
