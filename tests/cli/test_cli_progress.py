@@ -82,3 +82,15 @@ def test_in_click_s_runner_progress_goes_to_stderr_and_quiet_silences_it(folder:
     assert quiet.exit_code == 0, quiet.output
     assert quiet.stderr == ""
     assert _without_times(quiet.stdout) == _without_times(shown.stdout)  # the same report, less its timings
+
+
+def test_in_a_log_a_failure_is_the_one_line_after_the_progress(folder: Path) -> None:
+    """The error stays one line, the last: what was done before it shows where the run stopped."""
+    failing = ["--layers", "model.nothing.*"]  # refused once the model is loaded: no layer matches
+    result = CliRunner().invoke(main, [*_args(folder, "oneshot", "failed"), *failing])
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"loading MODEL_DIR {folder / 'dense'}" and lines[-1].startswith("Error: ")
+    assert not any(line.startswith("Error: ") for line in lines[:-1])
+    quiet = CliRunner().invoke(main, [*_args(folder, "oneshot", "failed-quiet"), *failing, "--quiet"])
+    assert quiet.exit_code == 1 and quiet.stderr.splitlines() == [lines[-1]]
