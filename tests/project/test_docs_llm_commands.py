@@ -51,7 +51,7 @@ class Line:
         return self.args[3] if self.args[1] in ("oneshot", "shrink") else None
 
 
-def walkthrough() -> list[Line]:
+def page_lines() -> list[Line]:
     """Every ``$ prunereg ...`` line of the pages that names the prepared model or what a line before wrote."""
     lines: list[Line] = []
     for page in PAGES:
@@ -59,16 +59,23 @@ def walkthrough() -> list[Line]:
             for chunk in re.split(r"^\$ ", block, flags=re.MULTILINE)[1:]:
                 command, _, shown = chunk.partition("\n")
                 if command.startswith("prunereg ") and "SmolLM2-135M-Instruct" in command:
-                    line = Line(page.relative_to(ROOT).as_posix(), command.strip(), shown)
-                    if line.command not in [earlier.command for earlier in lines]:  # one run of a line shown twice
-                        lines.append(line)
+                    lines.append(Line(page.relative_to(ROOT).as_posix(), command.strip(), shown))
+    return lines
+
+
+def walkthrough() -> list[Line]:
+    """The lines to run, in the pages' order: a line that a later page repeats runs once."""
+    lines: list[Line] = []
+    for line in page_lines():
+        if line.command not in [earlier.command for earlier in lines]:
+            lines.append(line)
     return lines
 
 
 def test_the_pages_prepare_the_model_and_run_commands_on_it() -> None:
     for page in (ROOT / "docs" / "llm.md", ROOT / "README.md"):
         assert PREPARE.search(page.read_text(encoding="utf-8")), f"{page.name} does not show the prepare command"
-    pages = {line.page for line in walkthrough()}
+    pages = {line.page for line in page_lines()}
     assert pages == {page.relative_to(ROOT).as_posix() for page in PAGES}, pages
     assert sum(line.args[1] == "oneshot" for line in walkthrough()) >= 3
     assert sum(line.args[1] == "shrink" for line in walkthrough()) >= 3
