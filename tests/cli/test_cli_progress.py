@@ -47,8 +47,9 @@ def _args(folder: Path, command: str, output: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("command", ["oneshot", pytest.param("shrink", marks=pytest.mark.slow)])
 def test_through_a_pipe_each_pass_over_the_blocks_and_each_step_is_a_line(folder: Path, command: str) -> None:
+    """A real pipe: the installed command's own stderr (the runner test below covers shrink in the fast loop)."""
     script = Path(sys.executable).with_name("prunereg")
     piped = subprocess.run(
         [str(script), *_args(folder, command, f"{command}-piped")],
