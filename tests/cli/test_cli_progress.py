@@ -47,9 +47,11 @@ def _args(folder: Path, command: str, output: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("command", ["oneshot", pytest.param("shrink", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_through_a_pipe_each_pass_over_the_blocks_and_each_step_is_a_line(folder: Path, command: str) -> None:
-    """A real pipe: the installed command's own stderr (the runner test below covers shrink in the fast loop)."""
+    """A real pipe, every line; the fast loop checks the last block line through the commands' own subprocess tests
+    (tests/cli/test_cli_oneshot.py, tests/shrink/test_cli_shrink.py) and every line in the runner below."""
     script = Path(sys.executable).with_name("prunereg")
     piped = subprocess.run(
         [str(script), *_args(folder, command, f"{command}-piped")],
