@@ -1,0 +1,79 @@
+"""``prunereg.GradualPruningTrainerCallback``: gradual pruning in a Hugging Face ``Trainer``, resumed from its state.
+
+The pruner is built when the Trainer is made (``on_init_end``), so the model it
+saves in a checkpoint holds the masks and the rewind point (``<name>_mask``,
+``<name>_rewind``) and the same model loads them back on
+``trainer.train(resume_from_checkpoint=...)``. The schedule's position is the
+``TrainerState``'s ``global_step``: on resuming, the pruner stands where that
+step puts it. After each optimizer step the pruner is told ``global_step``; at
+each pruning step the true sparsity of every pruned parameter is logged once
+(tied parameters counted once) into ``state.log_history``, with the overall ``sparsity``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch import nn
+
+from prunereg._gradual.pruner import GradualPruning
+from prunereg._gradual.schedules import Schedule
+from prunereg._gradual.settings import Pairs, PrunerSettings
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as error:  # the hf extra
+    raise ImportError(
+        "prunereg.GradualPruningTrainerCallback needs transformers: pip install 'prunereg[hf]'"
+    ) from error
+
+
+class GradualPruningTrainerCallback(TrainerCallback):
+    """Prune on ``schedule`` with ``method`` while a ``Trainer`` trains (:class:`prunereg.GradualPruning`'s arguments).
+
+    ``parameters`` may also be a function of the model returning the
+    ``(module, name)`` pairs. ``log_sparsity=False`` logs nothing.
+    """
+
+    def __init__(
+        self,
+        method: str | type,
+        schedule: Schedule,
+        *,
+        parameters: Pairs | Callable[[nn.Module], Pairs] | None = None,
+        globally: bool = False,
+        calibration: Iterable[Any] | None = None,
+        rewind_to: int | None = None,
+        optimizer_state: str = "keep",
+        log_sparsity: bool = True,
+        **method_options: Any,
+    ) -> None:
+        self.settings = PrunerSettings(
+            method, schedule, parameters, globally, calibration, rewind_to, optimizer_state, method_options
+        )
+        self.log_sparsity = log_sparsity
+        self.pruner: GradualPruning | None = None
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        if model is not None and self.pruner is None:
+            self.pruner = self.settings.build(model)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.pruner is None:  # a model made by model_init, at train time
+            self.pruner = self.settings.build(kwargs["model"])
+        optimizer = kwargs.get("optimizer")
+        self.pruner.optimizers = [optimizer] if optimizer is not None else []
+        if state.global_step:  # resumed: the model's weights brought the masks back
+            self.pruner.skip_to(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.pruner is None:
+            raise RuntimeError("GradualPruningTrainerCallback got no model from the Trainer")
+        if self.pruner.step(state.global_step) and self.log_sparsity:
+            logged: dict[str, float | int] = {f"sparsity/{k}": v for k, v in self.pruner.sparsities().items()}
+            logged["sparsity"] = self.pruner.sparsity()
+            state.log_history.append({**logged, "step": state.global_step})

@@ -1,0 +1,54 @@
+"""What a trainer callback keeps until it meets the model: the arguments of the :class:`GradualPruning` it builds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from prunereg._gradual.pruner import GradualPruning
+from prunereg._gradual.rewind import OPTIMIZER_STATES
+from prunereg._gradual.schedules import Schedule
+
+Pairs = Iterable[tuple[nn.Module, str]]
+
+
+@dataclass
+class PrunerSettings:
+    """``GradualPruning``'s arguments but the model; ``parameters`` may be a function of the model."""
+
+    method: str | type
+    schedule: Schedule
+    parameters: Pairs | Callable[[nn.Module], Pairs] | None = None
+    globally: bool = False
+    calibration: Iterable[Any] | None = None
+    rewind_to: int | None = None
+    optimizer_state: str = "keep"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # What can be checked without the model is checked when the callback is made.
+        if not isinstance(self.schedule, Schedule):
+            raise TypeError(f"schedule must come from prunereg.schedule(...), not {type(self.schedule).__name__}")
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(
+                f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, not {self.optimizer_state!r}"
+            )
+
+    def build(self, model: nn.Module) -> GradualPruning:
+        """The pruner of ``model``; the trainer's optimizers are handed to it (``optimizers``) once they exist."""
+        parameters = self.parameters(model) if callable(self.parameters) else self.parameters
+        return GradualPruning(
+            model,
+            self.method,
+            self.schedule,
+            parameters=parameters,
+            globally=self.globally,
+            calibration=self.calibration,
+            rewind_to=self.rewind_to,
+            optimizer=(),
+            optimizer_state=self.optimizer_state,
+            **self.options,
+        )
