@@ -50,7 +50,7 @@ class CalibratedPlan:
                 raise ValueError(f"method {name!r} runs the model on calibration batches: give the model, not a list")
             if calibration is None:
                 raise ValueError(f"method {name!r} needs calibration= batches of model inputs (a list or a DataLoader)")
-            if iter(calibration) is calibration:  # type: ignore[comparison-overlap]  # an iterator: one pass only
+            if iter(calibration) is calibration:  # an iterator: one pass only
                 raise TypeError("calibration must be read again at every pruning step: a list or a DataLoader")
         self.method = method
         self.name = name

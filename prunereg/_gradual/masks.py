@@ -125,17 +125,17 @@ def install(found: Sequence[Target], method: type[BasePruningMethod] | type) -> 
     for target in found:
         if not target.sites[0].hooks:
             CustomFromMask.apply(
-                target.root, target.name, mask=torch.ones_like(target.module._parameters[target.sites[0].name])
-            )  # type: ignore[arg-type]
+                target.root, target.name, mask=torch.ones_like(getattr(target.module, target.attribute))
+            )
         sites = tuple(_tied.sites(target.root, target.name))
         for site in sites:
             if not site.hooks:
                 raise ValueError(f"{site.qualified} shares its parameter with {target.label} but is not pruned with it")
             for _, hook in site.hooks:
                 if isinstance(hook, CustomFromMask):
-                    hook.mask = site.module._buffers[site.name + "_mask"]  # type: ignore[assignment]  # installed
+                    hook.mask = site.module.get_buffer(site.name + "_mask")
                     if hook.chosen_by is None:
-                        hook.chosen_by = method  # type: ignore[assignment]  # summaries name it
+                        hook.chosen_by = method  # summaries name it
         installed.append(Target(target.label, target.root, target.name, sites))
     return installed
 

@@ -11,6 +11,7 @@ holds it; :meth:`GradualPruning.state_dict` holds where the schedule stands.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -94,7 +95,6 @@ class GradualPruning:
                 levels=schedule.levels,
                 monotone=self.monotone,
             )
-            self.plan.check_targets(found)
         elif isinstance(method_class, type) and issubclass(method_class, BasePruningMethod):
             if calibration is not None:
                 raise ValueError(f"method {self.method_name!r} reads no calibration batches: leave calibration= out")
@@ -105,7 +105,9 @@ class GradualPruning:
             raise TypeError(f"method must be a registered name or a pruning-method class, not {method!r}")
         with reparam.all_or_nothing([tensor for target in found for tensor in target.tensors()]):
             self.targets = _masks.install(found, method_class)
-            if isinstance(self.plan, MaskMethodPlan):
+            if isinstance(self.plan, CalibratedPlan):
+                self.plan.check_targets(self.targets)
+            else:
                 with _no_draws(self.targets):  # the dry run: a method that cannot reach the end fails now
                     self.plan.masks(self.targets, schedule.final_level)
             if self.rewind_to is not None:
@@ -213,10 +215,8 @@ class GradualPruning:
 
 
 def _check_never_decreases(schedule: Schedule, method: str) -> None:
-    levels = schedule.levels
-    for (step, level), (next_step, next_level) in zip(
-        zip(schedule.steps(), levels), zip(schedule.steps()[1:], levels[1:])
-    ):
+    pruning = list(zip(schedule.steps(), schedule.levels))
+    for (step, level), (next_step, next_level) in itertools.pairwise(pruning):
         if next_level < level:
             raise ValueError(
                 f"the schedule goes down from {level:g} at step {step} to {next_level:g} at step {next_step}, "

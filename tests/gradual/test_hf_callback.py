@@ -10,9 +10,9 @@ import torch
 import prunereg
 
 pytest.importorskip("transformers")
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainingArguments
 
-from tests.support.tiny_lm import VOCAB, tiny_llama  # noqa: E402
+from tests.support.tiny_lm import VOCAB, tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore")  # transformers' advice on tokenizers and devices
 

@@ -169,7 +169,7 @@ def test_a_compiled_model_is_not_recompiled_when_its_masks_change(fresh_dynamo):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     counters.clear()
     x = torch.randn(5, 7)
-    for step in range(1, 15):
+    for _ in range(1, 15):
         compiled(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -201,7 +201,7 @@ def test_a_method_that_lets_weights_regrow_chooses_from_the_original_values():
 
 def test_a_schedule_that_goes_down_is_refused_for_a_method_that_never_unprunes():
     model = mlp()
-    with pytest.raises(ValueError, match="goes down from 0.5 at step 10 to 0.2 at step 20"):
+    with pytest.raises(ValueError, match=r"goes down from 0\.5 at step 10 to 0\.2 at step 20"):
         prunereg.GradualPruning(
             model, "l1_unstructured", prunereg.schedule(lambda t: 0.5 if t < 20 else 0.2, end=20, every=10)
         )
