@@ -12,8 +12,7 @@ during training, the optimizer owns the weights.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ from torch import nn
 from prunereg._gradual.masks import Target
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics
 from prunereg._oneshot.statistics import GroupRecorder
+from prunereg._slim.engine import _eval_mode  # eval mode, each module's own restored after
 
 
 class CalibratedPlan:
@@ -91,7 +91,7 @@ class CalibratedPlan:
     def _statistics(self, found: Sequence[Target]) -> dict[str, LayerStatistics]:
         assert self.model is not None and self.calibration is not None  # checked when built
         layers = {target.label: target.module for target in found}
-        with GroupRecorder(layers, self.method.STATISTICS) as recorder, torch.no_grad(), _eval(self.model):
+        with GroupRecorder(layers, self.method.STATISTICS) as recorder, torch.no_grad(), _eval_mode(self.model):
             for batch in self.calibration:
                 with recorder.batch():
                     _run(self.model, batch)
@@ -106,15 +106,3 @@ def _run(model: nn.Module, batch: Any) -> None:
         model(*batch)
     else:
         model(batch)
-
-
-@contextlib.contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    """``model`` in eval mode (no dropout) for the calibration forwards, each module's mode restored after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training

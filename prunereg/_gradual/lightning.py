@@ -11,14 +11,11 @@ the overall ``sparsity``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from typing import Any
-
-from torch import nn
 
 from prunereg._gradual.pruner import GradualPruning
 from prunereg._gradual.schedules import Schedule
-from prunereg._gradual.settings import Pairs, PrunerSettings
+from prunereg._gradual.settings import PrunerSettings
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
@@ -33,22 +30,8 @@ class GradualPruningCallback(Callback):
     ``(module, name)`` pairs. ``log_sparsity=False`` logs nothing.
     """
 
-    def __init__(
-        self,
-        method: str | type,
-        schedule: Schedule,
-        *,
-        parameters: Pairs | Callable[[nn.Module], Pairs] | None = None,
-        globally: bool = False,
-        calibration: Iterable[Any] | None = None,
-        rewind_to: int | None = None,
-        optimizer_state: str = "keep",
-        log_sparsity: bool = True,
-        **method_options: Any,
-    ) -> None:
-        self.settings = PrunerSettings(
-            method, schedule, parameters, globally, calibration, rewind_to, optimizer_state, method_options
-        )
+    def __init__(self, method: str | type, schedule: Schedule, *, log_sparsity: bool = True, **settings: Any) -> None:
+        self.settings = PrunerSettings.of(method, schedule, **settings)
         self.log_sparsity = log_sparsity
         self.pruner: GradualPruning | None = None
         self._saved_state: dict[str, Any] | None = None

@@ -13,7 +13,7 @@ on). The levels at the pruning steps are
 - a callable ``f(step) -> float``, asked once per pruning step when the schedule is built.
 
 Everything is checked when the schedule is built, so a bad one fails before training
-starts, with a one-line error. No torch here: building a schedule is cheap.
+starts, with a one-line error.
 """
 
 from __future__ import annotations
@@ -23,11 +23,23 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+from prunereg._oneshot.contract import check_sparsity
+
 KINDS = ("constant", "linear", "cubic", "exponential")
 
 
 class Schedule:
-    """The target sparsity at each training step; build it with :func:`prunereg.schedule`."""
+    """A sparsity schedule: ``"constant"``, ``"linear"``, ``"cubic"``, ``"exponential"`` or a function of the step.
+
+    ``final`` is the sparsity reached at ``end`` (``initial`` the one at ``start``); the
+    model is pruned at ``start, start + every, ..., end`` (``end - start`` a multiple of
+    ``every``) and ``sched(step)`` is the sparsity it then has after ``step`` training
+    steps. ``"cubic"`` equals ``torch.ao.pruning.CubicSL(init_sl=initial, init_t=start,
+    delta_t=every, total_t=(end - start) // every)`` at every pruning step. A function
+    ``f(step)`` gives the level at each pruning step; it is called for all of them now.
+    Sparsities lie in [0, 1); any error is raised here, before training starts.
+    ``prunereg.schedule`` is this class.
+    """
 
     def __init__(
         self,
@@ -113,26 +125,8 @@ class Schedule:
         return f"schedule({self.kind!r}{shape}, start={self.start}, end={self.end}, every={self.every})"
 
 
-def schedule(
-    kind: str | Callable[[int], float],
-    *,
-    final: float | None = None,
-    initial: float = 0.0,
-    start: int = 0,
-    end: int | None = None,
-    every: int = 1,
-) -> Schedule:
-    """A sparsity schedule: ``"constant"``, ``"linear"``, ``"cubic"``, ``"exponential"`` or a function of the step.
-
-    ``final`` is the sparsity reached at ``end`` (``initial`` the one at ``start``); the
-    model is pruned at ``start, start + every, ..., end`` (``end - start`` a multiple of
-    ``every``) and ``sched(step)`` is the sparsity it then has after ``step`` training
-    steps. ``"cubic"`` equals ``torch.ao.pruning.CubicSL(init_sl=initial, init_t=start,
-    delta_t=every, total_t=(end - start) // every)`` at every pruning step. A function
-    ``f(step)`` gives the level at each pruning step; it is called for all of them now.
-    Sparsities lie in [0, 1); any error is raised here, before training starts.
-    """
-    return Schedule(kind, final=final, initial=initial, start=start, end=end, every=every)
+schedule = Schedule
+"""``prunereg.schedule(kind, final=..., initial=0.0, start=0, end=..., every=1)``: builds a :class:`Schedule`."""
 
 
 def _name(kind: object) -> str:
@@ -148,9 +142,4 @@ def _whole(what: str, value: object, lowest: int) -> int:
 
 
 def _level(what: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number in [0, 1), not {type(value).__name__}")
-    level = float(value)
-    if not 0.0 <= level < 1.0:
-        raise ValueError(f"{what} {value!r} is outside [0, 1): a sparsity of 1 would prune every weight")
-    return level
+    return check_sparsity(value, what)

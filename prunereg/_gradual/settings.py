@@ -37,6 +37,22 @@ class PrunerSettings:
                 f"optimizer_state must be one of {', '.join(OPTIMIZER_STATES)}, not {self.optimizer_state!r}"
             )
 
+    @classmethod
+    def of(
+        cls,
+        method: str | type,
+        schedule: Schedule,
+        *,
+        parameters: Pairs | Callable[[nn.Module], Pairs] | None = None,
+        globally: bool = False,
+        calibration: Iterable[Any] | None = None,
+        rewind_to: int | None = None,
+        optimizer_state: str = "keep",
+        **options: Any,
+    ) -> PrunerSettings:
+        """The settings from ``GradualPruning``'s keyword arguments (the method's options last)."""
+        return cls(method, schedule, parameters, globally, calibration, rewind_to, optimizer_state, options)
+
     def build(self, model: nn.Module) -> GradualPruning:
         """The pruner of ``model``; the trainer's optimizers are handed to it (``optimizers``) once they exist."""
         parameters = self.parameters(model) if callable(self.parameters) else self.parameters

@@ -88,8 +88,8 @@ def test_a_function_is_asked_once_per_pruning_step_when_the_schedule_is_built():
     ("kwargs", "error", "message"),
     [
         ({"kind": "cubic", "final": 0.9, "start": 10, "end": 5}, ValueError, "end=5 is before start=10"),
-        ({"kind": "cubic", "final": 1.0, "end": 10}, ValueError, r"final sparsity 1.0 is outside \[0, 1\)"),
-        ({"kind": "linear", "final": -0.1, "end": 10}, ValueError, "outside"),
+        ({"kind": "cubic", "final": 1.0, "end": 10}, ValueError, r"final sparsity must be in \[0, 1\), got 1.0"),
+        ({"kind": "linear", "final": -0.1, "end": 10}, ValueError, "must be in"),
         ({"kind": "linear", "final": 0.5, "initial": 0.7, "end": 10}, ValueError, "initial sparsity 0.7 is above"),
         ({"kind": "cubic", "final": 0.5, "end": 10, "every": 3}, ValueError, "not a multiple of every=3"),
         ({"kind": "cubic", "final": 0.5}, ValueError, "needs end="),
@@ -99,7 +99,7 @@ def test_a_function_is_asked_once_per_pruning_step_when_the_schedule_is_built():
         ({"kind": "cubic", "final": "0.5", "end": 10}, TypeError, "must be a number"),
         ({"kind": "cubic", "final": 0.5, "end": 10.0}, TypeError, "whole number of steps"),
         ({"kind": "cubic", "final": 0.5, "end": 10, "every": 0}, ValueError, "every must be at least 1"),
-        ({"kind": lambda t: 1.5, "end": 10}, ValueError, r"function at step 0 1.5 is outside \[0, 1\)"),
+        ({"kind": lambda t: 1.5, "end": 10}, ValueError, r"function at step 0 must be in \[0, 1\), got 1.5"),
         ({"kind": lambda t: 0.5, "final": 0.5, "end": 10}, ValueError, "takes no final="),
     ],
 )
