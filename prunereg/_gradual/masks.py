@@ -11,7 +11,7 @@ buffer and the parameter stay the same objects, so optimizers, state dicts and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,19 +48,35 @@ class Target:
 
     def orig(self) -> torch.Tensor:
         """The parameter itself (``<name>_orig``)."""
-        return self.module._parameters[self.attribute + "_orig"]  # type: ignore[return-value]  # installed
+        return self._installed(self.module._parameters, "_orig")
 
     def mask(self) -> torch.Tensor:
         """The ``<name>_mask`` buffer every site of the parameter reads."""
-        return self.module._buffers[self.attribute + "_mask"]  # type: ignore[return-value]  # installed
+        return self._installed(self.module._buffers, "_mask")
+
+    def is_pruned(self) -> bool:
+        """Whether the reparametrization is still in place (nobody made it permanent or removed it)."""
+        return self.module._parameters.get(self.attribute + "_orig") is not None
 
     def tensors(self) -> list[tuple[nn.Module, str]]:
         return _tied.tensors(list(self.sites))
 
+    def pruned(self) -> int:
+        """How many of the parameter's entries its mask zeroes."""
+        return pruned_entries(self.mask())
+
     def sparsity(self) -> float:
         """The share of the parameter's entries its mask zeroes."""
-        mask = self.mask()
-        return pruned_entries(mask) / mask.numel()
+        return self.pruned() / self.mask().numel()
+
+    def _installed(self, slot: Mapping[str, torch.Tensor | None], suffix: str) -> torch.Tensor:
+        tensor = slot.get(self.attribute + suffix)
+        if tensor is None:
+            raise RuntimeError(
+                f"{self.label} is no longer pruned (its {self.attribute}{suffix} is gone): it was made permanent or "
+                "removed outside this GradualPruning, which cannot prune it any more"
+            )
+        return tensor
 
 
 def targets(model: nn.Module | Iterable[tuple[nn.Module, str]], parameters: object = None) -> list[Target]:
@@ -88,6 +104,11 @@ def targets(model: nn.Module | Iterable[tuple[nn.Module, str]], parameters: obje
         held = first.module._parameters.get(first.name + "_orig" if first.hooks else first.name)
         if held is None:
             raise TypeError(f"{label} is not a parameter of {type(first.module).__name__}: it cannot be pruned")
+        if held.is_meta:
+            raise ValueError(
+                f"{label} is on the meta device, which holds no values to rank: materialize the model "
+                "(to_empty, then load its weights) before GradualPruning"
+            )
         if id(held) not in seen:
             seen.add(id(held))
             found.append(Target(label, root, name, tuple(sites)))

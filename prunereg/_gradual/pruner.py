@@ -48,10 +48,16 @@ class GradualPruning:
     past k, resetting the optimizer's state of those parameters when
     ``optimizer_state="reset"`` (``optimizer=`` then names it) or keeping it.
 
+    ``state=``: a :meth:`state_dict` to continue from, for a model that was
+    saved whole mid-schedule (``torch.save``, ``copy.deepcopy``) and holds its
+    masks and rewind point; a model rebuilt from scratch takes its state dict
+    and the pruner's :meth:`load_state_dict` after this is built.
+
     Everything is checked before this returns (the schedule against the method,
-    and one dry run of the method at the final sparsity, drawing no random
-    numbers); on an error the model is as it was. Then the parameters are
-    reparametrized with one mask each, and pruned if step 0 is a pruning step.
+    and a dry run of the method at the first sparsity that prunes and at the
+    final one, drawing no random numbers); on an error the model is as it was.
+    Then the parameters are reparametrized with one mask each, and pruned if
+    step 0 is a pruning step.
     """
 
     def __init__(
@@ -66,6 +72,7 @@ class GradualPruning:
         rewind_to: int | None = None,
         optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         optimizer_state: str = "keep",
+        state: dict[str, Any] | None = None,
         **method_options: Any,
     ) -> None:
         if not isinstance(schedule, Schedule):
@@ -76,57 +83,64 @@ class GradualPruning:
         self.monotone = bool(getattr(method_class, "MONOTONE", True))
         if self.monotone:
             _check_never_decreases(schedule, self.method_name)
-        self.rewind_to = _check_rewind(rewind_to, optimizer_state, optimizer)
+        self.rewind_to = _check_rewind(rewind_to, schedule, optimizer_state, optimizer)
         self.optimizer_state = optimizer_state
         self.optimizers: list[torch.optim.Optimizer] = _optimizer_list(optimizer)
         self.globally = globally
-        found = _masks.targets(model, parameters)
-        root = model if isinstance(model, nn.Module) else None
-        self.plan: MaskMethodPlan | CalibratedPlan
-        if isinstance(method_class, type) and issubclass(method_class, CalibratedMethod):
-            if globally:
-                raise TypeError(f"globally=True needs an unstructured method, and {self.method_name!r} is calibrated")
-            self.plan = CalibratedPlan(
-                method_class,
-                self.method_name,
-                method_options,
-                model=root,
-                calibration=calibration,
-                levels=schedule.levels,
-                monotone=self.monotone,
-            )
-        elif isinstance(method_class, type) and issubclass(method_class, BasePruningMethod):
-            if calibration is not None:
-                raise ValueError(f"method {self.method_name!r} reads no calibration batches: leave calibration= out")
-            self.plan = MaskMethodPlan(
-                method_class, self.method_name, method_options, globally=globally, monotone=self.monotone
-            )
-        else:
-            raise TypeError(f"method must be a registered name or a pruning-method class, not {method!r}")
-        with reparam.all_or_nothing([tensor for target in found for tensor in target.tensors()]):
-            self.targets = _masks.install(found, method_class)
+        self.targets = _masks.targets(model, parameters)
+        if state is not None:
+            self._check_state(state)
+        self.plan = _plan(
+            method_class,
+            self.method_name,
+            method_options,
+            model=model if isinstance(model, nn.Module) else None,
+            calibration=calibration,
+            globally=globally,
+            schedule=schedule,
+            monotone=self.monotone,
+        )
+        with reparam.all_or_nothing([tensor for target in self.targets for tensor in target.tensors()]):
+            self.targets = _masks.install(self.targets, method_class)
             if isinstance(self.plan, CalibratedPlan):
                 self.plan.check_targets(self.targets)
             else:
-                with _no_draws(self.targets):  # the dry run: a method that cannot reach the end fails now
-                    self.plan.masks(self.targets, schedule.final_level)
+                with _no_draws(self.targets):  # the dry run: a method that cannot reach a level fails now
+                    for level in _dry_run_levels(schedule, after=None if state is None else state["steps_done"]):
+                        self.plan.masks(self.targets, level)
             if self.rewind_to is not None:
                 _rewind.prepare(self.targets)
         self.steps_done = 0
         self.level = 0.0
         self.rewind_captured = False
-        self._advance(0)
+        self.finished = False  # by finish(): no more steps
+        self.permanent = False  # by finish(permanent=True): no more masks
+        if state is None:
+            self._advance(0)
+        else:
+            self.load_state_dict(state)
 
     def step(self, step: int | None = None) -> bool:
         """Count one more training step (or say how many are done: ``step``); prune if the schedule says so.
 
-        Returns whether the masks were recomputed. A step number that went back is a ValueError.
+        Returns whether the masks were recomputed. The step already done again
+        does nothing (a trainer asks after every batch of an accumulation); a step
+        number that went back, or that jumps over ``rewind_to`` before the rewind
+        point was saved, is a ValueError.
         """
+        self._check_not_finished()
         if step is None:
             step = self.steps_done + 1
         elif isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < self.steps_done:
             raise ValueError(
                 f"step must be a whole number of at least {self.steps_done} (the steps done), not {step!r}"
+            )
+        if step == self.steps_done:
+            return False
+        if self.rewind_to is not None and not self.rewind_captured and self.steps_done < self.rewind_to < step:
+            raise ValueError(
+                f"step jumps from step {self.steps_done} to step {step} over rewind_to={self.rewind_to}: the "
+                f"weights after {self.rewind_to} steps would never be saved; call step({self.rewind_to}) first"
             )
         self.steps_done = int(step)
         return self._advance(self.steps_done)
@@ -160,12 +174,13 @@ class GradualPruning:
 
     def sparsities(self) -> dict[str, float]:
         """Each pruned parameter's true sparsity (the share of zeros in its mask), once per parameter, tied or not."""
+        self._check_masks_held()
         return {target.label: target.sparsity() for target in self.targets}
 
     def sparsity(self) -> float:
         """The share of zeros over all the pruned parameters together."""
-        pruned = sum(target.sparsity() * target.mask().numel() for target in self.targets)
-        return pruned / sum(target.mask().numel() for target in self.targets)
+        self._check_masks_held()
+        return sum(target.pruned() for target in self.targets) / sum(t.mask().numel() for t in self.targets)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the schedule stands (the masks and the rewind point are in the model's own state dict)."""
@@ -183,13 +198,28 @@ class GradualPruning:
         Load the model's state dict (masks, rewind point) too; this pruner then
         takes the same next step as the one that saved the state.
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a GradualPruning state of format {STATE_FORMAT}: {type(state).__name__}")
-        if state["identity"] != self._identity():
-            raise ValueError(f"the state was saved by {state['identity']}, this pruner is {self._identity()}")
+        self._check_state(state)
         self.steps_done = int(state["steps_done"])
         self.level = float(state["level"])
         self.rewind_captured = bool(state["rewind_captured"])
+
+    def _check_state(self, state: object) -> None:
+        """A ValueError unless ``state`` is a :meth:`state_dict` of a pruner built as this one."""
+        what = f"not a GradualPruning state of format {STATE_FORMAT}"
+        if not isinstance(state, dict):
+            raise ValueError(f"{what}: a {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"{what}: format {state.get('format')!r}")
+        missing = sorted({"steps_done", "level", "rewind_captured", "identity"} - set(state))
+        if missing:
+            raise ValueError(f"{what}: it lacks {', '.join(missing)}")
+        saved, mine = state["identity"], self._identity()
+        differ = [key for key in mine if saved.get(key) != mine[key]] if isinstance(saved, dict) else list(mine)
+        if differ:
+            raise ValueError(
+                f"the state was saved by another pruner: its {', '.join(differ)} "
+                f"differ{'s' if len(differ) == 1 else ''}; build this one as that one was built"
+            )
 
     def _identity(self) -> dict[str, Any]:
         return {
@@ -201,11 +231,27 @@ class GradualPruning:
         }
 
     def finish(self, *, permanent: bool = True) -> None:
-        """Drop the rewind point and, if ``permanent``, make the pruning permanent (plain parameters holding zeros)."""
+        """End the schedule: drop the rewind point and, if ``permanent``, make the pruning permanent.
+
+        Permanent: plain parameters holding zeros (a parameter already made
+        permanent by hand is left as it is). Calling it again does what is
+        left to do; a finished pruner takes no more steps.
+        """
+        self.finished = True
         _rewind.remove(self.targets)
-        if permanent:
+        if permanent and not self.permanent:
             for target in self.targets:
-                _tied.remove(target.root, target.name)
+                if target.is_pruned():
+                    _tied.remove(target.root, target.name)
+            self.permanent = True
+
+    def _check_not_finished(self) -> None:
+        if self.finished:
+            raise RuntimeError("this GradualPruning is finished: build a new one to prune again")
+
+    def _check_masks_held(self) -> None:
+        if self.permanent:
+            raise RuntimeError("this GradualPruning is finished and its masks are gone: count zeros in the weights")
 
     def __repr__(self) -> str:
         return (
@@ -224,7 +270,7 @@ def _check_never_decreases(schedule: Schedule, method: str) -> None:
             )
 
 
-def _check_rewind(rewind_to: object, optimizer_state: str, optimizer: object) -> int | None:
+def _check_rewind(rewind_to: object, schedule: Schedule, optimizer_state: str, optimizer: object) -> int | None:
     if optimizer_state not in _rewind.OPTIMIZER_STATES:
         raise ValueError(
             f"optimizer_state must be one of {', '.join(_rewind.OPTIMIZER_STATES)}, not {optimizer_state!r}"
@@ -233,9 +279,49 @@ def _check_rewind(rewind_to: object, optimizer_state: str, optimizer: object) ->
         return None
     if isinstance(rewind_to, bool) or not isinstance(rewind_to, numbers.Integral) or rewind_to < 0:
         raise ValueError(f"rewind_to must be a step number of at least 0, not {rewind_to!r}")
+    if int(rewind_to) >= schedule.end:
+        raise ValueError(
+            f"rewind_to={rewind_to} is not before the schedule's last pruning step {schedule.end}: "
+            "no pruning step would rewind to it"
+        )
     if optimizer_state == "reset" and optimizer is None:
         raise ValueError('optimizer_state="reset" needs optimizer=, the optimizer whose state to reset')
     return int(rewind_to)
+
+
+def _plan(
+    method: type,
+    name: str,
+    options: dict[str, Any],
+    *,
+    model: nn.Module | None,
+    calibration: Iterable[Any] | None,
+    globally: bool,
+    schedule: Schedule,
+    monotone: bool,
+) -> MaskMethodPlan | CalibratedPlan:
+    """How ``method`` chooses the masks: a calibrated method from ``calibration`` batches, a mask method by amount."""
+    if isinstance(method, type) and issubclass(method, CalibratedMethod):
+        if globally:
+            raise TypeError(f"globally=True needs an unstructured method, and {name!r} is calibrated")
+        return CalibratedPlan(
+            method, name, options, model=model, calibration=calibration, levels=schedule.levels, monotone=monotone
+        )
+    if isinstance(method, type) and issubclass(method, BasePruningMethod):
+        if calibration is not None:
+            raise ValueError(f"method {name!r} reads no calibration batches: leave calibration= out")
+        return MaskMethodPlan(method, name, options, globally=globally, monotone=monotone)
+    raise TypeError(f"method must be a registered name or a pruning-method class, not {method!r}")
+
+
+def _dry_run_levels(schedule: Schedule, *, after: int | None) -> list[float]:
+    """The levels a dry run tries: the first one still to prune (weights pruned before may exceed it) and the last.
+
+    ``after``: the steps done by a pruner resumed from its state; only later pruning steps are still to come.
+    """
+    pending = [level for step, level in zip(schedule.steps(), schedule.levels) if after is None or step > after]
+    first = next((level for level in pending if level > 0), schedule.final_level)
+    return sorted({first, schedule.final_level})
 
 
 def _optimizer_list(optimizer: object) -> list[torch.optim.Optimizer]:

@@ -22,7 +22,7 @@ from prunereg._core.method import BasePruningMethod
 from prunereg._distributed.counts import pruned_channels, pruned_entries
 from prunereg._distributed.remaining import combine_masks
 from prunereg._gradual.masks import Target
-from prunereg._selection.amount import count_for
+from prunereg._selection.amount import count_for, validate_structured
 from prunereg._selection.remaining import structured_dim
 from prunereg._text import describe
 
@@ -70,7 +70,10 @@ class MaskMethodPlan:
     def _exactly(self, target: Target, level: float) -> torch.Tensor:
         orig, mask = target.orig().detach(), target.mask().detach()
         probe = self.build(0)
-        dim = structured_dim(probe, orig.dim()) if probe.PRUNING_TYPE == "structured" else None
+        dim = None
+        if probe.PRUNING_TYPE == "structured":
+            validate_structured(orig)  # torch's error: a vector has no channels to count
+            dim = structured_dim(probe, orig.dim())
         units = orig.numel() if dim is None else orig.shape[dim]
         wanted = count_for(level, units)
         if self.monotone:

@@ -294,8 +294,10 @@ def test_a_tied_parameter_is_one_target_pruned_everywhere_and_counted_once():
 
 def test_finish_makes_the_pruning_permanent_and_drops_the_rewind_point():
     model = mlp()
-    pruner = prunereg.GradualPruning(model, "l1_unstructured", prunereg.schedule("constant", final=0.5), rewind_to=0)
+    schedule = prunereg.schedule("linear", final=0.5, end=2)
+    pruner = prunereg.GradualPruning(model, "l1_unstructured", schedule, rewind_to=0)
     assert "0.weight_rewind" in model.state_dict()
+    pruner.step(2)
     pruner.finish()
     assert not prunereg.is_pruned(model)
     assert set(model.state_dict()) == set(mlp().state_dict())

@@ -47,7 +47,7 @@ def test_after_each_round_the_kept_weights_hold_their_step_k_values_exactly(k):
 def test_the_rewind_point_is_one_copy_of_each_pruned_parameter_and_nothing_more():
     model = mlp()
     plain = sum(t.numel() for t in model.state_dict().values())
-    prunereg.GradualPruning(model, "l1_unstructured", prunereg.schedule("constant", final=0.5), rewind_to=2)
+    prunereg.GradualPruning(model, "l1_unstructured", prunereg.schedule("linear", final=0.5, end=4), rewind_to=2)
     extra = {name: t for name, t in model.state_dict().items() if name.endswith("_rewind")}
     assert set(extra) == {"0.weight_rewind", "2.weight_rewind"}
     masks = sum(t.numel() for name, t in model.state_dict().items() if name.endswith("_mask"))
