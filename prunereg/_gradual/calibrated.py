@@ -20,8 +20,8 @@ from torch import nn
 
 from prunereg._gradual.masks import Target
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics
+from prunereg._oneshot.engine import _calibration_mode  # one-shot pruning's run: eval, no autograd, modes restored
 from prunereg._oneshot.statistics import GroupRecorder
-from prunereg._slim.engine import _eval_mode  # eval mode, each module's own restored after
 
 
 class CalibratedPlan:
@@ -91,7 +91,7 @@ class CalibratedPlan:
     def _statistics(self, found: Sequence[Target]) -> dict[str, LayerStatistics]:
         assert self.model is not None and self.calibration is not None  # checked when built
         layers = {target.label: target.module for target in found}
-        with GroupRecorder(layers, self.method.STATISTICS) as recorder, torch.no_grad(), _eval_mode(self.model):
+        with GroupRecorder(layers, self.method.STATISTICS) as recorder, _calibration_mode(self.model):
             for batch in self.calibration:
                 with recorder.batch():
                     _run(self.model, batch)
