@@ -5,9 +5,12 @@ saves in a checkpoint holds the masks and the rewind point (``<name>_mask``,
 ``<name>_rewind``) and the same model loads them back on
 ``trainer.train(resume_from_checkpoint=...)``. The schedule's position is the
 ``TrainerState``'s ``global_step``: on resuming, the pruner stands where that
-step puts it. After each optimizer step the pruner is told ``global_step``; at
-each pruning step the true sparsity of every pruned parameter is logged once
-(tied parameters counted once) into ``state.log_history``, with the overall ``sparsity``.
+step puts it. A model that ``model_init`` makes at train time gets its pruner
+then; it cannot be resumed, since the Trainer loads a checkpoint into it
+(quietly leaving out the masks) before any callback runs. After each optimizer
+step the pruner is told ``global_step``; at each pruning step the true sparsity
+of every pruned parameter is logged once (tied parameters counted once) into
+``state.log_history``, with the overall ``sparsity``.
 """
 
 from __future__ import annotations
@@ -37,17 +40,26 @@ class GradualPruningTrainerCallback(TrainerCallback):
         self.settings = PrunerSettings.of(method, schedule, **settings)
         self.log_sparsity = log_sparsity
         self.pruner: GradualPruning | None = None
+        self._model: object = None  # the model the pruner prunes
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         model = kwargs.get("model")
         if model is not None and self.pruner is None:
-            self.pruner = self.settings.build(model)
+            self.pruner, self._model = self.settings.build(model), model
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.pruner is None:  # a model made by model_init, at train time
-            self.pruner = self.settings.build(kwargs["model"])
+        model = kwargs["model"]
+        if model is not self._model:  # model_init made a new model for this run, or the callback came late
+            if state.global_step:
+                raise RuntimeError(
+                    "GradualPruningTrainerCallback cannot resume a model made by model_init (or a callback added "
+                    "after the Trainer was made): the Trainer loads the checkpoint into it, leaving out the masks, "
+                    "before any callback runs; give Trainer(model=..., callbacks=[...]) to resume"
+                )
+            self.pruner, self._model = self.settings.build(model), model
+        assert self.pruner is not None  # built for this model just now or when the Trainer was made
         optimizer = kwargs.get("optimizer")
         self.pruner.optimizers = [optimizer] if optimizer is not None else []
         if state.global_step:  # resumed: the model's weights brought the masks back

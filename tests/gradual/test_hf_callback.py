@@ -53,3 +53,29 @@ def test_train_prunes_on_schedule_and_resumes_from_a_checkpoint_bit_for_bit(tmp_
     assert any(name.endswith("weight_rewind") for name in mine)
     for name in theirs:
         assert torch.equal(mine[name], theirs[name]), name
+
+
+def test_a_model_made_by_model_init_is_the_one_pruned_and_cannot_be_resumed_without_its_masks(tmp_path):
+    made: list[torch.nn.Module] = []
+
+    def model_init() -> torch.nn.Module:
+        made.append(tiny_llama().train())
+        return made[-1]
+
+    schedule = prunereg.schedule("cubic", final=0.8, start=0, end=8, every=2)
+    args = TrainingArguments(
+        str(tmp_path), max_steps=10, per_device_train_batch_size=4, save_steps=5, report_to=[], use_cpu=True
+    )
+    pruning = prunereg.GradualPruningTrainerCallback("l1_unstructured", schedule)
+    trainer = Trainer(model_init=model_init, args=args, train_dataset=dataset(), callbacks=[pruning])
+    trainer.train()
+    assert pruning.pruner is not None and trainer.model is made[-1]
+    modules = set(made[-1].modules())
+    assert all(target.module in modules for target in pruning.pruner.targets)
+    assert pruning.pruner.sparsity() == pytest.approx(0.8, abs=1e-3)
+    # The Trainer loads a checkpoint into model_init's new model (ignoring keys it lacks) before any callback runs.
+    pruning = prunereg.GradualPruningTrainerCallback("l1_unstructured", schedule)
+    trainer = Trainer(model_init=model_init, args=args, train_dataset=dataset(), callbacks=[pruning])
+    with pytest.raises(RuntimeError, match="cannot resume a model made by model_init") as raised:
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-5"))
+    assert "\n" not in str(raised.value)

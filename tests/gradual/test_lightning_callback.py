@@ -87,3 +87,35 @@ def test_a_method_that_cannot_reach_the_schedule_stops_fit_before_the_first_step
         trainer.fit(model, batches())
     assert {name: value for name, value in model.state_dict().items()}.keys() == before.keys()
     assert all(torch.equal(model.state_dict()[name], value) for name, value in before.items())
+
+
+class SharedLayerModel(TinyModel):
+    """One Linear used twice (Lightning #13595 counted it twice): pruned and logged once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(16, 16)
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), shared, nn.ReLU(), shared, nn.ReLU(), nn.Linear(16, 1))
+
+
+def test_a_layer_used_twice_is_logged_once_with_its_true_sparsity_under_gradient_accumulation():
+    model = SharedLayerModel()
+    schedule = prunereg.schedule("linear", final=0.5, start=0, end=4, every=2)
+    pruning = prunereg.GradualPruningCallback("l1_unstructured", schedule)
+    trainer = pl.Trainer(
+        max_epochs=1,  # 8 batches, 4 optimizer steps
+        accumulate_grad_batches=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[pruning],
+    )
+    trainer.fit(model, batches())
+    assert pruning.pruner is not None and pruning.pruner.steps_done == 4
+    expected = {"sparsity/net.0.weight": 0.5, "sparsity/net.2.weight": 0.5, "sparsity/net.6.weight": 0.5}
+    assert model.logged == [{name: 0.25 for name in expected} | {"sparsity": 0.25}, expected | {"sparsity": 0.5}]
+    assert model.net[2].weight_mask is model.net[4].weight_mask
+    zeros = sum(int((layer.weight_mask == 0).sum()) for layer in (model.net[0], model.net[2], model.net[6]))
+    assert zeros == (96 + 256 + 16) // 2
