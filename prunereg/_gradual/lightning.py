@@ -34,13 +34,15 @@ class GradualPruningCallback(Callback):
         self.settings = PrunerSettings.of(method, schedule, **settings)
         self.log_sparsity = log_sparsity
         self.pruner: GradualPruning | None = None
+        self._module: LightningModule | None = None  # the module the pruner prunes
         self._saved_state: dict[str, Any] | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and self.pruner is None:
-            self.pruner = self.settings.build(pl_module)
+        if stage == "fit" and pl_module is not self._module:  # the first fit, or one of another module
+            self.pruner, self._module = self.settings.build(pl_module), pl_module
             if self._saved_state is not None:
                 self.pruner.load_state_dict(self._saved_state)
+                self._saved_state = None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._built().optimizers = list(trainer.optimizers)

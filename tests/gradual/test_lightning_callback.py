@@ -119,3 +119,16 @@ def test_a_layer_used_twice_is_logged_once_with_its_true_sparsity_under_gradient
     assert model.net[2].weight_mask is model.net[4].weight_mask
     zeros = sum(int((layer.weight_mask == 0).sum()) for layer in (model.net[0], model.net[2], model.net[6]))
     assert zeros == (96 + 256 + 16) // 2
+
+
+def test_a_callback_used_for_a_second_module_prunes_that_module():
+    schedule = prunereg.schedule("linear", final=0.5, start=0, end=4, every=2)
+    pruning = prunereg.GradualPruningCallback("l1_unstructured", schedule)
+    models = [TinyModel(), TinyModel()]
+    for model in models:
+        trainer = pl.Trainer(
+            max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[pruning]
+        )
+        trainer.fit(model, batches())
+        assert model.logged[-1]["sparsity"] == 0.5
+    assert all(prunereg.is_pruned(model) for model in models)
