@@ -19,10 +19,8 @@ per training step, against the same runs' median training step.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -34,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import plots  # noqa: E402
-from llm import replace_between  # noqa: E402
+from llm import cpu_model, replace_between  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
 IMAGE = "gradual-accuracy.svg"
@@ -386,15 +384,10 @@ def draw(results: dict[str, dict[float, dict[str, Any]]], about: str, path: Path
 def machine(started: float) -> str:
     import torch
 
-    cpu = platform.processor() or "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     minutes = (time.perf_counter() - started) / 60
-    return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads; torch {torch.__version__}; {date}; {minutes:.1f} min"
+    cores = f"{os.cpu_count()} cores, {THREADS} threads"
+    return f"{cpu_model()}, {cores}; torch {torch.__version__}; {date}; {minutes:.1f} min"
 
 
 def main(argv: list[str] | None = None) -> int:

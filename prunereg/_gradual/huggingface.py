@@ -19,7 +19,7 @@ from typing import Any
 
 from prunereg._gradual.pruner import GradualPruning
 from prunereg._gradual.schedules import Schedule
-from prunereg._gradual.settings import PrunerSettings
+from prunereg._gradual.settings import PrunerSettings, sparsity_log
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -69,6 +69,4 @@ class GradualPruningTrainerCallback(TrainerCallback):
         if self.pruner is None:
             raise RuntimeError("GradualPruningTrainerCallback got no model from the Trainer")
         if self.pruner.step(state.global_step) and self.log_sparsity:
-            logged: dict[str, float | int] = {f"sparsity/{k}": v for k, v in self.pruner.sparsities().items()}
-            logged["sparsity"] = self.pruner.sparsity()
-            state.log_history.append({**logged, "step": state.global_step})
+            state.log_history.append({**sparsity_log(self.pruner), "step": state.global_step})

@@ -15,7 +15,7 @@ from typing import Any
 
 from prunereg._gradual.pruner import GradualPruning
 from prunereg._gradual.schedules import Schedule
-from prunereg._gradual.settings import PrunerSettings
+from prunereg._gradual.settings import PrunerSettings, sparsity_log
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
@@ -52,9 +52,7 @@ class GradualPruningCallback(Callback):
     ) -> None:
         pruner = self._built()
         if pruner.step(trainer.global_step) and self.log_sparsity:
-            logged = {f"sparsity/{label}": value for label, value in pruner.sparsities().items()}
-            logged["sparsity"] = pruner.sparsity()
-            pl_module.log_dict(logged, on_step=True, on_epoch=False)
+            pl_module.log_dict(sparsity_log(pruner), on_step=True, on_epoch=False)
 
     def state_dict(self) -> dict[str, Any]:
         return self.pruner.state_dict() if self.pruner is not None else dict(self._saved_state or {})

@@ -1,4 +1,4 @@
-"""What a trainer callback keeps until it meets the model: the arguments of the :class:`GradualPruning` it builds."""
+"""What the trainer callbacks share: the arguments of the :class:`GradualPruning` they build, and what they log."""
 
 from __future__ import annotations
 
@@ -68,3 +68,10 @@ class PrunerSettings:
             optimizer_state=self.optimizer_state,
             **self.options,
         )
+
+
+def sparsity_log(pruner: GradualPruning) -> dict[str, float]:
+    """What a callback logs at a pruning step: ``sparsity/<name>`` of each parameter (once, tied or not), the whole."""
+    logged = {f"sparsity/{label}": value for label, value in pruner.sparsities().items()}
+    logged["sparsity"] = pruner.sparsity()
+    return logged

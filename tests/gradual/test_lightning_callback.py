@@ -45,18 +45,24 @@ def callback() -> prunereg.GradualPruningCallback:
     return prunereg.GradualPruningCallback("l1_unstructured", schedule, rewind_to=1, optimizer_state="reset")
 
 
-def fit(root: Path, epochs: int, resume: Path | None = None) -> tuple[TinyModel, prunereg.GradualPruningCallback]:
-    model, pruning = TinyModel(), callback()
-    trainer = pl.Trainer(
-        max_epochs=epochs,
+def trainer(*callbacks: pl.Callback, **settings: object) -> pl.Trainer:
+    """A quiet CPU Trainer; without a ModelCheckpoint among ``callbacks``, one that saves none."""
+    saves = any(isinstance(callback, pl.callbacks.ModelCheckpoint) for callback in callbacks)
+    return pl.Trainer(
         accelerator="cpu",
         logger=False,
-        default_root_dir=root,
+        enable_checkpointing=saves,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[pruning, pl.callbacks.ModelCheckpoint(dirpath=root, save_top_k=-1, every_n_epochs=1)],
+        callbacks=list(callbacks),
+        **settings,
     )
-    trainer.fit(model, batches(), ckpt_path=resume)
+
+
+def fit(root: Path, epochs: int, resume: Path | None = None) -> tuple[TinyModel, prunereg.GradualPruningCallback]:
+    model, pruning = TinyModel(), callback()
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=root, save_top_k=-1, every_n_epochs=1)
+    trainer(pruning, checkpoints, max_epochs=epochs, default_root_dir=root).fit(model, batches(), ckpt_path=resume)
     return model, pruning
 
 
@@ -82,9 +88,8 @@ def test_a_method_that_cannot_reach_the_schedule_stops_fit_before_the_first_step
     model = TinyModel()
     before = {name: value.clone() for name, value in model.state_dict().items()}
     pruning = prunereg.GradualPruningCallback("identity", prunereg.schedule("linear", final=0.5, end=4))
-    trainer = pl.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[pruning])
     with pytest.raises(TypeError, match="'identity' cannot be given amount="):
-        trainer.fit(model, batches())
+        trainer(pruning, max_steps=4).fit(model, batches())
     assert {name: value for name, value in model.state_dict().items()}.keys() == before.keys()
     assert all(torch.equal(model.state_dict()[name], value) for name, value in before.items())
 
@@ -102,17 +107,7 @@ def test_a_layer_used_twice_is_logged_once_with_its_true_sparsity_under_gradient
     model = SharedLayerModel()
     schedule = prunereg.schedule("linear", final=0.5, start=0, end=4, every=2)
     pruning = prunereg.GradualPruningCallback("l1_unstructured", schedule)
-    trainer = pl.Trainer(
-        max_epochs=1,  # 8 batches, 4 optimizer steps
-        accumulate_grad_batches=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[pruning],
-    )
-    trainer.fit(model, batches())
+    trainer(pruning, max_epochs=1, accumulate_grad_batches=2).fit(model, batches())  # 8 batches, 4 optimizer steps
     assert pruning.pruner is not None and pruning.pruner.steps_done == 4
     expected = {"sparsity/net.0.weight": 0.5, "sparsity/net.2.weight": 0.5, "sparsity/net.6.weight": 0.5}
     assert model.logged == [{name: 0.25 for name in expected} | {"sparsity": 0.25}, expected | {"sparsity": 0.5}]
@@ -126,9 +121,6 @@ def test_a_callback_used_for_a_second_module_prunes_that_module():
     pruning = prunereg.GradualPruningCallback("l1_unstructured", schedule)
     models = [TinyModel(), TinyModel()]
     for model in models:
-        trainer = pl.Trainer(
-            max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[pruning]
-        )
-        trainer.fit(model, batches())
+        trainer(pruning, max_steps=4).fit(model, batches())
         assert model.logged[-1]["sparsity"] == 0.5
     assert all(prunereg.is_pruned(model) for model in models)
