@@ -11,6 +11,7 @@ holds it; :meth:`GradualPruning.state_dict` holds where the schedule stands.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ from prunereg._gradual.calibrated import CalibratedPlan
 from prunereg._gradual.schedules import Schedule
 from prunereg._gradual.selection import MaskMethodPlan
 from prunereg._oneshot.contract import CalibratedMethod
+from prunereg._plugins.kinds import kind
 from prunereg._plugins.loading import registry
 
 STATE_FORMAT = 1
@@ -304,14 +306,28 @@ def _plan(
     if isinstance(method, type) and issubclass(method, CalibratedMethod):
         if globally:
             raise TypeError(f"globally=True needs an unstructured method, and {name!r} is calibrated")
+        _check_not_given(options, "sparsity", name)
         return CalibratedPlan(
             method, name, options, model=model, calibration=calibration, levels=schedule.levels, monotone=monotone
         )
     if isinstance(method, type) and issubclass(method, BasePruningMethod):
         if calibration is not None:
             raise ValueError(f"method {name!r} reads no calibration batches: leave calibration= out")
+        _check_not_given(options, "amount", name)
         return MaskMethodPlan(method, name, options, globally=globally, monotone=monotone)
+    with contextlib.suppress(LookupError):  # a registered method of another kind: say what it is for
+        registered = registry().info(name).kind
+        raise TypeError(
+            f"method {name!r} is a {registered} method (it runs with {kind(registered).runs_with}): "
+            "gradual pruning takes an unstructured, structured or calibrated one"
+        )
     raise TypeError(f"method must be a registered name or a pruning-method class, not {method!r}")
+
+
+def _check_not_given(options: dict[str, Any], share: str, name: str) -> None:
+    """Refuse the option through which the method is told its share: the schedule tells it."""
+    if share in options:
+        raise TypeError(f"the schedule gives {name!r} its {share}: leave {share}= out")
 
 
 def _dry_run_levels(schedule: Schedule, *, after: int | None) -> list[float]:

@@ -176,3 +176,21 @@ def test_half_precision_parameters_get_the_exact_count_and_stay_zero_through_wei
             assert layer.weight_mask.dtype == dtype
             assert int((layer.weight_mask == 0).sum()) == count_for(pruner.schedule(step), layer.weight_orig.numel())
             assert bool((layer.weight_orig * layer.weight_mask)[layer.weight_mask == 0].eq(0).all())
+
+
+@pytest.mark.parametrize(
+    ("method", "options", "message"),
+    [
+        ("flap", {}, r"method 'flap' is a shrink method \(it runs with `prunereg.shrink`, `prunereg shrink`\)"),
+        (nn.Linear, {}, "method must be a registered name or a pruning-method class, not <class"),
+        ("l1_unstructured", {"amount": 0.3}, "the schedule gives 'l1_unstructured' its amount: leave amount= out"),
+        ("wanda", {"sparsity": 0.3}, "the schedule gives 'wanda' its sparsity: leave sparsity= out"),
+    ],
+)
+def test_a_method_or_option_gradual_pruning_cannot_take_is_named(method, options, message):
+    model = mlp()
+    calibration = [torch.ones(2, 7)] if method == "wanda" else None
+    with pytest.raises(TypeError, match=message) as raised:
+        prunereg.GradualPruning(model, method, linear(), calibration=calibration, **options)
+    assert "\n" not in str(raised.value)
+    assert not prunereg.is_pruned(model)
