@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from prunereg._distributed.counts import pruned_entries
 from prunereg._gradual.masks import Target
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics
 from prunereg._oneshot.engine import _calibration_mode  # one-shot pruning's run: eval, no autograd, modes restored
@@ -81,12 +82,21 @@ class CalibratedPlan:
             [result] = method.prune_group([weight], stats, [level])
             new = result.mask.reshape(orig.shape).to(device=mask.device, dtype=mask.dtype)
             if self.monotone and bool(((mask == 0) & (new != 0)).any()):
-                raise RuntimeError(
-                    f"method {self.name!r} kept weights of {target.label} pruned earlier (given as NaN, which "
-                    "prunereg's methods prune first): set MONOTONE = False on its class if it lets weights regrow"
-                )
+                self._refuse_regrowth(target, level, pruned_entries(mask), pruned_entries(new))
             masks.append(new)
         return masks
+
+    def _refuse_regrowth(self, target: Target, level: float, before: int, now: int) -> None:
+        """The error for a mask that keeps weights pruned earlier: the level is too low, or the method ignores NaN."""
+        if now < before:
+            raise ValueError(
+                f"{target.label} has {before} weights pruned already, and {self.name!r} at sparsity {level:g} prunes "
+                f"{now}: a monotone method never restores them (start the schedule at or above what is pruned)"
+            )
+        raise RuntimeError(
+            f"method {self.name!r} kept weights of {target.label} pruned earlier (given as NaN, which "
+            "prunereg's methods prune first): set MONOTONE = False on its class if it lets weights regrow"
+        )
 
     def _statistics(self, found: Sequence[Target]) -> dict[str, LayerStatistics]:
         assert self.model is not None and self.calibration is not None  # checked when built

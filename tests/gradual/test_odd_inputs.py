@@ -194,3 +194,12 @@ def test_a_method_or_option_gradual_pruning_cannot_take_is_named(method, options
         prunereg.GradualPruning(model, method, linear(), calibration=calibration, **options)
     assert "\n" not in str(raised.value)
     assert not prunereg.is_pruned(model)
+
+
+def test_a_calibrated_level_below_what_was_pruned_before_says_so():
+    model = mlp()
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    batches = [torch.randn(3, 7, generator=torch.Generator().manual_seed(0))]
+    pruner = prunereg.GradualPruning(model, "wanda", linear(final=0.8), calibration=batches)
+    with pytest.raises(ValueError, match=r"0\.weight has 42 weights pruned already, and 'wanda' at sparsity 0\.2"):
+        pruner.step(1)
