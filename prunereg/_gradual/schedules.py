@@ -111,6 +111,7 @@ class Schedule:
 
     def __call__(self, step: int) -> float:
         """The sparsity after ``step`` training steps: the level of the latest pruning step, 0 before ``start``."""
+        step = _whole("step", step, 0)
         if step < self.start:
             return 0.0
         return self.levels[min(step - self.start, self.end - self.start) // self.every]

@@ -116,3 +116,10 @@ def test_exponential_levels_rise_from_initial_to_exactly_final():
     assert all(0.3 <= level <= 0.95 for level in schedule.levels)
     assert not math.isnan(schedule.final_level)
     assert torch.tensor(schedule.levels).diff().min() >= 0
+
+
+@pytest.mark.parametrize(("step", "error"), [(2.0, TypeError), (True, TypeError), ("2", TypeError), (-1, ValueError)])
+def test_a_step_that_is_no_step_number_is_a_one_line_error(step, error):
+    schedule = prunereg.schedule("linear", final=0.5, end=4)
+    with pytest.raises(error, match="schedule step must be"):
+        schedule(step)
