@@ -10,10 +10,12 @@ from prunereg._distributed.layout import is_dtensor
 
 def pruned_entries(mask: torch.Tensor) -> int:
     """The number of zeros in ``mask``, a plain tensor or a DTensor (every shard counted once)."""
+    # numel - nonzeros: one pass and no bool tensor, as `mask == 0` would make at every pruning step.
     if not is_dtensor(mask):
-        return int(torch.count_nonzero(mask == 0))
-    local = torch.count_nonzero(mask.to_local() == 0).reshape(1)
-    return int(sum_over_shards(local, mask).item())
+        return mask.numel() - int(torch.count_nonzero(mask))
+    local = mask.to_local()
+    zeros = (local.numel() - torch.count_nonzero(local)).reshape(1)
+    return int(sum_over_shards(zeros, mask).item())
 
 
 def pruned_channels(mask: torch.Tensor, dim: int) -> int:
