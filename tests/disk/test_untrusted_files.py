@@ -84,6 +84,17 @@ def test_a_fifo_where_prunereg_opens_a_folders_file_is_refused_without_blocking(
     assert str(refused.value) == _fifo_refusal(fifo)
 
 
+def test_the_streamed_reader_opens_each_shard_through_the_checked_opener(folder: Path) -> None:
+    from prunereg._oneshot.streaming import CheckpointReader
+
+    reader = CheckpointReader(folder)
+    assert torch.equal(reader.read(["a.weight"])["a.weight"], torch.ones(2, 3))
+    fifo = _as_fifo(folder / "model-00002-of-00002.safetensors")
+    with fifo_unblocker(fifo), pytest.raises(CheckpointError) as refused:
+        reader.read(["b.weight"])
+    assert str(refused.value) == _fifo_refusal(fifo)
+
+
 # Where transformers opens a file of the folder: refused up front, before it is handed the folder.
 @pytest.mark.parametrize(
     "name",

@@ -3,30 +3,33 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+_UNBLOCK = """
+import os, sys, time
+while True:
+    for fifo in sys.argv[1:]:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    time.sleep(0.05)
+"""
 
 
 @contextlib.contextmanager
 def fifo_unblocker(*fifos: Path) -> Iterator[None]:
     """Open and close each FIFO's writing end whenever a reader waits: a reader that blocked then reads EOF.
 
-    So code that opens a FIFO for reading (and would wait forever) fails the test instead of hanging it.
+    So code that opens a FIFO for reading (and would wait forever) fails the test instead of hanging it. The
+    writer is another process: a blocked open in native code may hold this one's GIL, which a thread would wait on.
     """
-    stop = threading.Event()
-
-    def unblock() -> None:
-        while not stop.wait(0.05):
-            for fifo in fifos:
-                with contextlib.suppress(OSError):
-                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-    thread = threading.Thread(target=unblock, daemon=True)
-    thread.start()
+    unblocker = subprocess.Popen([sys.executable, "-c", _UNBLOCK, *map(str, fifos)])
     try:
         yield
     finally:
-        stop.set()
-        thread.join()
+        unblocker.kill()
+        unblocker.wait()
