@@ -30,6 +30,7 @@ _KINDS = {
     stat.S_IFBLK: "a block device",
 }
 _NONBLOCKING = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO this way returns at once, so fstat can refuse it
+_CHUNK = 1 << 20
 _OPEN_FDS = "/proc/self/fd"  # Linux: opening /proc/self/fd/N opens the file descriptor N is open on
 
 
@@ -58,13 +59,19 @@ def read_bounded(path: Path, limit: int, what: str, hint: str) -> bytes:
     """The bytes of regular file ``path``, or :class:`CheckpointError` if it holds more than ``limit`` of them."""
     with open_regular(path, what, hint) as handle:
         size = os.fstat(handle.fileno()).st_size
-        data = handle.read(limit + 1)  # a file growing meanwhile is caught too
-    if max(size, len(data)) > limit:
+        chunks: list[bytes] = []
+        read = 0
+        while size <= limit and read <= limit:  # in chunks: read(n) would set n bytes aside at once
+            chunk = handle.read(min(_CHUNK, limit + 1 - read))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            read += len(chunk)
+    if max(size, read) > limit:  # a file growing meanwhile is caught too
         raise CheckpointError(
-            f"{quoted(path)} holds {size_text(max(size, len(data)))}, more than a {what} can ({size_text(limit)}); "
-            f"{hint}"
+            f"{quoted(path)} holds {size_text(max(size, read))}, more than a {what} can ({size_text(limit)}); {hint}"
         )
-    return data
+    return b"".join(chunks)
 
 
 def copy_regular(path: Path, target: Path, what: str, hint: str) -> None:
