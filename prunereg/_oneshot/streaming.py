@@ -207,6 +207,7 @@ def oneshot_folder(
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
+    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
     calibration = calibration_ids(
         calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
         label="model_dir",

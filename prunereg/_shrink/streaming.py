@@ -126,6 +126,7 @@ def shrink_folder(
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
+    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
     if calibration is not None:
         calibration = calibration_ids(
             calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
