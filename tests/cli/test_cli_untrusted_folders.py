@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,8 +30,15 @@ from safetensors.torch import load_file, save_file
 import prunereg
 from prunereg._cli import main
 from tests.support.fifos import fifo_unblocker
+from tests.support.model_folders import (
+    BEYOND_THE_WEIGHTS,
+    FIX,
+    UNLIKE_THE_WEIGHTS,
+    edit_config,
+    saved_tiny_llama,
+)
 from tests.support.processes import DEFAULT_TERMINATION
-from tests.support.tiny_lm import random_text, save_tiny_llama_folder
+from tests.support.tiny_lm import random_text
 
 TIMEOUT = 120
 COMMANDS = {
@@ -44,14 +50,11 @@ COMMANDS = {
         "oneshot", "-m", "magnitude", "--calibration", "{calibration}", "--samples", "2", "--seq-len", "8", "--stream",
     ],
 }  # fmt: skip
-FIX = "use the config.json that came with these weights"
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("template") / "model"
-    save_tiny_llama_folder(folder)
-    return folder
+    return saved_tiny_llama(tmp_path_factory)
 
 
 @pytest.fixture
@@ -77,11 +80,6 @@ def _left_alone(folder: Path) -> None:
     assert sorted(os.listdir(folder)) == ["calibration.txt", "model"]
 
 
-def _edit_config(model: Path, **changes: object) -> None:
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, **changes}))
-
-
 def _sharded(model: Path) -> None:
     """The weights as two shards and an index, as transformers saves a large model."""
     tensors = load_file(model / "model.safetensors")
@@ -97,7 +95,7 @@ def _sharded(model: Path) -> None:
 def _named_weights(model: Path) -> None:
     """The weights under the name config.json's ``transformers_weights`` gives."""
     (model / "model.safetensors").rename(model / "weights.safetensors")
-    _edit_config(model, transformers_weights="weights.safetensors")
+    edit_config(model, transformers_weights="weights.safetensors")
 
 
 # Each place a command can be led to open: how the folder leads there, and the file that becomes a FIFO.
@@ -200,60 +198,24 @@ def test_a_streamed_run_never_blocks_on_a_fifo_and_sigterm_leaves_nothing(folder
     _left_alone(folder)
 
 
-def _never(what: str) -> Callable[..., None]:
-    def called(*_: object, **__: object) -> None:
-        pytest.fail(f"{what} before the config was checked against the weights")
-
-    return called
-
-
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize(
-    ("changes", "refusal"),
-    [
-        ({"num_hidden_layers": 10**9},
-         "gives num_hidden_layers 1000000000, but model.safetensors holds 2 blocks (model.layers.0 to "
-         "model.layers.1) in 21 tensors; fix num_hidden_layers or "),
-        ({"hidden_size": 2**40},
-         "gives hidden_size 1099511627776, but no tensor in model.safetensors is that large (the largest dimension "
-         "is 64); fix hidden_size or "),
-        ({"hidden_size": 4096},
-         "gives hidden_size 4096, but no tensor in model.safetensors is that large (the largest dimension is 64); "
-         "fix hidden_size or "),
-    ],
-)  # fmt: skip
-def test_a_config_asking_for_more_than_its_weights_hold_is_refused_before_transformers_reads_it(
-    folder: Path, command: str, changes: dict[str, int], refusal: str, monkeypatch: pytest.MonkeyPatch
+    ("changes", "refusal", "before"),
+    [(*case, "transformers read the config") for case in BEYOND_THE_WEIGHTS]
+    + [(*case, "the weights were loaded") for case in UNLIKE_THE_WEIGHTS],
+)
+def test_a_config_unlike_its_weights_is_refused_in_one_line_before_any_model_is_built(
+    folder: Path, command: str, changes: dict[str, int], refusal: str, before: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import transformers
 
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", _never("transformers read the config"))
-    _edit_config(folder / "model", **changes)
-    result = _invoke(folder, command)
-    assert result.exit_code == 1, result.output
-    assert result.stderr == f"Error: MODEL_DIR's config.json {refusal}{FIX}\n"
-    _left_alone(folder)
+    def never(*_: object, **__: object) -> None:
+        pytest.fail(f"{before} before the config was checked against the weights")
 
-
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize(
-    ("changes", "refusal"),
-    [
-        ({"hidden_size": 40, "head_dim": 10},
-         "gives hidden_size 40, but model.safetensors holds model.embed_tokens.weight as [64, 32], not [64, 40]; "
-         "fix hidden_size or "),
-        ({"num_hidden_layers": 3},
-         "gives num_hidden_layers 3, but model.safetensors holds 2 blocks (model.layers.0 to model.layers.1); "
-         "fix num_hidden_layers or "),
-    ],
-)  # fmt: skip
-def test_a_config_unlike_its_weights_is_refused_in_one_line_before_any_weight_is_loaded(
-    folder: Path, command: str, changes: dict[str, int], refusal: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import transformers
-
-    monkeypatch.setattr(transformers.LlamaForCausalLM, "from_pretrained", _never("the weights were loaded"))
-    _edit_config(folder / "model", **changes)
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "from_pretrained", never)
+    if before == "transformers read the config":
+        monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", never)
+    edit_config(folder / "model", **changes)
     result = _invoke(folder, command)
     assert result.exit_code == 1, result.output
     assert result.stderr == f"Error: MODEL_DIR's config.json {refusal}{FIX}\n"  # no LOAD REPORT table before it
@@ -262,7 +224,7 @@ def test_a_config_unlike_its_weights_is_refused_in_one_line_before_any_weight_is
 
 def test_a_billion_blocks_are_refused_in_a_real_process_before_memory_grows(folder: Path) -> None:
     """The issue's case as a real process, its address space capped at 3 GiB: building the model would exceed it."""
-    _edit_config(folder / "model", num_hidden_layers=10**9)
+    edit_config(folder / "model", num_hidden_layers=10**9)
     three_gib = 3 * 2**30
     run = subprocess.run(
         [sys.executable, "-c", "from prunereg._cli import main; main()", *_args(folder, "slim")],

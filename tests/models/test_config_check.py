@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,14 @@ from prunereg._disk.model_dir import WeightHeaders
 from prunereg._disk.safetensors_file import TensorEntry
 from prunereg._models import hf_folder
 from prunereg._models.config_check import check_config
-from tests.support.tiny_lm import save_tiny_llama_folder, tiny_gpt2, tiny_llama
+from tests.support.model_folders import (
+    BEYOND_THE_WEIGHTS,
+    FIX,
+    UNLIKE_THE_WEIGHTS,
+    edit_config,
+    saved_tiny_llama,
+)
+from tests.support.tiny_lm import tiny_gpt2, tiny_llama
 
 LOADERS: dict[str, Callable[[Path], Any]] = {
     "load_config": hf_folder.load_config,
@@ -27,24 +33,16 @@ LOADERS: dict[str, Callable[[Path], Any]] = {
     "load_model": hf_folder.load_model,
     "empty_causal_lm": hf_folder.empty_causal_lm,
 }
-FIX = "use the config.json that came with these weights"
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("template") / "model"
-    save_tiny_llama_folder(folder)
-    return folder
+    return saved_tiny_llama(tmp_path_factory)
 
 
 @pytest.fixture
 def model(template: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(template, tmp_path / "model"))
-
-
-def _edit_config(folder: Path, **changes: object) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
 
 @pytest.fixture
@@ -60,44 +58,18 @@ def nothing_built(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("nothing_built")
 @pytest.mark.parametrize("loader", LOADERS)
-@pytest.mark.parametrize(
-    ("key", "value", "refusal"),
-    [
-        ("num_hidden_layers", 10**9,
-         "gives num_hidden_layers 1000000000, but model.safetensors holds 2 blocks (model.layers.0 to "
-         "model.layers.1) in 21 tensors; fix num_hidden_layers or "),
-        ("hidden_size", 2**40,
-         "gives hidden_size 1099511627776, but no tensor in model.safetensors is that large (the largest dimension "
-         "is 64); fix hidden_size or "),
-        ("intermediate_size", 4096,
-         "gives intermediate_size 4096, but no tensor in model.safetensors is that large (the largest dimension "
-         "is 64); fix intermediate_size or "),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize(("changes", "refusal"), BEYOND_THE_WEIGHTS)
 def test_a_count_or_width_the_weights_cannot_hold_is_refused_before_transformers_reads_the_config(
-    model: Path, loader: str, key: str, value: int, refusal: str
+    model: Path, loader: str, changes: dict[str, int], refusal: str
 ) -> None:
-    _edit_config(model, **{key: value})
+    edit_config(model, **changes)
     with pytest.raises(ValueError) as refused:
         LOADERS[loader](model)
     assert str(refused.value) == f"MODEL_DIR's config.json {refusal}{FIX}"
 
 
 @pytest.mark.parametrize("loader", [name for name in LOADERS if name != "load_config"])
-@pytest.mark.parametrize(
-    ("changes", "refusal"),
-    [
-        ({"hidden_size": 40, "head_dim": 10},
-         "gives hidden_size 40, but model.safetensors holds model.embed_tokens.weight as [64, 32], not [64, 40]; "
-         "fix hidden_size or "),
-        ({"num_hidden_layers": 3},
-         "gives num_hidden_layers 3, but model.safetensors holds 2 blocks (model.layers.0 to model.layers.1); "
-         "fix num_hidden_layers or "),
-        ({"hidden_size": 48},
-         "gives hidden_size 48 and intermediate_size 48, but model.safetensors holds model.embed_tokens.weight as "
-         "[64, 32], not [64, 48]; "),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize(("changes", "refusal"), UNLIKE_THE_WEIGHTS)
 def test_a_model_unlike_its_weights_is_refused_before_any_weight_is_allocated(
     model: Path, loader: str, changes: dict[str, int], refusal: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,7 +79,7 @@ def test_a_model_unlike_its_weights_is_refused_before_any_weight_is_allocated(
         pytest.fail("the weights were loaded before the model was checked against them")
 
     monkeypatch.setattr(transformers.LlamaForCausalLM, "from_pretrained", never)
-    _edit_config(model, **changes)
+    edit_config(model, **changes)
     with pytest.raises(ValueError) as refused:
         LOADERS[loader](model)
     assert str(refused.value) == f"MODEL_DIR's config.json {refusal}{FIX}"
@@ -136,6 +108,6 @@ def test_folders_whose_checkpoint_names_differ_from_the_model_still_load(tmp_pat
             LOADERS[loader](folder)
     loaded = hf_folder.load_causal_lm(unprefixed)
     assert torch.equal(loaded.get_parameter("transformer.h.1.mlp.c_fc.weight"), gpt2.transformer.h[1].mlp.c_fc.weight)
-    _edit_config(unprefixed, n_embd=40)
+    edit_config(unprefixed, n_embd=40)
     with pytest.raises(ValueError, match=r"gives n_embd 40, but model.safetensors holds transformer.wte.weight as"):
         hf_folder.empty_causal_lm(unprefixed)
