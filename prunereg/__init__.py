@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from prunereg._files.file_pruning import PruneFileReport, prune_file
     from prunereg._files.offline import apply_masks
     from prunereg._files.selection import parameters_to_prune
+    from prunereg._gradual.huggingface import GradualPruningTrainerCallback
+    from prunereg._gradual.lightning import GradualPruningCallback
+    from prunereg._gradual.pruner import GradualPruning
+    from prunereg._gradual.schedules import Schedule, schedule
     from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
@@ -54,6 +58,9 @@ __all__ = [
     "ChannelStatistics",
     "CheckpointError",
     "ExpertStatistics",
+    "GradualPruning",
+    "GradualPruningCallback",
+    "GradualPruningTrainerCallback",
     "GroupSummary",
     "GroupedSummary",
     "Importance",
@@ -68,6 +75,7 @@ __all__ = [
     "PrunedWeight",
     "PruningContainer",
     "Register",
+    "Schedule",
     "ShrinkMethod",
     "ShrinkReport",
     "SlimError",
@@ -98,6 +106,7 @@ __all__ = [
     "remove",
     "safe_globals",
     "save_pretrained",
+    "schedule",
     "shrink",
     "shrink_folder",
     "slim",
@@ -112,6 +121,9 @@ _LAZY = {
     "ChannelStatistics": "prunereg._shrink.contract",
     "CheckpointError": "prunereg._disk.errors",
     "ExpertStatistics": "prunereg._shrink.contract",
+    "GradualPruning": "prunereg._gradual.pruner",
+    "GradualPruningCallback": "prunereg._gradual.lightning",
+    "GradualPruningTrainerCallback": "prunereg._gradual.huggingface",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
     "Importance": "prunereg._slim.importance",
@@ -126,6 +138,7 @@ _LAZY = {
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
     "Register": "prunereg._plugins.hookspec",
+    "Schedule": "prunereg._gradual.schedules",
     "ShrinkMethod": "prunereg._shrink.contract",
     "ShrinkReport": "prunereg._shrink.report",
     "SlimError": "prunereg._slim.graph",
@@ -152,6 +165,7 @@ _LAZY = {
     "safe_globals": "prunereg._models.serialization",
     "register_importance": "prunereg._slim.importance",
     "save_pretrained": "prunereg._models.huggingface",
+    "schedule": "prunereg._gradual.schedules",
     "shrink": "prunereg._shrink.engine",
     "shrink_folder": "prunereg._shrink.streaming",
     "slim": "prunereg._slim.engine",
