@@ -40,7 +40,6 @@ from prunereg._cli.shared import (
 from prunereg._cli.values import key_values
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._oneshot.options import OneShotOptions, cli_flag
-from prunereg._progress import step
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
@@ -140,7 +139,6 @@ def oneshot_command(
         eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
 
         def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            step(f"loading {label} {printable(str(folder))}", enabled=not quiet)
             model = load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
             return model if torch_device is None else model.to(torch_device)
 

@@ -36,7 +36,6 @@ from prunereg._cli.shared import (
 )
 from prunereg._cli.values import key_values
 from prunereg._disk.signals import cleanup_on_signals
-from prunereg._progress import step
 from prunereg._shrink.options import ShrinkOptions
 from prunereg._text import printable
 
@@ -132,7 +131,6 @@ def shrink_command(
         eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
 
         def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            step(f"loading {label} {printable(str(folder))}", enabled=not quiet)
             return load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
 
         with cleanup_on_signals(), output as staging:

@@ -251,7 +251,7 @@ def test_a_tokenizer_beyond_the_models_vocabulary_is_one_line_before_pruning(mod
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]").save_pretrained(folder)
     (tmp_path / "calibration.txt").write_text(" ".join(reversed(words)))
-    result = _oneshot(folder, tmp_path, "--calibration", str(tmp_path / "calibration.txt"), "--quiet")  # no progress
+    result = _oneshot(folder, tmp_path, "--calibration", str(tmp_path / "calibration.txt"))
     assert result.exit_code == 1, result.output
     assert result.stderr == (
         "Error: the calibration samples hold the token id 200, but the model's vocabulary has 64 tokens (ids 0 to "
