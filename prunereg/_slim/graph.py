@@ -43,6 +43,16 @@ INPUT = "a model input keeps its shape"
 OUTPUT = "a model output keeps its shape"
 
 
+@dataclass(frozen=True)
+class NodeDims:
+    """One operation of the exported graph: its name and ATen name, the module running it, its output's ids."""
+
+    name: str
+    op: str
+    module: str
+    dims: Dims | None
+
+
 class SlimError(RuntimeError):
     """A model that cannot be slimmed as asked; the model is left exactly as it was."""
 
@@ -64,15 +74,22 @@ class DependencyGraph:
     """GroupNorm's module name to its channels per group (whole groups go)."""
     macs: list[tuple[list[IdArray], int]] = field(default_factory=list)
     """Per matrix product or convolution: the dimensions its multiply-accumulates run over, and a constant factor."""
+    nodes: list[NodeDims] = field(default_factory=list)
+    """Every operation of the graph in order, with the ids of the tensor it makes (``None``: none, or several)."""
+    head_splits: list[tuple[str, IdArray, int]] = field(default_factory=list)
+    """Per reshape into heads: the module doing it, the ids of its heads, and the width of one head."""
+
+    def kept(self, removed: set[int]) -> Tensor:
+        """Per id: whether its position stays when the units ``removed`` go (units are roots)."""
+        roots = self.ids.all_roots()
+        gone = torch.zeros(roots.numel(), dtype=torch.bool)
+        if removed:
+            gone[torch.tensor(sorted(removed), dtype=torch.int64)] = True
+        return ~gone[roots]
 
     def count_macs(self, removed: set[int] | None = None) -> int:
         """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
-        kept = None
-        if removed:  # per id: whether its class stays (units are roots)
-            roots = self.ids.all_roots()
-            gone = torch.zeros(roots.numel(), dtype=torch.bool)
-            gone[torch.tensor(sorted(removed), dtype=torch.int64)] = True
-            kept = ~gone[roots]
+        kept = self.kept(removed) if removed else None
         total = 0
         for dims, factor in self.macs:
             count = factor
@@ -223,6 +240,24 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
+READS = "reads"
+"""The coupling of a layer's input columns with the tensor it reads (two layers reading one tensor: a shared input)."""
+
+_COUPLINGS = {
+    **dict.fromkeys(("add", "add_", "sub", "sub_", "rsub"), "a residual add"),
+    **dict.fromkeys(("mul", "mul_", "div", "div_"), "a gated product"),
+    **dict.fromkeys(("cat", "concat", "concatenate"), "a concatenation"),
+    **dict.fromkeys(("split", "split_with_sizes", "chunk", "unsafe_split", "unsafe_chunk"), "an equal split"),
+    **dict.fromkeys(("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu"), "attention"),
+}
+"""The coupling each operation makes, as a refusal names it (others: the operation's ATen name)."""
+
+
+def coupling(kind: str, where: str) -> str:
+    """A recorded coupling: its kind (:data:`READS`, "a residual add", ...) and the module it happens in."""
+    return f"{kind}\t{where}"
+
+
 class _Builder:
     def __init__(self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str]) -> None:
         self.exported = exported
@@ -241,11 +276,20 @@ class _Builder:
         kinds = {spec.arg.name: spec for spec in signature.input_specs if hasattr(spec.arg, "name")}
         for node in self.exported.graph.nodes:
             self.node = node
+            self.ids.coupling = None
             if node.op == "placeholder":
                 self.env[node] = self._placeholder(node, kinds.get(node.name))
             elif node.op == "call_function":
                 _refuse_symbolic(node, self)
+                self.ids.coupling = coupling(
+                    _COUPLINGS.get(_op_name(node.target), _op_text(node)), self.module_name(node)
+                )
                 self.env[node] = self._call(node)
+                out = self.env[node]
+                dims = out if isinstance(out, list) and all(isinstance(v, torch.Tensor) for v in out) else None
+                if dims is not None and [ids.numel() for ids in dims] != list(_shape(node)):
+                    dims = None  # ids not position by position (a rule's fallback): no plan for its shape
+                self.graph.nodes.append(NodeDims(node.name, _op_text(node), _module_path(node), dims))
             elif node.op == "output":
                 for value in _flatten(_a(node)[0]):
                     if isinstance(value, Node):
@@ -402,9 +446,11 @@ class _Builder:
                 self.ids.union_all(column)
             return [self.fixed(outer), *self.split(node, self.ids.roots(roots[0]), sizes[1:])]
         # heads: each outer position (a head) goes whole and its width stays
+        self.ids.coupling = coupling("a reshape into heads", self.module_name(node))
         heads = torch.tensor([self.ids.union_all(row) for row in roots], dtype=torch.int64)
         for index in heads.tolist():
             self.split_origin.setdefault(index, node.name)
+        self.graph.head_splits.append((_module_path(node), heads, inner))
         return [heads, *[self.fixed(s) for s in sizes[1:]]]
 
 
@@ -881,6 +927,7 @@ def _linear(b: _Builder, node: Node) -> Any:
     bias = b.dims(_a(node)[2]) if len(_a(node)) > 2 else b.dims(_kw(node, "bias"))
     if x is None or weight is None:
         return b.unfollowed(node)
+    b.ids.coupling = coupling(READS, b.module_name(node))
     b.union(x[-1], weight[1])
     if bias is not None:
         b.union(bias[0], weight[0])
@@ -956,6 +1003,7 @@ def _conv(b: _Builder, node: Node) -> Any:
     for ids in x[len(x) - spatial :]:  # the output's positions come from these: they keep them
         b.ids.pin(ids, f"{_op_text(node)} in {b.module_name(node)} slides over these positions")
     out_spatial = [b.fixed(s, "spatial positions") for s in shape[len(shape) - spatial :]]
+    b.ids.coupling = coupling(READS, b.module_name(node))
     if transposed:
         b.union(channels, weight[0])
         out_channels = weight[1]
@@ -969,6 +1017,8 @@ def _conv(b: _Builder, node: Node) -> Any:
     else:
         # grouped or depthwise: each group's input and output channels go together, whole groups at a time
         per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
+        kind = "the depthwise convolution" if per_in == 1 else "the grouped convolution"
+        b.ids.coupling = coupling(kind, b.module_name(node))
         b.ids.pin(weight[1], "a grouped convolution keeps its channels per group")
         for g in range(groups):
             b.ids.union_all(
