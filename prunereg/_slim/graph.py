@@ -240,6 +240,9 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
+SAME = "same"
+"""The coupling of a parameter with its mask or a scale: one tensor, not two layers (a refusal leaves it out)."""
+
 READS = "reads"
 """The coupling of a layer's input columns with the tensor it reads (two layers reading one tensor: a shared input)."""
 
@@ -251,6 +254,8 @@ _COUPLINGS = {
     **dict.fromkeys(("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu"), "attention"),
 }
 """The coupling each operation makes, as a refusal names it (others: the operation's ATen name)."""
+
+_ELEMENTWISE_COUPLINGS = frozenset(("add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_"))
 
 
 def coupling(kind: str, where: str) -> str:
@@ -269,6 +274,8 @@ class _Builder:
         self.graph = DependencyGraph(self.ids, {})
         self.split_origin: dict[int, str] = {}
         self.node: Node | None = None
+        self.state: set[Node] = set()
+        """The placeholders of parameters and buffers."""
 
     # -- running ------------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -281,9 +288,7 @@ class _Builder:
                 self.env[node] = self._placeholder(node, kinds.get(node.name))
             elif node.op == "call_function":
                 _refuse_symbolic(node, self)
-                self.ids.coupling = coupling(
-                    _COUPLINGS.get(_op_name(node.target), _op_text(node)), self.module_name(node)
-                )
+                self.ids.coupling = self._coupling(node)
                 self.env[node] = self._call(node)
                 out = self.env[node]
                 dims = out if isinstance(out, list) and all(isinstance(v, torch.Tensor) for v in out) else None
@@ -295,6 +300,12 @@ class _Builder:
                     if isinstance(value, Node):
                         for dims in _tensor_dims(self.env.get(value)):
                             self.pin_dims(dims, OUTPUT)
+
+    def _coupling(self, node: Node) -> str:
+        name = _op_name(node.target)
+        if name in _ELEMENTWISE_COUPLINGS and any(arg in self.state for arg in _a(node)):
+            return coupling(SAME, self.module_name(node))  # a mask, a scale or a shift of one tensor: no coupling
+        return coupling(_COUPLINGS.get(name, _op_text(node)), self.module_name(node))
 
     def result(self) -> DependencyGraph:
         return self.graph
@@ -311,6 +322,7 @@ class _Builder:
             reason = f"module '{ignored}' is ignored" if ignored is not None else None
             dims = [self.ids.fresh(size, reason) for size in value.shape]
             self.graph.tensors[target] = dims
+            self.state.add(node)
             return dims
         reason = INPUT if kind == "USER_INPUT" else f"the constant tensor {target}"
         return [self.ids.fresh(size, reason) for size in value.shape]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from prunereg._slim.graph import READS, DependencyGraph, SlimError
+from prunereg._slim.graph import READS, SAME, DependencyGraph, SlimError
 from prunereg._slim.groups import Group, TensorDim
 
 
@@ -181,6 +181,8 @@ def describe_couplings(path: list[str]) -> str:
 
     for step in path:
         kind, _, where = step.partition("\t")
+        if kind == SAME:
+            continue
         if kind == READS:
             readers.append(where)
             continue
