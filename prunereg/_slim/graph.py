@@ -197,7 +197,7 @@ def build_graph(
     while True:  # a split found to be q/k/v (indexed by constants afterwards) is redone the other way
         builder = _Builder(exported, pinned, fused)
         builder.run()
-        if not builder.newly_fused:
+        if builder.newly_fused <= fused:
             break
         fused |= builder.newly_fused
     graph = builder.result()
@@ -394,7 +394,7 @@ class _Builder:
         """Pin ``dims[dim]``: ``node`` reads fixed positions of it (an index, a slice, padding)."""
         ids = dims[dim]
         for index in ids.tolist():
-            if index in self.split_origin and node.name not in self.fused:
+            if index in self.split_origin and self.split_origin[index] not in self.fused:
                 self.newly_fused.add(self.split_origin[index])
         reason = f"{_op_text(node)} in {self.module_name(node)} reads fixed positions of dimension {dim}"
         self.ids.pin(ids, reason)
@@ -443,8 +443,11 @@ class _Builder:
         outer, inner = math.prod(sizes[:k]), math.prod(sizes[k + 1 :])
         return parts[k].repeat_interleave(inner).repeat(outer)
 
-    def split(self, node: Node, flat: IdArray, sizes: Sequence[int]) -> Dims:
-        """One dimension split into ``sizes`` (outer first): the ids each new dimension carries."""
+    def split(self, node: Node, flat: IdArray, sizes: Sequence[int], *, within: bool = False) -> Dims:
+        """One dimension split into ``sizes`` (outer first): the ids each new dimension carries.
+
+        ``within``: the split inside one of q/k/v laid side by side (heads, not q/k/v again).
+        """
         if len(sizes) == 1:
             return [flat]
         outer, inner = sizes[0], math.prod(sizes[1:])
@@ -452,11 +455,11 @@ class _Builder:
         if bool((roots == roots[:, :1]).all()):  # each row one class: the outer dimension carries them
             return [roots[:, 0].clone(), *[self.fixed(s) for s in sizes[1:]]]
         if bool((roots == roots[:1]).all()):  # every row alike: the inner dimensions carry them
-            return [self.fixed(outer), *self.split(node, roots[0].clone(), sizes[1:])]
-        if node.name in self.fused:  # q/k/v laid side by side: position e of each part goes together
+            return [self.fixed(outer), *self.split(node, roots[0].clone(), sizes[1:], within=within)]
+        if node.name in self.fused and not within:  # q/k/v laid side by side: position e of each part goes together
             for column in roots.T:
                 self.ids.union_all(column)
-            return [self.fixed(outer), *self.split(node, self.ids.roots(roots[0]), sizes[1:])]
+            return [self.fixed(outer), *self.split(node, self.ids.roots(roots[0]), sizes[1:], within=True)]
         # heads: each outer position (a head) goes whole and its width stays
         self.ids.coupling = coupling("a reshape into heads", self.module_name(node))
         heads = torch.tensor([self.ids.union_all(row) for row in roots], dtype=torch.int64)

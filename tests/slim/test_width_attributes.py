@@ -179,3 +179,33 @@ def test_bad_width_rules_are_refused_in_one_line(no_rules: None) -> None:
     with pytest.raises(TypeError, match=r"the width rule for .*Att.h gave 2.5 for 'att', not an int"):
         prunereg.slim(model, x, ratio=0.5)
     assert_unchanged(model, before)
+
+
+class FusedAttention(nn.Module):
+    """timm's ``Attention``: one ``qkv`` reshaped to (3, heads, width) and unbound, its widths in attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.attn_dim = 4, 4, 16
+        self.qkv, self.proj, self.head = nn.Linear(16, 48), nn.Linear(16, 16), nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        mixed = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, self.attn_dim)
+        return self.head(self.proj(mixed))
+
+
+def test_fused_qkv_unbound_after_a_reshape_into_three_parts_loses_whole_heads_with_its_attributes_true() -> None:
+    torch.manual_seed(0)
+    model, x = FusedAttention().eval(), torch.randn(1, 5, 16)
+    with torch.no_grad():
+        q, k, v = (part.view(1, 5, 2, 4).transpose(1, 2) for part in model.qkv(x)[..., HEADS_KEPT].chunk(3, dim=-1))
+        mixed = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, 5, 8)
+        mixed = F.linear(mixed, model.proj.weight[:8, :8], model.proj.bias[:8])
+        expected = F.linear(mixed, model.head.weight[:, :8], model.head.bias)
+    report = prunereg.slim(model, x, ratio=0.5, importance=First())
+    assert (model.num_heads, model.head_dim, model.attn_dim) == (2, 4, 8) and not report.notes
+    assert model.qkv.weight.shape == (24, 16)
+    torch.testing.assert_close(outputs(model, (x,)), expected, rtol=1e-5, atol=1e-6)
