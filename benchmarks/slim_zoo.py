@@ -265,12 +265,11 @@ def main() -> None:
             options.json.write_text(json.dumps(results, indent=1))
     print(f"\n{'model':28} {'no-op':8} {'masked':8} {'ratio 0.5':10} kept whole")
     for r in results:
-        first = {
+        said = {
             key: str(r.get(key, r.get("build", "?"))).split(" ")[0].rstrip(":") for key in ("no_op", "masked", "ratio")
         }
-        print(
-            f"{r['model']:28} {first['no_op']:8} {first['masked']:8} {first['ratio']:10} {', '.join(r.get('kept_whole', []))}"
-        )
+        kept = ", ".join(r.get("kept_whole", []))
+        print(f"{r['model']:28} {said['no_op']:8} {said['masked']:8} {said['ratio']:10} {kept}")
 
 
 if __name__ == "__main__":
