@@ -70,12 +70,18 @@ class Slimmed:
 class Failure:
     """Why a slimmed model is not what its plan says."""
 
-    message: str
+    what: str
+    way: str = ""
+    """What the user can do about it (for a refusal)."""
     module: str | None = None
     """The module that computed something else than the plan (to keep whole and try again)."""
     zeros: bool = False
     """Units only exact zeros chose were removed (to keep and try again)."""
     cause: BaseException | None = None
+
+    @property
+    def message(self) -> str:
+        return f"{self.what}: {self.way}" if self.way else self.what
 
 
 def attempt(
@@ -122,8 +128,7 @@ def attempt(
         return Failure(f"slimming would change the model's output shapes {outputs_before} to {_shapes(outputs)}")
     mismatch = compare(graph, planned, after) if after is not None else None
     if mismatch is not None:
-        return Failure(_not_planned(model, mismatch.module, mismatch.message, widths), mismatch.module,
-                       bool(chosen.by_zeros))  # fmt: skip
+        return _not_planned(model, mismatch.module, mismatch.message, widths, bool(chosen.by_zeros))
     notes = list(chosen.notes)
     if reference is not None and equivalent is not None:
         failure = _compare_outputs(reference, equivalent, outputs, bool(chosen.by_zeros), notes)
@@ -148,7 +153,7 @@ class Fallback:
         """Change what the next attempt does, or raise the failure as a :class:`SlimError`."""
         if failure.zeros and self.zeros:
             self.zeros = False
-            self.notes.append(f"exact zeros stay: removing them would change the outputs ({failure.message})")
+            self.notes.append(f"exact zeros stay: removing them would change the outputs ({failure.what})")
             return
         if self.by_ratio and failure.module and len(self.classes) < MOST_KEPT_WHOLE:
             cls = type(self.model.get_submodule(failure.module))
@@ -158,7 +163,7 @@ class Fallback:
                 self.kept += names
                 more = f" and {len(names) - 1} more {cls.__name__}" if len(names) > 1 else ""
                 note = (
-                    f"kept '{failure.module}'{more} whole: {failure.message}; "
+                    f"kept '{failure.module}'{more} whole: {failure.what}; "
                     f"prunereg.register_width_rule({cls.__name__}, ...) can say how it slims"
                 )
                 self.notes.append(note)
@@ -173,15 +178,13 @@ def _failed(error: BaseException, model: nn.Module, widths: set[int], zeros: boo
     module, read = width_readers(error, model, widths)
     if read:
         said = " and ".join(f"self.{name} ({value})" for name, value in read.items())
-        message = (
-            f"{failed}: '{module}' reads {said}, {'a width' if len(read) == 1 else 'widths'} slimming changed "
-            f"but cannot set there: pass ignore=['{module}'] to keep that module whole"
+        what = (
+            f"{failed}: '{module}' reads {said}, {'a width' if len(read) == 1 else 'widths'} slimming changed but "
+            "cannot set there"
         )
-        return Failure(message, module, zeros, error)
-    message = (
-        f"{failed}; a module reads a width from somewhere slimming does not know: pass it (or its parent) in ignore="
-    )
-    return Failure(message, _innermost_module(error, model), zeros, error)
+        return Failure(what, f"pass ignore=['{module}'] to keep that module whole", module, zeros, error)
+    what = f"{failed}; a module reads a width from somewhere slimming does not know"
+    return Failure(what, "pass it (or its parent) in ignore=", _innermost_module(error, model), zeros, error)
 
 
 def _innermost_module(error: BaseException, model: nn.Module) -> str | None:
@@ -196,8 +199,8 @@ def _innermost_module(error: BaseException, model: nn.Module) -> str | None:
     return None
 
 
-def _not_planned(model: nn.Module, module: str, mismatch: str, widths: set[int]) -> str:
-    """The refusal of a slimmed model one of whose operations does not make what the plan says."""
+def _not_planned(model: nn.Module, module: str, mismatch: str, widths: set[int], zeros: bool) -> Failure:
+    """A slimmed model one of whose operations does not make what the plan says: what it holds, and the way around."""
     said = ""
     if module:
         owner = model.get_submodule(module)
@@ -207,11 +210,12 @@ def _not_planned(model: nn.Module, module: str, mismatch: str, widths: set[int])
         }  # fmt: skip
         if read:
             said = " (it holds " + " and ".join(f"self.{name} = {value}" for name, value in read.items()) + ")"
-    way = f"pass ignore=['{module}'] to keep that module whole" if module else "name its modules in ignore="
-    return (
+    what = (
         f"the slimmed model would compute something else than planned: {mismatch}; it computes a size from "
-        f"somewhere slimming does not set{said}: {way}, or register a width rule for it"
+        f"somewhere slimming does not set{said}"
     )
+    way = f"pass ignore=['{module}'] to keep that module whole" if module else "name its modules in ignore="
+    return Failure(what, f"{way}, or register a width rule for it", module or None, zeros)
 
 
 def _compare_outputs(
@@ -222,7 +226,7 @@ def _compare_outputs(
     if worst is not None:
         return Failure(
             f"removing the pruned channels changes the outputs by up to {worst:.3g} from those of the same model "
-            "with their entries at zero: an operation counts them (a LayerNorm's statistics, a mean over channels); "
+            "with their entries at zero: an operation counts them (a LayerNorm's statistics, a mean over channels)",
             "prune channels that no such operation reads, or none",
             zeros=zeros,
         )

@@ -313,5 +313,5 @@ def test_masked_channels_a_layer_norm_counts_are_refused_as_removing_them_change
     assert message.startswith("removing the pruned channels changes the outputs by up to ")
     assert message.endswith(
         "from those of the same model with their entries at zero: an operation counts them (a LayerNorm's "
-        "statistics, a mean over channels); prune channels that no such operation reads, or none"
+        "statistics, a mean over channels): prune channels that no such operation reads, or none"
     )
