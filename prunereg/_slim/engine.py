@@ -49,7 +49,10 @@ def slim(
 
     ``ratio=None`` removes exactly the channels already pruned structurally
     (whole rows or filters zero in a ``<name>_mask``, e.g. by ``ln_structured``),
-    after checking that every layer coupled to them has them pruned too.
+    after checking that every layer coupled to them has them pruned too, and
+    channels that are exact zeros without a mask where removing them changes
+    no output (others stay, noted in the report; on a model without masks or
+    zeros it changes nothing).
     ``ratio=r`` removes ``r`` of every dependency group's channels (heads and
     convolution groups count as one each), the lowest by ``importance``
     (``"magnitude"``, the default, ``"random"``, ``"taylor"``, a registered
@@ -59,6 +62,10 @@ def slim(
     names) that keep every tensor whole. The model's inputs and outputs always
     keep their shapes, so the output head keeps its outputs. A model on the
     meta device slims too, by an importance that needs no values (``"random"``).
+
+    After the cut every operation must make the shape the plan says: with a
+    ratio, a module that does not (it computes a width slimming cannot set) is
+    kept whole, with a warning (see :func:`~prunereg.register_width_rule`).
 
     Raises :class:`~prunereg.SlimError` naming the layer and the operation
     when the model cannot be slimmed as asked; the model is then unchanged.
