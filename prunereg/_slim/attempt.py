@@ -94,9 +94,13 @@ def attempt(
     zeros: bool,
     masked: bool,
     on_meta: bool,
+    grouped: str,
 ) -> Slimmed | Failure:
-    """Plan with the modules ``pinned`` kept whole, cut, and check; ``masked``: a plan from the masks (no ratio)."""
-    graph = build_graph(model, exported, pinned)
+    """Plan with the modules ``pinned`` kept whole, cut, and check; ``masked``: a plan from the masks (no ratio).
+
+    ``grouped``: how grouped convolutions lose channels (:data:`~prunereg._slim.graph.GROUPED`).
+    """
+    graph = build_graph(model, exported, pinned, grouped)
     groups = find_groups(graph, every=masked)
     values = parameter_values(model, graph)
     chosen = choose(groups, graph, values, zeros)

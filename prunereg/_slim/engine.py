@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from prunereg._models import slimmed as shapes
 from prunereg._slim.attempt import Chooser, Chosen, Fallback, Slimmed, attempt, forward, pruning_masks, tensors
 from prunereg._slim.cut import Snapshot
-from prunereg._slim.graph import DependencyGraph, SlimError, export_model
+from prunereg._slim.graph import GROUPED, DependencyGraph, SlimError, export_model
 from prunereg._slim.groups import Group
 from prunereg._slim.importance import Importance, resolve_importance
 from prunereg._slim.masked import choose_pruned
@@ -40,6 +40,7 @@ def slim(
     importance: str | Importance | None = None,
     ignore: Sequence[str | nn.Module] = (),
     round_to: int = 1,
+    grouped: str = "whole",
 ) -> SlimReport:
     """Remove channels from ``model`` in place, so that it is physically smaller and faster.
 
@@ -59,7 +60,9 @@ def slim(
     name, or an :class:`~prunereg.Importance`), keeping a multiple of
     ``round_to`` of them (units, as the ratio counts: channels, or heads where
     heads go whole); both need a ratio. ``ignore``: a list of modules (or their
-    names) that keep every tensor whole. The model's inputs and outputs always
+    names) that keep every tensor whole. ``grouped``: how a grouped (not
+    depthwise) convolution loses channels, ``"whole"`` groups or the same
+    channels ``"inside"`` each group. The model's inputs and outputs always
     keep their shapes, so the output head keeps its outputs. A model on the
     meta device slims too, by an importance that needs no values (``"random"``).
 
@@ -72,7 +75,7 @@ def slim(
     A slim that removes nothing warns (and notes in the report) why.
     """
     args, kwargs = _inputs(model, example_inputs)
-    scorer, ignored = check_arguments(ratio, importance, ignore, round_to)
+    scorer, ignored = check_arguments(ratio, importance, ignore, round_to, grouped)
     pinned = _module_names(model, ignored)
     on_meta = _refuse_meta(model, args, kwargs, masked=ratio is None)
     name = _importance_name(importance or "magnitude")
@@ -86,7 +89,7 @@ def slim(
         while True:
             outcome = attempt(
                 model, (args, kwargs), exported, [*pinned, *fallback.kept], choose,
-                zeros=fallback.zeros, masked=ratio is None, on_meta=on_meta,
+                zeros=fallback.zeros, masked=ratio is None, on_meta=on_meta, grouped=grouped,
             )  # fmt: skip
             if isinstance(outcome, Slimmed):
                 break
@@ -167,7 +170,11 @@ def _inputs(model: nn.Module, example_inputs: Any) -> tuple[tuple[Any, ...], dic
 
 
 def check_arguments(
-    ratio: float | None, importance: str | Importance | None, ignore: Sequence[str | nn.Module], round_to: int
+    ratio: float | None,
+    importance: str | Importance | None,
+    ignore: Sequence[str | nn.Module],
+    round_to: int,
+    grouped: str = "whole",
 ) -> tuple[Importance | None, list[str | nn.Module]]:
     """Refuse arguments of :func:`slim` that are wrong whatever the model; the importance to rank by, and ``ignore``.
 
@@ -184,6 +191,11 @@ def check_arguments(
         raise TypeError(f"round_to must be an int, not {type(round_to).__name__}")
     if round_to < 1:
         raise ValueError(f"round_to must be at least 1, got {round_to}")
+    if grouped not in GROUPED:
+        choices = " or ".join(repr(choice) for choice in GROUPED)
+        raise ArgumentError(
+            lambda say: f"{say('grouped', grouped)} is not a way to slim grouped convolutions: {choices}"
+        )
     if ratio is None and importance is not None:
         raise _needs_a_ratio("importance", _importance_name(importance))
     if ratio is None and round_to != 1:

@@ -188,14 +188,24 @@ def _plain_tensors(module: nn.Module) -> dict[str, Tensor]:
     return {key: value for key, value in module.__dict__.items() if isinstance(value, Tensor)}
 
 
+GROUPED = ("whole", "inside")
+"""How a grouped (not depthwise) convolution loses channels: whole groups, or the same channels inside each group."""
+
+
 def build_graph(
-    model: nn.Module, exported: torch.export.ExportedProgram, pinned_modules: Iterable[str] = ()
+    model: nn.Module,
+    exported: torch.export.ExportedProgram,
+    pinned_modules: Iterable[str] = (),
+    grouped: str = "whole",
 ) -> DependencyGraph:
-    """The dependency graph of ``model`` exported; tensors of ``pinned_modules`` (and below) keep every channel."""
+    """The dependency graph of ``model`` exported; tensors of ``pinned_modules`` (and below) keep every channel.
+
+    ``grouped``: one of :data:`GROUPED`.
+    """
     pinned = tuple(pinned_modules)
     fused: set[str] = set()
     while True:  # a split found to be q/k/v (indexed by constants afterwards) is redone the other way
-        builder = _Builder(exported, pinned, fused)
+        builder = _Builder(exported, pinned, fused, grouped)
         builder.run()
         if builder.newly_fused <= fused:
             break
@@ -264,8 +274,11 @@ def coupling(kind: str, where: str) -> str:
 
 
 class _Builder:
-    def __init__(self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str]) -> None:
+    def __init__(
+        self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str], grouped: str
+    ) -> None:
         self.exported = exported
+        self.grouped = grouped
         self.pinned_modules = pinned
         self.fused = fused
         self.newly_fused: set[str] = set()
@@ -1026,6 +1039,18 @@ def _conv(b: _Builder, node: Node) -> Any:
         _mark_producer(b, _a(node)[1], 0, reads=True)
     elif groups == 1:
         b.union(channels, weight[1])
+        out_channels = weight[0]
+        _mark_producer(b, _a(node)[1], 0)
+        _mark_producer(b, _a(node)[1], 1, reads=True)
+    elif b.grouped == "inside" and channels.numel() // groups > 1:
+        # grouped, channels inside groups: position j of every group goes together (each group keeps its width)
+        per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
+        b.ids.coupling = coupling("the grouped convolution", b.module_name(node))
+        for g in range(1, groups):
+            b.union(channels[g * per_in : (g + 1) * per_in], channels[:per_in])
+            b.union(weight[0][g * per_out : (g + 1) * per_out], weight[0][:per_out])
+        b.ids.coupling = coupling(READS, b.module_name(node))
+        b.union(channels[:per_in], weight[1])
         out_channels = weight[0]
         _mark_producer(b, _a(node)[1], 0)
         _mark_producer(b, _a(node)[1], 1, reads=True)
