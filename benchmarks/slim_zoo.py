@@ -26,21 +26,22 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import signal
 import sys
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
+from slim import deadline  # noqa: E402  (benchmarks/slim.py: stops a slimming call that runs too long)
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
 
@@ -194,20 +195,6 @@ def _mask_a_quarter_of_a_group(model: nn.Module, inputs: tuple[torch.Tensor, ...
     return masked[0] if masked else None
 
 
-@contextmanager
-def _deadline(seconds: int) -> Iterator[None]:
-    def stop(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _said(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
 
@@ -229,7 +216,7 @@ def check(name: str, timeout: int = 600) -> dict[str, Any]:
         # no-op
         state, dense = _state(model), _outputs(model, inputs)
         try:
-            with _deadline(timeout):
+            with deadline(timeout):
                 prunereg.slim(model, inputs)
             same = _same_state(model, state) and _close(_outputs(model, inputs), dense, exact=True)
             result["no_op"] = "ok" if same else "CHANGED"
@@ -244,7 +231,7 @@ def check(name: str, timeout: int = 600) -> dict[str, Any]:
         if first is not None:
             masked = _outputs(model, inputs)
             try:
-                with _deadline(timeout):
+                with deadline(timeout):
                     report = prunereg.slim(model, inputs)
                 exact = _close(_outputs(model, inputs), masked)
                 result["masked"] = f"ok ({first}: {report.removed} removed)" if exact else "DIFFERENT"
@@ -257,7 +244,7 @@ def check(name: str, timeout: int = 600) -> dict[str, Any]:
         shapes = [o.shape for o in _outputs(model, inputs)]
         start = time.perf_counter()
         try:
-            with _deadline(timeout):
+            with deadline(timeout):
                 report = prunereg.slim(model, inputs, ratio=0.5)
             ran = [o.shape for o in _outputs(model, inputs)]
             kept = [note.split(":")[0] for note in report.notes if note.startswith("kept ")]

@@ -263,46 +263,53 @@ def _refusal(model: nn.Module, x: torch.Tensor) -> str:
     return str(refused.value)
 
 
-def test_a_masked_channel_feeding_an_unmasked_depthwise_convolution_is_refused_naming_it() -> None:
-    torch.manual_seed(0)
-    model = DepthwiseAfter().eval()
-    _rows(model.conv, [2])
-    assert _refusal(model, torch.randn(1, 3, 5, 5)) == (
-        "position 2 of 'conv.weight' (dim 0) is pruned by its mask, but 'dw.weight' keeps it (the depthwise "
-        "convolution 'dw' couples them): prune it there too, or not at all"
-    )
-
-
-def test_one_factor_of_a_gated_product_masked_is_refused_naming_the_other_factor() -> None:
-    torch.manual_seed(0)
-    model = Gated().eval()
-    _rows(model.up_proj, [3])
-    assert _refusal(model, torch.randn(2, 4)) == (
-        "position 3 of 'up_proj.weight' (dim 0) is pruned by its mask, but 'gate_proj.weight' keeps it (a gated "
-        "product in the model couples them): prune it there too, or not at all"
-    )
-
-
-def test_a_residual_channel_masked_in_one_addend_is_refused_naming_the_add_and_the_other_addend() -> None:
-    torch.manual_seed(0)
-    model = Residual().eval()
-    _rows(model.stem, [0])
-    assert _refusal(model, torch.randn(2, 4)) == (
-        "position 0 of 'stem.weight' (dim 0) is pruned by its mask, but 'block.weight' keeps it (a residual add in "
-        "the model couples them): prune it there too, or not at all"
-    )
-
-
-def test_input_columns_masked_in_one_reader_of_a_shared_input_are_refused_naming_both_readers() -> None:
-    torch.manual_seed(0)
-    model = SharedInput().eval()
+def _shared_input_column(model: nn.Module) -> None:
     mask = torch.ones(2, 8)
     mask[:, 5] = 0
     prunereg.get("custom_from_mask").apply(model.left, "weight", mask=mask)
-    assert _refusal(model, torch.randn(2, 4)) == (
+
+
+COUPLED: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], None], torch.Tensor, str]] = {
+    "depthwise": (
+        DepthwiseAfter,
+        lambda model: _rows(model.conv, [2]),
+        torch.randn(1, 3, 5, 5),
+        "position 2 of 'conv.weight' (dim 0) is pruned by its mask, but 'dw.weight' keeps it (the depthwise "
+        "convolution 'dw' couples them)",
+    ),
+    "gated_product": (
+        Gated,
+        lambda model: _rows(model.up_proj, [3]),
+        torch.randn(2, 4),
+        "position 3 of 'up_proj.weight' (dim 0) is pruned by its mask, but 'gate_proj.weight' keeps it (a gated "
+        "product in the model couples them)",
+    ),
+    "residual_add": (
+        Residual,
+        lambda model: _rows(model.stem, [0]),
+        torch.randn(2, 4),
+        "position 0 of 'stem.weight' (dim 0) is pruned by its mask, but 'block.weight' keeps it (a residual add in "
+        "the model couples them)",
+    ),
+    "shared_input": (
+        SharedInput,
+        _shared_input_column,
+        torch.randn(2, 4),
         "position 5 of 'left.weight' (dim 1) is pruned by its mask, but 'right.weight' keeps it (a shared input of "
-        "'left' and 'right' couples them): prune it there too, or not at all"
-    )
+        "'left' and 'right' couples them)",
+    ),
+}
+
+
+@pytest.mark.parametrize("coupling", COUPLED)
+def test_a_masked_channel_a_coupled_layer_keeps_is_refused_naming_both_layers_and_what_couples_them(
+    coupling: str,
+) -> None:
+    build, prune, x, expected = COUPLED[coupling]
+    torch.manual_seed(0)
+    model = build().eval()
+    prune(model)
+    assert _refusal(model, x) == f"{expected}: prune it there too, or not at all"
 
 
 def test_masked_channels_a_layer_norm_counts_are_refused_as_removing_them_changes_its_statistics() -> None:
