@@ -122,3 +122,9 @@ def _by_class(model: nn.Module, touched: set[str]) -> list[str]:
                 changed.append(f"{path}.{attribute}" if path else attribute)
             break
     return changed
+
+
+# Built-in rules, by class path (the libraries need not be installed) ---------------------------------------------
+for _stage in ("timm.models.cspnet.CrossStage", "timm.models.cspnet.CrossStage3"):
+    # a CSP stage splits its expanded channels in two by self.expand_chs // 2
+    register_width_rule(_stage, expand_chs=lambda stage: int(stage.conv_exp.conv.out_channels))

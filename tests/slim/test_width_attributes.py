@@ -209,3 +209,43 @@ def test_fused_qkv_unbound_after_a_reshape_into_three_parts_loses_whole_heads_wi
     assert (model.num_heads, model.head_dim, model.attn_dim) == (2, 4, 8) and not report.notes
     assert model.qkv.weight.shape == (24, 16)
     torch.testing.assert_close(outputs(model, (x,)), expected, rtol=1e-5, atol=1e-6)
+
+
+class _ConvBn(nn.Module):
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn(self.conv(x)))
+
+
+class CrossStage(nn.Module):
+    """timm's CSP stage (``timm.models.cspnet.CrossStage``): its expanded channels split in two by an attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expand_chs = 8
+        self.conv_exp, self.block, self.conv_transition = _ConvBn(3, 8), _ConvBn(4, 4), _ConvBn(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs, xb = self.conv_exp(x).split(self.expand_chs // 2, dim=1)
+        return self.conv_transition(torch.cat([xs, self.block(xb)], dim=1))
+
+
+CrossStage.__module__, CrossStage.__qualname__ = "timm.models.cspnet", "CrossStage"
+
+
+def test_a_csp_stage_splitting_by_its_expanded_width_slims_by_the_built_in_rule_to_the_masked_outputs() -> None:
+    torch.manual_seed(0)
+    model, x = CrossStage().eval(), torch.randn(1, 3, 4, 4)
+    rows = torch.ones(8)
+    rows[[1, 5]] = 0  # channel 1 of each half: the split couples them
+    conv, norm = model.conv_exp.conv, model.conv_exp.bn
+    prunereg.get("custom_from_mask").apply(conv, "weight", mask=rows.reshape(8, 1, 1, 1).expand(8, 3, 1, 1).clone())
+    for name in ("weight", "bias"):
+        prunereg.get("custom_from_mask").apply(norm, name, mask=rows.clone())
+    masked = outputs(model, (x,))
+    prunereg.slim(model, x)
+    assert model.expand_chs == 6 and model.conv_exp.conv.out_channels == 6
+    torch.testing.assert_close(outputs(model, (x,)), masked, rtol=1e-5, atol=1e-6)
