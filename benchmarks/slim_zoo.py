@@ -67,12 +67,12 @@ def _timm(name: str, image: int = 64, **kwargs: Any) -> Callable[[], Built]:
     return build
 
 
-def _hugging_face(kind: str, **config: Any) -> Callable[[], Built]:
+def _hugging_face(kind: str, head: str = "ForCausalLM", **config: Any) -> Callable[[], Built]:
     def build() -> Built:
         import transformers
 
         made = getattr(transformers, f"{kind}Config")(**config)
-        model = getattr(transformers, f"{kind}ForCausalLM")(made).eval()
+        model = getattr(transformers, f"{kind}{head}")(made).eval()
         return model, (torch.randint(1, made.vocab_size, (1, 12)),)
 
     return build
@@ -122,7 +122,7 @@ ZOO: dict[str, Callable[[], Built]] = {
     "hf_qwen2": _hugging_face("Qwen2", **_TEXT, num_attention_heads=4, num_key_value_heads=2),
     "hf_mistral": _hugging_face("Mistral", **_TEXT, num_attention_heads=4, num_key_value_heads=1),
     "hf_gemma2": _hugging_face("Gemma2", **_TEXT, num_attention_heads=4, num_key_value_heads=2, head_dim=8),
-    "hf_gpt2": _hugging_face("GPT2", vocab_size=128, n_embd=32, n_layer=2, n_head=4),
+    "hf_gpt2": _hugging_face("GPT2", "LMHeadModel", vocab_size=128, n_embd=32, n_layer=2, n_head=4),
 }
 """Each model by name: a builder of ``(model in eval mode, example inputs)``."""
 

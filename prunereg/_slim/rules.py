@@ -128,3 +128,5 @@ def _by_class(model: nn.Module, touched: set[str]) -> list[str]:
 for _stage in ("timm.models.cspnet.CrossStage", "timm.models.cspnet.CrossStage3"):
     # a CSP stage splits its expanded channels in two by self.expand_chs // 2
     register_width_rule(_stage, expand_chs=lambda stage: int(stage.conv_exp.conv.out_channels))
+# a Res2Net bottleneck splits its channels into parts of self.width, one 3x3 convolution each
+register_width_rule("timm.models.res2net.Bottle2neck", width=lambda block: int(block.convs[0].in_channels))

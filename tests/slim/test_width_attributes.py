@@ -249,3 +249,36 @@ def test_a_csp_stage_splitting_by_its_expanded_width_slims_by_the_built_in_rule_
     prunereg.slim(model, x)
     assert model.expand_chs == 6 and model.conv_exp.conv.out_channels == 6
     torch.testing.assert_close(outputs(model, (x,)), masked, rtol=1e-5, atol=1e-6)
+
+
+class Bottle2neck(nn.Module):
+    """timm's Res2Net block (``timm.models.res2net.Bottle2neck``): parts of ``self.width`` channels, one conv each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.width = 4
+        self.conv1 = nn.Conv2d(3, 8, 1, bias=False)
+        self.convs = nn.ModuleList(nn.Conv2d(4, 4, 3, padding=1, bias=False) for _ in range(2))
+        self.conv3 = nn.Conv2d(8, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = torch.split(F.relu(self.conv1(x)), self.width, 1)
+        first = F.relu(self.convs[0](parts[0]))
+        second = F.relu(self.convs[1](first + parts[1]))
+        return self.conv3(torch.cat([first, second], 1))
+
+
+Bottle2neck.__module__, Bottle2neck.__qualname__ = "timm.models.res2net", "Bottle2neck"
+
+
+def test_a_res2net_block_splitting_by_its_part_width_slims_by_the_built_in_rule() -> None:
+    torch.manual_seed(0)
+    model, x = Bottle2neck().eval(), torch.randn(1, 3, 4, 4)
+    for layer, rows in ((model.conv1, [1, 5]), (model.convs[0], [1])):  # channel 1 of both parts, and what adds to it
+        mask = torch.ones_like(layer.weight)
+        mask[rows] = 0
+        prunereg.get("custom_from_mask").apply(layer, "weight", mask=mask)
+    masked = outputs(model, (x,))
+    report = prunereg.slim(model, x)
+    assert model.width == model.convs[0].in_channels == 3 and report.removed == 1
+    torch.testing.assert_close(outputs(model, (x,)), masked, rtol=1e-5, atol=1e-6)
