@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from prunereg._models import slimmed as shapes
 from prunereg._models.slimmed import Record
 from prunereg._slim.cut import cut
 from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, export_quietly
-from prunereg._slim.groups import Group, TensorDim, find_groups, kept_positions
+from prunereg._slim.groups import Chosen, Group, TensorDim, find_groups, kept_positions
 from prunereg._slim.report import TensorChange
 from prunereg._slim.rules import HEAD_WIDTHS, sync_width_attributes
 from prunereg._slim.verify import compare, needs_capture, planned_shapes
@@ -36,15 +36,6 @@ from prunereg._slim.widths import width_readers
 
 MOST_KEPT_WHOLE = 8
 """How many module classes a ratio may keep whole, one per try, before slimming refuses."""
-
-
-@dataclass
-class Chosen:
-    """The units to remove (group index to unit indices); those among them only exact zeros chose; notes."""
-
-    removed: dict[int, set[int]]
-    by_zeros: dict[int, set[int]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 Chooser = Callable[[list[Group], DependencyGraph, dict[str, Tensor], bool], Chosen]

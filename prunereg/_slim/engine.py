@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._models import slimmed as shapes
-from prunereg._slim.attempt import Chooser, Chosen, Fallback, Slimmed, attempt, forward, pruning_masks, tensors
+from prunereg._slim.attempt import Chooser, Fallback, Slimmed, attempt, forward, pruning_masks, tensors
 from prunereg._slim.cut import Snapshot
 from prunereg._slim.graph import GROUPED, DependencyGraph, SlimError, export_model
-from prunereg._slim.groups import Group
+from prunereg._slim.groups import Chosen, Group
 from prunereg._slim.importance import Importance, resolve_importance
 from prunereg._slim.masked import choose_pruned
 from prunereg._slim.report import SlimReport
@@ -117,8 +117,7 @@ def slim(
 
 def _by_masks(masks: dict[str, Tensor]) -> Chooser:
     def choose(groups: list[Group], graph: DependencyGraph, values: dict[str, Tensor], zeros: bool) -> Chosen:
-        choice = choose_pruned(groups, graph, values, masks, zeros=zeros)
-        return Chosen(choice.removed, choice.by_zeros, choice.notes)
+        return choose_pruned(groups, graph, values, masks, zeros=zeros)
 
     return choose
 

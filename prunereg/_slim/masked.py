@@ -15,7 +15,7 @@ convolution group; :mod:`.groups`):
   one that cannot (a zero-initialised output head, an embedding row looked up
   by index) stays, and the report notes it; this never refuses. The engine
   also keeps them when removing them would change the outputs (a bias, a
-  norm's shift, a statistic over the channels): :attr:`Choice.by_zeros`.
+  norm's shift, a statistic over the channels): :attr:`~.groups.Chosen.by_zeros`.
 
 A unit's entries in a tensor are "zero" when every entry is exactly zero in
 the tensor the model computes with (``orig * mask`` for a pruned one).
@@ -24,23 +24,13 @@ the tensor the model computes with (``orig * mask`` for a pruned one).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from prunereg._slim.graph import READS, SAME, DependencyGraph, SlimError
-from prunereg._slim.groups import Group, TensorDim
-
-
-@dataclass
-class Choice:
-    """What slimming by the masks removes: per group index, the units."""
-
-    removed: dict[int, set[int]] = field(default_factory=dict)
-    by_zeros: dict[int, set[int]] = field(default_factory=dict)
-    """The units among ``removed`` that no mask chose (exact zeros): kept if removing them changes the outputs."""
-    notes: list[str] = field(default_factory=list)
+from prunereg._slim.groups import Chosen, Group, TensorDim
 
 
 @dataclass
@@ -69,9 +59,9 @@ def choose_pruned(
     masks: Mapping[str, Tensor],
     *,
     zeros: bool = True,
-) -> Choice:
+) -> Chosen:
     """The units to remove without a ratio, by the rule above; ``zeros=False`` keeps every unit no mask chose."""
-    choice = Choice()
+    choice = Chosen({})
     for g, group in enumerate(groups):
         made = _side(group, graph.producers, values, masks)
         read = _side(group, graph.consumers, values, masks)

@@ -125,8 +125,14 @@ def _by_class(model: nn.Module, touched: set[str]) -> list[str]:
 
 
 # Built-in rules, by class path (the libraries need not be installed) ---------------------------------------------
+def _channels(module: nn.Module, path: str, attribute: str) -> int:
+    """An int attribute of the submodule at ``path`` (its modules untyped: the library need not be installed)."""
+    value = getattr(module.get_submodule(path), attribute)
+    return int(value)
+
+
 for _stage in ("timm.models.cspnet.CrossStage", "timm.models.cspnet.CrossStage3"):
     # a CSP stage splits its expanded channels in two by self.expand_chs // 2
-    register_width_rule(_stage, expand_chs=lambda stage: int(stage.conv_exp.conv.out_channels))
+    register_width_rule(_stage, expand_chs=lambda stage: _channels(stage, "conv_exp.conv", "out_channels"))
 # a Res2Net bottleneck splits its channels into parts of self.width, one 3x3 convolution each
-register_width_rule("timm.models.res2net.Bottle2neck", width=lambda block: int(block.convs[0].in_channels))
+register_width_rule("timm.models.res2net.Bottle2neck", width=lambda block: _channels(block, "convs.0", "in_channels"))
