@@ -35,7 +35,7 @@ from prunereg._slim.verify import compare, needs_capture, planned_shapes
 from prunereg._slim.widths import width_readers
 
 MOST_KEPT_WHOLE = 8
-"""How many module classes a ratio may keep whole, one per try, before slimming refuses."""
+"""How many times a ratio may keep a failing module (and its class) whole and try again, before slimming refuses."""
 
 
 Chooser = Callable[[list[Group], DependencyGraph, dict[str, Tensor], bool], Chosen]
@@ -134,14 +134,18 @@ def attempt(
 
 
 class Fallback:
-    """What to try after a :class:`Failure`: exact zeros kept, then (with a ratio) the failing module class whole."""
+    """What to try after a :class:`Failure`: exact zeros kept, then (with a ratio) the failing module class whole.
+
+    Every module of the failing class is kept whole at once, as the same code
+    would fail in each; a layer of torch's own is kept whole alone.
+    """
 
     def __init__(self, model: nn.Module, by_ratio: bool) -> None:
         self.model = model
         self.by_ratio = by_ratio
         self.zeros = True
         self.kept: list[str] = []
-        self.classes: list[type] = []
+        self.tries = 0
         self.notes: list[str] = []
 
     def take(self, failure: Failure) -> None:
@@ -150,11 +154,13 @@ class Fallback:
             self.zeros = False
             self.notes.append(f"exact zeros stay: removing them would change the outputs ({failure.what})")
             return
-        if self.by_ratio and failure.module and len(self.classes) < MOST_KEPT_WHOLE:
+        if self.by_ratio and failure.module and self.tries < MOST_KEPT_WHOLE:
             cls = type(self.model.get_submodule(failure.module))
             names = [name for name, module in self.model.named_modules() if type(module) is cls and name]
-            if cls not in self.classes and not any(name in self.kept for name in names):
-                self.classes.append(cls)
+            if cls.__module__.startswith("torch.nn."):  # torch's own layer failed for the code around it: that one
+                names = [failure.module]
+            if failure.module not in self.kept:
+                self.tries += 1
                 self.kept += names
                 more = f" and {len(names) - 1} more {cls.__name__}" if len(names) > 1 else ""
                 note = (
