@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import math
 
 import pytest
@@ -123,3 +125,18 @@ def test_a_step_that_is_no_step_number_is_a_one_line_error(step, error):
     schedule = prunereg.schedule("linear", final=0.5, end=4)
     with pytest.raises(error, match="schedule step must be"):
         schedule(step)
+
+
+def test_a_schedule_is_built_checked_and_read_without_importing_torch():
+    """A training script's configuration can build its schedule before it (or anything) imports torch."""
+    code = (
+        "import sys, prunereg\n"
+        "sched = prunereg.schedule('cubic', final=0.9, start=0, end=1000, every=100)\n"
+        "try:\n"
+        "    prunereg.schedule('cubic', final=1.5, end=10)\n"
+        "except ValueError as error:\n"
+        "    refused = str(error)\n"
+        "print(sched(500), refused, 'torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "0.7875 final sparsity must be in [0, 1), got 1.5 False\n"
