@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import math
 import subprocess
 import sys
-import math
 
 import pytest
 import torch
