@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch._dynamo.testing import CompileCounter
+from torch.overrides import TorchFunctionMode
 
 import prunereg
 import prunereg.prune as prune
@@ -179,6 +180,36 @@ def test_a_compiled_model_is_not_recompiled_when_its_masks_change(fresh_dynamo):
     assert pruner.level == 0.9
     assert counter.frame_count <= 2  # one graph with autograd, one without: none per pruning step
     assert not counters["recompiles"]
+
+
+class TorchCalls(TorchFunctionMode):
+    """Records the name of every torch function and tensor method called inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rewind_to", [None, 3])
+def test_a_step_between_pruning_steps_does_no_tensor_work(rewind_to):
+    """The steps between pruning steps (99 in 100 at every=100) cost the training loop a few Python operations."""
+    model = mlp()
+    schedule = prunereg.schedule("cubic", initial=0.2, final=0.9, start=2, end=22, every=10)
+    pruner = prunereg.GradualPruning(model, "l1_unstructured", schedule, rewind_to=rewind_to)
+    between = set(range(1, 30)) - {2, 12, 22, rewind_to}
+    for step in range(1, 30):
+        with TorchCalls() as calls:
+            pruned = pruner.step()
+        assert pruned == schedule.prunes_at(step)
+        if step in between:
+            assert calls.names == [], f"step {step}"
+        else:  # a pruning step, or the step whose weights become the rewind point
+            assert calls.names
+    assert pruner.level == 0.9
 
 
 def test_a_method_that_lets_weights_regrow_chooses_from_the_original_values():
