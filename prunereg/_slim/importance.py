@@ -46,10 +46,16 @@ class Importance:
 def unit_sums(group: Group, values: Mapping[str, Tensor], measure: Callable[[Tensor], Tensor]) -> Tensor:
     """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64.
 
-    ``measure`` sees each tensor in float32 (or float64; a half-precision tensor is
-    widened first, exactly); the per-unit sums are float64.
+    ``measure`` is per entry: it sees each tensor (a large one a slice of rows at a time)
+    in float32 (or float64; a half-precision tensor is widened first, exactly); the
+    per-unit sums are float64.
     """
     return DimensionSums(measure).unit_sums(group, values)
+
+
+MEASURED_AT_ONCE = 1 << 24
+"""Most entries measured at once: a larger tensor (a large vocabulary's embedding) is measured a slice of rows at a
+time, so that its widened float32 copy and its measure never take more than 16 MiB each, not twice its own bytes."""
 
 
 class DimensionSums:
@@ -72,9 +78,20 @@ class DimensionSums:
         self._sums, self._measured = {}, {}
 
     def add(self, name: str, tensor: Tensor) -> None:
-        """Measure ``tensor`` as ``name``'s values now."""
-        entries = self.measure(_widened(tensor))
-        self._sums[name] = [_sum_along(entries, dim) for dim in range(entries.dim())]
+        """Measure ``tensor`` as ``name``'s values now, a slice of rows at a time (see :data:`MEASURED_AT_ONCE`)."""
+        if tensor.dim() <= 1 or tensor.numel() <= MEASURED_AT_ONCE:
+            entries = self.measure(_widened(tensor))
+            self._sums[name] = [_sum_along(entries, dim) for dim in range(entries.dim())]
+            return
+        rows = max(1, MEASURED_AT_ONCE // (tensor.numel() // tensor.shape[0]))
+        firsts: list[Tensor] = []
+        others: list[Tensor] = []
+        for start in range(0, tensor.shape[0], rows):
+            entries = self.measure(_widened(tensor[start : start + rows]))
+            firsts.append(_sum_along(entries, 0))
+            sums = [_sum_along(entries, dim).double() for dim in range(1, entries.dim())]
+            others = sums if not others else [total + part for total, part in zip(others, sums, strict=True)]
+        self._sums[name] = [torch.cat(firsts), *others]
 
     def unit_sums(self, group: Group, values: Mapping[str, Tensor] | None = None) -> Tensor:
         """Per unit of ``group``: the measure summed over the unit's entries (float64).
