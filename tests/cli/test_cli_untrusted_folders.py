@@ -161,6 +161,23 @@ def test_python_folder_functions_refuse_a_fifo_too(folder: Path) -> None:
     _left_alone(folder)
 
 
+@pytest.mark.parametrize("command", ["oneshot", "oneshot --stream", "shrink"])
+def test_a_tokenizer_file_the_tokenizer_config_names_out_of_the_folder_is_refused(folder: Path, command: str) -> None:
+    """``fast_tokenizer_files`` led transformers to read a tokenizer file outside MODEL_DIR, and the run went on."""
+    (folder / "elsewhere").mkdir()
+    shutil.copy(folder / "model" / "tokenizer.json", folder / "elsewhere" / "tokenizer.1.0.json")
+    config = json.loads((folder / "model" / "tokenizer_config.json").read_text())
+    config["fast_tokenizer_files"] = ["../elsewhere/tokenizer.1.0.json"]
+    (folder / "model" / "tokenizer_config.json").write_text(json.dumps(config))
+    result = _invoke(folder, command)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"Error: MODEL_DIR '{folder / 'model'}' names '../elsewhere/tokenizer.1.0.json', which leads out of it; "
+        "prunereg reads nothing outside the model folder\n"
+    )
+    assert sorted(os.listdir(folder)) == ["calibration.txt", "elsewhere", "model"]
+
+
 @pytest.mark.parametrize("command", ["oneshot --stream", "shrink --stream"])
 def test_a_streamed_run_never_blocks_on_a_fifo_and_sigterm_leaves_nothing(folder: Path, command: str) -> None:
     """A real process, sent SIGTERM if it ever opens the FIFO, ends by the refusal or the signal and leaves nothing.
