@@ -161,6 +161,31 @@ def test_python_folder_functions_refuse_a_fifo_too(folder: Path) -> None:
     _left_alone(folder)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "prunereg_masks.safetensors", "generation_config.json"])
+def test_prunereg_from_pretrained_checks_the_folder_as_the_commands_do(folder: Path, name: str) -> None:
+    """It checked links only: a FIFO of weights was "no weights", one of masks was passed over (masks lost)."""
+    from transformers import AutoModelForCausalLM
+
+    fifo = folder / "model" / name
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    with fifo_unblocker(fifo), pytest.raises(prunereg.CheckpointError) as refused:
+        prunereg.from_pretrained(AutoModelForCausalLM, folder / "model")
+    assert str(refused.value) == (
+        f"'{fifo}' is a FIFO (named pipe), not a regular file; replace it with the model's own {name}"
+    )
+
+
+def test_prunereg_from_pretrained_refuses_a_file_larger_than_its_kind_unread(folder: Path) -> None:
+    """transformers read any generation_config.json whole, however large."""
+    from transformers import AutoModelForCausalLM
+
+    with open(folder / "model" / "generation_config.json", "r+b") as file:
+        file.truncate(16_000_001)  # sparse: nothing is written
+    with pytest.raises(prunereg.CheckpointError, match=r"generation_config.json' holds 16.0 MB, more than a config"):
+        prunereg.from_pretrained(AutoModelForCausalLM, folder / "model")
+
+
 @pytest.mark.parametrize("command", ["oneshot", "oneshot --stream", "shrink"])
 def test_a_tokenizer_file_the_tokenizer_config_names_out_of_the_folder_is_refused(folder: Path, command: str) -> None:
     """``fast_tokenizer_files`` led transformers to read a tokenizer file outside MODEL_DIR, and the run went on."""
