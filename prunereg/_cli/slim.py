@@ -17,7 +17,6 @@ widths, else ``prunereg.from_pretrained``). Needs the ``hf`` extra.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.shared import force_option, json_option, output_folder
 from prunereg._cli.values import Number
+from prunereg._disk.input_file import copy_regular
+from prunereg._disk.model_dir import replace_hint
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._text import printable
 
@@ -119,7 +120,7 @@ def slim_command(
         for name in _BESIDE_THE_WEIGHTS:
             source = model_dir / name
             if source.is_file() and not source.is_symlink():
-                shutil.copyfile(source, Path(staging) / name)
+                copy_regular(source, Path(staging) / name, "file of a model folder", replace_hint(name))
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -16,6 +17,7 @@ import prunereg
 from prunereg._cli import main
 from tests.slim.helpers import outputs
 from tests.support import slim_models
+from tests.support.fifos import fifo_unblocker
 
 pytest.importorskip("transformers")
 
@@ -166,3 +168,29 @@ def test_slim_grouped_says_how_grouped_convolutions_lose_channels(
     reloaded = prunereg.from_pretrained(RegNetForImageClassification, out)
     convolution = reloaded.regnet.encoder.stages[0].layers[0].layer[1].convolution
     assert (convolution.groups, convolution.weight.shape[1]) == (groups, width)  # of 4 groups of 4 channels
+
+
+def test_a_file_copied_beside_the_weights_is_opened_only_as_a_regular_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slim copied the folder's other files by name after a look: one swapped for a FIFO then was not refused."""
+    folder, _ = _folder(tmp_path)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("a\nb\n")
+    is_file = Path.is_file
+
+    def is_file_then_swap(path: Path) -> bool:
+        found = is_file(path)
+        if found and path == vocab:
+            vocab.unlink()
+            os.mkfifo(vocab)  # right after slim looked
+        return found
+
+    monkeypatch.setattr(Path, "is_file", is_file_then_swap)
+    with fifo_unblocker(vocab):
+        result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (  # after transformers' bar for the weights written meanwhile
+        f"Error: '{vocab}' is a FIFO (named pipe), not a regular file; replace it with the model's own vocab.txt"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["model"]
