@@ -128,7 +128,7 @@ def slim_command(
 
 def _load(model_dir: Path, *, masked: bool) -> Any:
     """MODEL_DIR's model; with ``masked``, pruned again with the folder's masks (which must exist)."""
-    from prunereg._models.hf_folder import load_config, load_model, model_class
+    from prunereg._models.hf_folder import checked_model_class, load_model
     from prunereg._models.huggingface import MASKS_FILE, from_pretrained
 
     if not masked:
@@ -138,8 +138,8 @@ def _load(model_dir: Path, *, masked: bool) -> Any:
             f"MODEL_DIR has no {MASKS_FILE}, so no channel is pruned yet: give --ratio, or prune it first "
             "(prunereg oneshot --masks, prunereg.save_pretrained of a pruned model)"
         )
-    config = load_config(model_dir)
-    return from_pretrained(model_class(config), model_dir, config=config).eval()
+    config, cls = checked_model_class(model_dir)
+    return from_pretrained(cls, model_dir, config=config).eval()
 
 
 def _example_inputs(model: Any) -> dict[str, Any]:

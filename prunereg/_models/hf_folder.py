@@ -48,6 +48,7 @@ from prunereg._disk.model_dir import (
     weight_headers,
 )
 from prunereg._models.config_check import check_config, check_model
+from prunereg._models.slimmed import CONFIG_KEY, apply_slimmed_shapes
 from prunereg._progress import library_bars
 from prunereg._text import quoted
 
@@ -168,10 +169,25 @@ def load_model(folder: str | os.PathLike[str], *, dtype: Any = "auto", label: st
 
     The checks of :func:`load_causal_lm`: no folder code, nothing outside the folder, no weight made up.
     """
+    config, cls = checked_model_class(folder, label)
+    return _loaded(cls, config, folder, dtype, label)
+
+
+def checked_model_class(folder: str | os.PathLike[str], label: str = "MODEL_DIR") -> tuple[Any, Any]:
+    """The folder's config and the class it names, once the model built from them on the meta device fits the weights.
+
+    A folder ``prunereg.slim`` wrote is built with the shapes its config records. So a config unlike its weights
+    is refused in prunereg's words before transformers loads anything (and reports the mismatch in a table).
+    """
     checked = _checked_config(folder, label)
     cls = model_class(checked.config, label)
-    checked.check_on_meta(cls, folder, label)
-    return _loaded(cls, checked.config, folder, dtype, label)
+    record = getattr(checked.config, CONFIG_KEY, None)
+
+    def build(config: Any) -> nn.Module:
+        return apply_slimmed_shapes(cls(config), record) if record else cls(config)
+
+    checked.check_on_meta(build, folder, label)
+    return checked.config, cls
 
 
 def _loaded(cls: Any, config: Any, folder: str | os.PathLike[str], dtype: Any, label: str) -> nn.Module:

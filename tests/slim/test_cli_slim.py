@@ -194,3 +194,38 @@ def test_a_file_copied_beside_the_weights_is_opened_only_as_a_regular_file(
         f"Error: '{vocab}' is a FIFO (named pipe), not a regular file; replace it with the model's own vocab.txt"
     )
     assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+@pytest.mark.parametrize(("key", "gives"), [("num_hidden_layers", "num_hidden_layers"), ("hidden_size", "hidden_size")])
+def test_slim_by_masks_refuses_a_config_unlike_its_weights_in_one_line(tmp_path: Path, key: str, gives: str) -> None:
+    """Loading by the masks skipped the check: transformers' table and ignore_mismatched_sizes, or a block made up."""
+    model, _ = slim_models.hf_smollm2_llama()
+    mlp = model.model.layers[0].mlp
+    prunereg.get("custom_from_mask").apply(mlp.up_proj, "weight", mask=torch.ones_like(mlp.up_proj.weight))
+    prunereg.save_pretrained(model, tmp_path / "pruned")
+    config = json.loads((tmp_path / "pruned" / "config.json").read_text())
+    config[key] += config["num_attention_heads"] if key == "hidden_size" else 1
+    (tmp_path / "pruned" / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["slim", str(tmp_path / "pruned"), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: MODEL_DIR's config.json gives {gives} {config[key]}")
+    assert result.stderr.endswith("use the config.json that came with these weights\n")
+    assert len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_slim_by_masks_takes_a_folder_slim_wrote(tmp_path: Path) -> None:
+    """The check builds the model with the shapes a slimmed folder's config records, as loading it does."""
+    folder, model = _folder(tmp_path)
+    assert CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "slim"), "--ratio", "0.25"]).exit_code == 0
+    slimmed = prunereg.from_pretrained(type(model), tmp_path / "slim")
+    mlp = slimmed.model.layers[0].mlp
+    rows = torch.ones(mlp.up_proj.out_features, 1)
+    rows[::2] = 0
+    for layer in (mlp.gate_proj, mlp.up_proj):
+        prunereg.get("custom_from_mask").apply(layer, "weight", mask=rows.expand_as(layer.weight).clone())
+    prunereg.save_pretrained(slimmed, tmp_path / "masked")
+    result = CliRunner().invoke(main, ["slim", str(tmp_path / "masked"), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    reloaded = prunereg.from_pretrained(type(model), tmp_path / "out")
+    assert reloaded.model.layers[0].mlp.up_proj.out_features == mlp.up_proj.out_features // 2
