@@ -88,7 +88,7 @@ class _CheckedConfig:
 def _checked_config(folder: str | os.PathLike[str], label: str) -> _CheckedConfig:
     from transformers import AutoConfig
 
-    raw, headers = _checked_json(folder, label)
+    raw, headers = check_folder(folder, label)
     with _no_folder_code(folder, label):
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     marker = getattr(config, "quantization_config", None)
@@ -104,7 +104,7 @@ def _checked_config(folder: str | os.PathLike[str], label: str) -> _CheckedConfi
     return _CheckedConfig(config, raw, headers)
 
 
-def _checked_json(
+def check_folder(
     folder: str | os.PathLike[str], label: str, *, config_required: bool = True
 ) -> tuple[Mapping[str, Any], WeightHeaders | None]:
     """The folder checked (its entries, then ``config.json`` against the weights' headers): the JSON and headers.
@@ -207,7 +207,7 @@ def load_tokenizer(folder: str | os.PathLike[str], label: str = "MODEL_DIR") -> 
     """The folder's tokenizer, built by transformers' own classes; a missing or broken one named in one line."""
     from transformers import AutoTokenizer
 
-    _checked_json(folder, label, config_required=False)
+    check_folder(folder, label, config_required=False)
     try:
         with _no_folder_code(folder, label):
             return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)

@@ -47,6 +47,7 @@ from prunereg._disk.model_dir import (
     weight_files,
 )
 from prunereg._disk.safetensors_file import open_safetensors
+from prunereg._models.hf_folder import check_folder
 from prunereg._models.slimmed import CONFIG_KEY, apply_slimmed_shapes
 from prunereg._progress import library_bars
 from prunereg._text import quoted
@@ -93,15 +94,16 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     own runs (``trust_remote_code=False`` unless you pass it), no link out of
     it is followed, and anything in it but a regular file no larger than its
     kind (a FIFO as the weights or the masks) is refused before anything is
-    read, as ``prunereg oneshot`` refuses it (``CheckpointError``).
+    read, as ``prunereg oneshot`` refuses it (``CheckpointError``); so is a
+    ``config.json`` giving a count or width its weights cannot hold
+    (``ValueError``), before any model is built.
     """
     folder = Path(pretrained)
     kwargs.setdefault("trust_remote_code", False)
     local = folder.is_dir()
-    if local:
-        check_model_folder(folder, "pretrained")
+    slimmed = local and _checked_is_slimmed(folder, kwargs.get("config"))
     masks: dict[str, torch.Tensor] = {}
-    if local and _is_slimmed(folder, kwargs.get("config")):
+    if slimmed:
         config = kwargs.get("config") or model_class.config_class.from_pretrained(
             pretrained, trust_remote_code=kwargs["trust_remote_code"]
         )
@@ -128,6 +130,20 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
         if not reparam.pruning_hooks(site.module, site.name):  # a tied parameter is pruned with its group
             CustomFromMask.apply(model, name, mask.to(getattr(site.module, site.name).device))
     return model
+
+
+def _checked_is_slimmed(folder: Path, config: Any) -> bool:
+    """The folder checked as the commands check it, and whether its model records shapes ``prunereg.slim`` made.
+
+    ``config.json`` is checked against the weights' headers too, unless a ``config`` is given (transformers then
+    does not read it) or it records slimmed shapes (its sizes are the model's before slimming).
+    """
+    slimmed = _is_slimmed(folder, config)
+    if config is None and not slimmed:
+        check_folder(folder, "pretrained")
+    else:
+        check_model_folder(folder, "pretrained")
+    return slimmed
 
 
 def _is_slimmed(folder: Path, config: Any) -> bool:

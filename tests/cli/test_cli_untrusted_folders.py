@@ -337,3 +337,13 @@ def test_python_calibration_texts_name_a_missing_tokenizer_too(folder: Path) -> 
     with pytest.raises(ValueError, match=rf"^model_dir '{model}' holds no tokenizer \(no tokenizer.json"):
         prunereg.oneshot_folder(model, folder / "out", "magnitude", calibration="w1 w2 w3 w4 w5")
     _left_alone(folder)
+
+
+def test_prunereg_from_pretrained_checks_the_config_against_the_weights_before_building(folder: Path) -> None:
+    """transformers built the model the config asked for first: here it tried to allocate 2**40 wide layers."""
+    from transformers import AutoModelForCausalLM
+
+    edit_config(folder / "model", hidden_size=2**40)
+    with pytest.raises(ValueError) as refused:
+        prunereg.from_pretrained(AutoModelForCausalLM, folder / "model")
+    assert str(refused.value) == "pretrained's config.json " + BEYOND_THE_WEIGHTS[1][1] + FIX
