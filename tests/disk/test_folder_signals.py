@@ -17,10 +17,9 @@ import pytest
 from tests.support.processes import DEFAULT_TERMINATION
 
 TIMEOUT = 120
-PROGRAM = """
+SIGNALLED = """
 import os, signal, sys, tempfile
 from pathlib import Path
-from prunereg._disk.folder import AtomicFolder
 from prunereg._disk.signals import cleanup_on_signals
 
 def signalled(real):
@@ -29,6 +28,10 @@ def signalled(real):
         os.kill(os.getpid(), signal.SIGTERM)
         return result
     return call
+"""
+"""The start of each program: ``signalled(f)`` is ``f`` sending SIGTERM to its own process once it returns."""
+PROGRAM = """
+from prunereg._disk.folder import AtomicFolder
 
 where = sys.argv[2]
 with cleanup_on_signals():
@@ -47,7 +50,7 @@ print("the signal never came")
 @pytest.mark.parametrize("where", ["made", "deleted"])
 def test_a_signal_while_the_staging_folder_is_made_or_deleted_leaves_nothing(tmp_path: Path, where: str) -> None:
     run = subprocess.run(
-        [sys.executable, "-c", DEFAULT_TERMINATION + PROGRAM, str(tmp_path), where],
+        [sys.executable, "-c", DEFAULT_TERMINATION + SIGNALLED + PROGRAM, str(tmp_path), where],
         capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert run.returncode == -signal.SIGTERM, run.stderr
@@ -55,17 +58,7 @@ def test_a_signal_while_the_staging_folder_is_made_or_deleted_leaves_nothing(tmp
 
 
 FILES_PROGRAM = """
-import os, signal, sys, tempfile
-from pathlib import Path
 from prunereg._disk.files import AtomicOutputs
-from prunereg._disk.signals import cleanup_on_signals
-
-def signalled(real):
-    def call(*args, **kwargs):
-        result = real(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return result
-    return call
 
 where, folder = sys.argv[2], Path(sys.argv[1])
 with cleanup_on_signals():
@@ -89,7 +82,7 @@ def test_a_signal_while_output_files_are_made_placed_or_removed_leaves_all_or_no
 ) -> None:
     """It stopped the clean-up halfway: a temporary file, four of them, or one output file of five stayed behind."""
     run = subprocess.run(
-        [sys.executable, "-c", DEFAULT_TERMINATION + FILES_PROGRAM, str(tmp_path), where],
+        [sys.executable, "-c", DEFAULT_TERMINATION + SIGNALLED + FILES_PROGRAM, str(tmp_path), where],
         capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert run.returncode == -signal.SIGTERM, run.stderr
