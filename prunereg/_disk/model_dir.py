@@ -294,7 +294,9 @@ def _entries(root: Path, subfolders: list[str]) -> Iterator[tuple[str, str]]:
 
 
 def _inside(root: Path, name: str, label: str) -> Path:
-    """``root / name``, refused if the name or a link on the way leads out of ``root``."""
+    """``root / name``, refused if the name or a link on the way leads out of ``root``, or if it holds a NUL."""
+    if "\0" in name:  # os.path would raise "embedded null byte", naming neither the folder nor the name
+        raise ValueError(f"{label} {quoted(root)} names {name!r}, which is no file name (it holds a NUL character)")
     path = root / name
     if os.path.isabs(name) or not _is_inside(Path(os.path.realpath(path)), _allowed_roots(root)):
         raise UnsafeFolderError(

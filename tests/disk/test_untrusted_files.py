@@ -188,6 +188,26 @@ def test_a_tokenizer_file_the_tokenizer_config_names_is_checked_as_the_folders_o
     check_model_folder(folder)  # a file of its own, in a subfolder, is read as transformers reads it
 
 
+@pytest.mark.parametrize("where", ["fast_tokenizer_files", "an index", "transformers_weights"])
+def test_a_name_holding_a_nul_the_folder_gives_is_refused_naming_it(folder: Path, where: str) -> None:
+    """os.path raised "embedded null byte", naming neither the folder nor the file that gave the name."""
+    name = "model-00002\0.safetensors"
+    if where == "fast_tokenizer_files":
+        _naming_fast_tokenizer_file(folder, name)
+    elif where == "an index":
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        index["weight_map"]["b.weight"] = name
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        _named_weights(folder, name)
+    with pytest.raises(ValueError) as refused:
+        check_model_folder(folder)
+        weight_headers(folder)
+    assert str(refused.value) == (
+        f"MODEL_DIR '{folder}' names {name!r}, which is no file name (it holds a NUL character)"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "kind"),
     [("tokenizer_config.json", "config file"), ("model.safetensors.index.json", "weight index"),
