@@ -29,6 +29,7 @@ from prunereg._cli.values import Number
 from prunereg._disk.input_file import copy_regular
 from prunereg._disk.model_dir import replace_hint
 from prunereg._disk.signals import cleanup_on_signals
+from prunereg._progress import library_bars
 from prunereg._text import printable
 
 _BESIDE_THE_WEIGHTS = (
@@ -112,7 +113,7 @@ def slim_command(
         round_to=round_to,
         grouped=grouped,
     )
-    with cleanup_on_signals(), output as staging:
+    with cleanup_on_signals(), output as staging, library_bars():  # transformers' bar for the weights it writes
         if prunereg.is_pruned(model):
             prunereg.save_pretrained(model, staging)
         else:
