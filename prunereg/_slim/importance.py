@@ -19,7 +19,8 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import Tensor, nn
 
-from prunereg._slim.groups import Group, TensorDim
+from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._slim.units import Group, TensorDim
 
 _Class = TypeVar("_Class", bound=type)
 
@@ -35,6 +36,11 @@ class Importance:
     """
 
     PRUNING_TYPE: ClassVar[str] = "importance"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A third party's importance runs as plugin code: sys.exit() or its own Ctrl-C fails like any error.
+        guard_plugin_methods(cls, ("__init__", "prepare", "__call__"))
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Look at the model before scoring (nothing by default)."""
