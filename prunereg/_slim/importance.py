@@ -211,7 +211,9 @@ def register_importance(name: str, *, replace: bool = False) -> Callable[[_Class
     --kind importance`` shows it), in this process, or for the plugin whose
     import is running. Taking a built-in importance's name needs
     ``replace=True``, else ``ValueError``; the registry refuses a name another
-    method or importance holds, as it does for methods.
+    plugin's importance holds, as it does for methods, and a name of another
+    kind even with ``replace=True`` (``magnitude`` is also the calibrated
+    method: pass an instance, ``importance=MyMagnitude()``, instead).
     """
 
     def decorate(cls: _Class) -> _Class:
