@@ -22,21 +22,9 @@ from typing import Any
 
 import click
 
+from prunereg._cli import shared
 from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
-from prunereg._cli.shared import (
-    Results,
-    calibration_options,
-    dtype_option,
-    eval_options,
-    force_option,
-    json_option,
-    library_bars_unless,
-    output_folder,
-    quiet_option,
-    read_eval_ids,
-    torch_dtype,
-)
 from prunereg._cli.values import Number
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._text import printable
@@ -76,7 +64,7 @@ _SHRINK_HINT = (
     help="How channels are ranked, with --ratio: magnitude, random, taylor, or a registered importance "
     "[default: magnitude].",
 )
-@calibration_options(
+@shared.calibration_options(
     required=False,
     help="Text file whose first tokens give --importance taylor its gradient (a language model's loss on them); "
     "without it, the gradient of the output's sum on a made-up input.",
@@ -92,11 +80,11 @@ _SHRINK_HINT = (
     show_default=True,
     help="How a grouped convolution loses channels: whole groups, or the same channels inside every group.",
 )
-@dtype_option
-@eval_options
-@force_option
-@json_option
-@quiet_option
+@shared.dtype_option
+@shared.eval_options
+@shared.force_option
+@shared.json_option
+@shared.quiet_option
 def slim_command(
     model_dir: Path,
     output_dir: Path,
@@ -130,7 +118,7 @@ def slim_command(
     """
     if calibration is not None and (importance or "magnitude") != "taylor":
         raise click.UsageError("--calibration gives --importance taylor its gradient; the other importances need none")
-    output = output_folder(output_dir, model_dir, force)
+    output = shared.output_folder(output_dir, model_dir, force)
     try:
         import transformers  # noqa: F401
     except ImportError as error:
@@ -154,11 +142,11 @@ def slim_command(
     elif calibration is not None or eval_file is not None:
         flag = "--calibration" if calibration is not None else "--eval"
         raise click.UsageError(f"{flag} is a text for a language model, and MODEL_DIR holds a {cls.__name__}")
-    results = Results(eval_file.name if eval_file is not None else None)
-    with results.shown_on_failure(as_json), library_bars_unless(quiet):
+    results = shared.Results(eval_file.name if eval_file is not None else None)
+    with results.shown_on_failure(as_json), shared.library_bars_unless(quiet):
         tokenizer = load_tokenizer(model_dir) if calibration is not None or eval_file is not None else None
         ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING) if calibration else None
-        eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+        eval_ids = shared.read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
         model = _load(model_dir, masked=ratio is None, dtype=dtype)
         if eval_ids is not None:
             results.measure("before", model, eval_ids, eval_window, not quiet)
@@ -204,14 +192,14 @@ def _load(model_dir: Path, *, masked: bool, dtype: str) -> Any:
     from prunereg._models.huggingface import MASKS_FILE, from_pretrained
 
     if not masked:
-        return load_model(model_dir, dtype=torch_dtype(dtype))
+        return load_model(model_dir, dtype=shared.torch_dtype(dtype))
     if not (model_dir / MASKS_FILE).is_file():
         raise click.ClickException(
             f"MODEL_DIR has no {MASKS_FILE}, so no channel is pruned yet: give --ratio, or prune it first "
             "(prunereg oneshot --masks, prunereg.save_pretrained of a pruned model)"
         )
     config = load_config(model_dir)
-    return from_pretrained(model_class(config), model_dir, config=config, dtype=torch_dtype(dtype)).eval()
+    return from_pretrained(model_class(config), model_dir, config=config, dtype=shared.torch_dtype(dtype)).eval()
 
 
 def _example_inputs(model: Any) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def check_importance(
         typed, inputs = copy.deepcopy(model).to(dtype), x.to(dtype)
         values = parameter_values(typed, graph)
         before = _state(typed, values)
-        with _step(label, f"scoring in {dtype}"):
+        with step(label, f"scoring in {dtype}"):
             first = _scores(instance, typed, inputs, groups, values)
             again = _scores(instance, typed, inputs, groups, values)
         for group, scores, repeated in zip(groups, first, again, strict=True):
@@ -78,7 +78,7 @@ def check_importance(
                 "a mode) or the values it was given; an importance only reads them"
             )
     slimmed = copy.deepcopy(model)
-    with _step(label, "slimming with ratio=0.5"), _quiet():
+    with step(label, "slimming with ratio=0.5"), _quiet():
         report = slim(slimmed, x, ratio=0.5, importance=instance)
     if report.removed == 0 or slimmed(x).shape != model(x).shape:
         raise AssertionError(f"{label}: slim(ratio=0.5) removed {report.removed} units or changed the output shape")
@@ -91,7 +91,7 @@ def _instance(importance: str | type | Importance, kwargs: dict[str, Any]) -> tu
         return importance, f"importance {type(importance).__qualname__}"
     if isinstance(importance, str):
         label = f"importance {importance!r}"
-        with _step(label, "looking it up"):
+        with step(label, "looking it up"):
             cls: Any = get_importance(importance)
         _check_registration(importance, label)
     else:
@@ -100,7 +100,7 @@ def _instance(importance: str | type | Importance, kwargs: dict[str, Any]) -> tu
         raise AssertionError(f"{label}: not a prunereg.Importance subclass")
     if cls.PRUNING_TYPE != "importance":
         raise AssertionError(f"{label}: PRUNING_TYPE must be 'importance', not {cls.PRUNING_TYPE!r}")
-    with _step(label, "constructing it"):
+    with step(label, "constructing it"):
         return cls(**kwargs), label
 
 
@@ -175,7 +175,7 @@ def _equal(a: Tensor, b: Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def _step(label: str, what: str) -> Iterator[None]:
+def step(label: str, what: str) -> Iterator[None]:
     """An exception raised by the importance as an AssertionError that says what was being done."""
     try:
         yield

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from prunereg._cli import main
-from tests.shrink.test_new_plugin_shrink import run
+from tests.support.generated_plugin import install_and_test
 
 
 def test_the_importance_template_writes_an_importance_with_the_packaging(tmp_path: Path) -> None:
@@ -25,16 +22,6 @@ def test_the_importance_template_writes_an_importance_with_the_packaging(tmp_pat
 
 @pytest.mark.slow
 def test_a_generated_importance_plugin_installs_registers_and_passes_its_own_tests(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
-    source, site = tmp_path / "source", tmp_path / "site"
-    run([str(bin_dir / "prunereg"), "new-plugin", "demo-rank", str(source), "--kind", "importance"], tmp_path)
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
-         "--target", str(site), str(source)], tmp_path)  # fmt: skip
-    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    listed = run([str(bin_dir / "prunereg"), "list", "--json", "--kind", "importance"], tmp_path, PYTHONPATH=path)
-    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    rows, output = install_and_test(tmp_path, "demo-rank", "importance")
     assert rows["demo_rank"]["target"] == "prunereg_demo_rank.method:DemoRankImportance"
-    tests = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source)], tmp_path, PYTHONPATH=path
-    )
-    assert "3 passed" in tests.stdout
+    assert "3 passed" in output
