@@ -71,7 +71,7 @@ def test_the_lowest_standardized_scores_go_across_blocks_and_every_block_keeps_o
     assert [block.kept["mlp"] for block in report.blocks] == [width // 2, width - 1, 1]
     assert report.needs_prunereg_loader and "prunereg.from_pretrained" in str(report)
     assert model.config.intermediate_size == width  # the config cannot state it: the record does
-    assert getattr(model.config, CONFIG_KEY)["tensors"]["model.layers.1.mlp.down_proj.weight"] == [32, 1]
+    assert getattr(model.config, CONFIG_KEY)["tensors"]["model.layers.2.mlp.down_proj.weight"] == [32, 1]
 
 
 def test_flap_global_removes_the_uniform_total_and_reloads_with_prunereg_from_pretrained(tmp_path: Path) -> None:
