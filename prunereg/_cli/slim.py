@@ -137,9 +137,7 @@ def slim_command(
     config = load_config(model_dir)
     cls = model_class(config)
     causal = is_causal_lm(config, cls)
-    if causal:
-        click.echo(_SHRINK_HINT.format(name=cls.__name__), err=True)
-    elif calibration is not None or eval_file is not None:
+    if not causal and (calibration is not None or eval_file is not None):
         flag = "--calibration" if calibration is not None else "--eval"
         raise click.UsageError(f"{flag} is a text for a language model, and MODEL_DIR holds a {cls.__name__}")
     results = shared.Results(eval_file.name if eval_file is not None else None)
@@ -148,6 +146,8 @@ def slim_command(
         ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING) if calibration else None
         eval_ids = shared.read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
         model = _load(model_dir, masked=ratio is None, dtype=dtype)
+        if causal:  # once the folder has passed its checks, before the minutes slimming takes
+            click.echo(_SHRINK_HINT.format(name=cls.__name__), err=True)
         if eval_ids is not None:
             results.measure("before", model, eval_ids, eval_window, not quiet)
         results.report = prunereg.slim(
