@@ -128,21 +128,6 @@ def test_the_help_examples_are_the_docs_examples() -> None:
     assert all(example in shown for example in EXAMPLES)
 
 
-SHARED = ["--dtype", "--eval", "--eval-window", "--eval-tokens", "--force", "--json", "--quiet", "--debug"]
-
-
-def _help_of(command: str, flag: str) -> str:
-    [option] = [param for param in main.commands[command].params if flag in getattr(param, "opts", ())]
-    return f"{option.help} {getattr(option, 'default', None)}"
-
-
-@pytest.mark.parametrize("flag", SHARED)
-def test_the_folder_commands_share_their_common_flags_word_for_word(flag: str) -> None:
-    helps = {command: _help_of(command, flag) for command in ("oneshot", "shrink", "slim")}
-    assert len(set(helps.values())) == 1, helps
-    assert not helps["slim"].startswith("None"), f"{flag} has no help text"
-
-
 def test_the_docs_list_debug_for_every_command() -> None:
     page = (DOCS / "cli.md").read_text()
     sentence = page.split("## Errors and exit codes", 1)[1].split("has `--debug`", 1)[0]
