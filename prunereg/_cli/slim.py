@@ -16,7 +16,6 @@ widths, else ``prunereg.from_pretrained``). Needs the ``hf`` extra.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,8 @@ from prunereg._cli import shared
 from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.values import Number
+from prunereg._disk.input_file import copy_regular
+from prunereg._disk.model_dir import replace_hint
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._text import printable
 
@@ -169,7 +170,7 @@ def slim_command(
             for name in _BESIDE_THE_WEIGHTS:
                 source = model_dir / name
                 if source.is_file() and not source.is_symlink():
-                    shutil.copyfile(source, Path(staging) / name)
+                    copy_regular(source, Path(staging) / name, "file of a model folder", replace_hint(name))
     results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")
@@ -188,7 +189,7 @@ def _taylor_on(ids: Any) -> Any:
 
 def _load(model_dir: Path, *, masked: bool, dtype: str) -> Any:
     """MODEL_DIR's model in ``--dtype``; with ``masked``, pruned again with the folder's masks (which must exist)."""
-    from prunereg._models.hf_folder import load_config, load_model, model_class
+    from prunereg._models.hf_folder import checked_model_class, load_model
     from prunereg._models.huggingface import MASKS_FILE, from_pretrained
 
     if not masked:
@@ -198,8 +199,8 @@ def _load(model_dir: Path, *, masked: bool, dtype: str) -> Any:
             f"MODEL_DIR has no {MASKS_FILE}, so no channel is pruned yet: give --ratio, or prune it first "
             "(prunereg oneshot --masks, prunereg.save_pretrained of a pruned model)"
         )
-    config = load_config(model_dir)
-    return from_pretrained(model_class(config), model_dir, config=config, dtype=shared.torch_dtype(dtype)).eval()
+    config, cls = checked_model_class(model_dir)
+    return from_pretrained(cls, model_dir, config=config, dtype=shared.torch_dtype(dtype)).eval()
 
 
 def _example_inputs(model: Any) -> dict[str, Any]:
