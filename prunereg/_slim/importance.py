@@ -13,13 +13,14 @@ importance is a subclass of :class:`Importance` with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from prunereg._slim.groups import Group, TensorDim
+from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._slim.units import Group, TensorDim
 
 _Class = TypeVar("_Class", bound=type)
 
@@ -35,6 +36,11 @@ class Importance:
     """
 
     PRUNING_TYPE: ClassVar[str] = "importance"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A third party's importance runs as plugin code: sys.exit() or its own Ctrl-C fails like any error.
+        guard_plugin_methods(cls, ("__init__", "prepare", "__call__"))
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Look at the model before scoring (nothing by default)."""
@@ -156,25 +162,31 @@ class TaylorImportance(Importance):
     """First-order Taylor: ``|weight x gradient|`` summed over a unit.
 
     The gradient is of ``loss(output)`` on the example inputs, ``loss``
-    defaulting to the sum of every floating-point tensor in the output. The
-    model's own ``.grad`` and ``requires_grad`` are left as they were.
+    defaulting to the sum of every floating-point tensor in the output; with
+    ``batches`` (inputs as ``example_inputs`` takes them: a tensor, a tuple or a
+    dict of keyword inputs, such as calibration text with its labels), of the
+    sum of the losses on them instead, one backward per batch. The model's own
+    ``.grad`` and ``requires_grad`` are left as they were.
     """
 
-    def __init__(self, loss: Callable[[Any], Tensor] | None = None) -> None:
+    def __init__(self, loss: Callable[[Any], Tensor] | None = None, batches: Iterable[Any] | None = None) -> None:
         self.loss = loss
+        self.batches = None if batches is None else list(batches)
         self._products = DimensionSums(torch.abs)
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         parameters = dict(model.named_parameters(remove_duplicate=False))
         saved = {name: (p.grad, p.requires_grad) for name, p in parameters.items()}
+        inputs = [(args, kwargs)] if self.batches is None else [_as_call(batch) for batch in self.batches]
         try:
             for p in parameters.values():
                 p.grad = None
                 p.requires_grad_(True)
             with torch.enable_grad():
-                output = model(*args, **kwargs)
-                loss = self.loss(output) if self.loss is not None else _output_sum(output)
-                loss.backward()
+                for batch_args, batch_kwargs in inputs:  # gradients add up over the batches
+                    output = model(*batch_args, **batch_kwargs)
+                    loss = self.loss(output) if self.loss is not None else _output_sum(output)
+                    loss.backward()
             self._products.clear()
             for name, p in parameters.items():
                 if p.grad is not None:  # widened first: a half-precision product would round
@@ -186,6 +198,15 @@ class TaylorImportance(Importance):
 
     def __call__(self, group: Group, values: Mapping[str, Tensor]) -> Tensor:
         return self._products.unit_sums(group)
+
+
+def _as_call(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A batch as positional and keyword inputs: a tensor, a tuple of inputs or a dict of keyword inputs."""
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}
+    return (batch,), {}
 
 
 def _output_sum(output: Any) -> Tensor:
@@ -222,7 +243,9 @@ def register_importance(name: str, *, replace: bool = False) -> Callable[[_Class
     --kind importance`` shows it), in this process, or for the plugin whose
     import is running. Taking a built-in importance's name needs
     ``replace=True``, else ``ValueError``; the registry refuses a name another
-    method or importance holds, as it does for methods.
+    plugin's importance holds, as it does for methods, and a name of another
+    kind even with ``replace=True`` (``magnitude`` is also the calibrated
+    method: pass an instance, ``importance=MyMagnitude()``, instead).
     """
 
     def decorate(cls: _Class) -> _Class:
