@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prunereg._slim import importance
-from prunereg._slim.groups import Group
 from prunereg._slim.importance import DimensionSums
+from prunereg.toolkit import Group
 
 ROOT = Path(__file__).resolve().parents[2]
 
