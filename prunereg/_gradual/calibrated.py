@@ -21,8 +21,8 @@ from torch import nn
 from prunereg._distributed.counts import pruned_entries
 from prunereg._gradual.masks import Target
 from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics
-from prunereg._oneshot.engine import _calibration_mode  # one-shot pruning's run: eval, no autograd, modes restored
-from prunereg._oneshot.statistics import GroupRecorder
+from prunereg._runtime.mode import calibration_mode
+from prunereg._runtime.recorder import GroupRecorder
 
 
 class CalibratedPlan:
@@ -101,12 +101,12 @@ class CalibratedPlan:
     def _statistics(self, found: Sequence[Target]) -> dict[str, LayerStatistics]:
         assert self.model is not None and self.calibration is not None  # checked when built
         layers = {target.label: target.module for target in found}
-        with GroupRecorder(layers, self.method.STATISTICS) as recorder, _calibration_mode(self.model):
+        with GroupRecorder(layers, self.method.STATISTICS) as recorder, calibration_mode(self.model):
             for batch in self.calibration:
                 with recorder.batch():
                     _run(self.model, batch)
             gathered = recorder.group_statistics()
-        return {name: stats for names, stats in gathered for name in names}
+        return {name: LayerStatistics(*stats) for names, stats in gathered for name in names}
 
 
 def _run(model: nn.Module, batch: Any) -> None:

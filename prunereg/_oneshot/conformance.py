@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from prunereg._oneshot.contract import STATISTIC_NAMES, CalibratedMethod, LayerStatistics
+from prunereg._runtime.conformance import default_devices, step
 
 _SEED = 1234
 _IN_FEATURES = 16
@@ -39,13 +39,13 @@ def check_calibrated_method(method: str | type, /, *, devices: Sequence[str] | N
     Raises ``AssertionError`` naming the method, the check and the device.
     """
     cls, label = _method_class(method)
-    with _step(label, "constructor argument checks"):
+    with step(label, "constructor argument checks"):
         _check_constructor(cls, kwargs)
-    for device in devices if devices is not None else _default_devices():
+    for device in devices if devices is not None else default_devices():
         weights, statistics = _group(device)
-        with _step(label, f"unstructured pruning on {device}"):
+        with step(label, f"unstructured pruning on {device}"):
             _check_unstructured(cls, kwargs, weights, statistics)
-        with _step(label, f"2:4 pruning on {device}"):
+        with step(label, f"2:4 pruning on {device}"):
             _check_two_of_four(cls, kwargs, weights, statistics)
 
 
@@ -67,18 +67,6 @@ def _method_class(method: str | type) -> tuple[type[CalibratedMethod], str]:
     if not set(cls.STATISTICS) <= STATISTIC_NAMES:
         raise AssertionError(f"{label}: STATISTICS must be a subset of {sorted(STATISTIC_NAMES)}")
     return cls, label
-
-
-@contextlib.contextmanager
-def _step(label: str, what: str) -> Iterator[None]:
-    try:
-        yield
-    except AssertionError as error:
-        raise AssertionError(f"{label}, {what}: {error}") from None
-
-
-def _default_devices() -> list[str]:
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _check_constructor(cls: type[CalibratedMethod], kwargs: dict[str, Any]) -> None:

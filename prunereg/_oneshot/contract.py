@@ -14,7 +14,6 @@ group of its own, with ``n_tokens`` 0.
 from __future__ import annotations
 
 import math
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import torch
 
 from prunereg._core.method import BasePruningMethod
 from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._runtime.options import check_sparsity
 
 KIND = "calibrated"
 
@@ -68,16 +68,6 @@ def parse_pattern(pattern: str) -> tuple[int, int]:
 
 def _ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
-
-
-def check_sparsity(sparsity: object, what: str = "sparsity") -> float:
-    """``sparsity`` as a float in [0, 1): a TypeError for a non-number, a ValueError outside the range."""
-    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
-        raise TypeError(f"{what} must be a number in [0, 1), not {type(sparsity).__name__}")
-    value = float(sparsity)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{what} must be in [0, 1), got {sparsity!r}")
-    return value
 
 
 class CalibratedMethod(ABC):

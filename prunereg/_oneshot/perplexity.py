@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from prunereg._oneshot.calibration import check_fits_model
+from prunereg._runtime.calibration import check_fits_model
 
 #: Positions whose loss is computed in one step (a ``POSITIONS_PER_STEP x vocabulary`` buffer).
 POSITIONS_PER_STEP = 128

@@ -13,14 +13,21 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from prunereg._oneshot.capture import RestNotNeeded
-from prunereg._oneshot.contract import LayerStatistics
-from prunereg._oneshot.precision import matmul_precision
+from prunereg._runtime.capture import RestNotNeeded
+from prunereg._runtime.precision import matmul_precision
+
+
+class InputStatistics(NamedTuple):
+    """The statistics of one input: its token count, and the sums asked for (else None)."""
+
+    n_tokens: int
+    input_sq_norms: Tensor | None
+    hessian: Tensor | None
 
 
 class RunningStatistics:
@@ -47,11 +54,11 @@ class RunningStatistics:
             with matmul_precision("highest"):  # the forwards around this hook may run with faster products
                 add_upper_gram(self.hessian, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
 
-    def result(self) -> LayerStatistics:
+    def result(self) -> InputStatistics:
         """The statistics so far; the Hessian is the running tensor itself, its lower tiles filled in place."""
         if self.hessian is not None:
             mirror_upper_gram(self.hessian)
-        return LayerStatistics(self.n_tokens, self.input_sq_norms, self.hessian)
+        return InputStatistics(self.n_tokens, self.input_sq_norms, self.hessian)
 
 
 #: Side of the square tiles in which :func:`add_upper_gram` sums a Gram matrix.
@@ -140,7 +147,7 @@ class GroupRecorder:
             if name not in self._leader_index:
                 self._handles.pop(name).remove()
 
-    def group_statistics(self) -> list[tuple[list[str], LayerStatistics]]:
+    def group_statistics(self) -> list[tuple[list[str], InputStatistics]]:
         """Each group's layer names with its statistics; layers the forward never called are absent."""
         return [(group, stats.result()) for group, stats in zip(self.groups, self.statistics, strict=True)]
 

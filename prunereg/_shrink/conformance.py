@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from prunereg._oneshot.conformance import _default_devices, _step
+from prunereg._runtime.conformance import default_devices, step
 from prunereg._shrink.contract import (
     KIND,
     STATISTIC_NAMES,
@@ -43,14 +43,14 @@ def check_shrink_method(method: str | type, /, *, devices: Sequence[str] | None 
     Raises ``AssertionError`` naming the method, the check and the device.
     """
     cls, label = _method_class(method)
-    with _step(label, "constructor"):
+    with step(label, "constructor"):
         try:
             instance = cls(**kwargs)
         except Exception as error:
             raise AssertionError(f"{cls.__name__}(**{kwargs!r}) raised {type(error).__name__}: {error}") from None
-    for device in devices if devices is not None else _default_devices():
+    for device in devices if devices is not None else default_devices():
         for target in sorted(cls.TARGETS):
-            with _step(label, f"{target} scores on {device}"):
+            with step(label, f"{target} scores on {device}"):
                 {"channels": _check_channels, "blocks": _check_blocks, "experts": _check_experts}[target](
                     instance, device
                 )

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunereg._oneshot.capture import BlockInputs, RestNotNeeded, call_block_for_statistics
-from prunereg._oneshot.precision import matmul_precision
+from prunereg._runtime.capture import BlockInputs, RestNotNeeded, call_block_for_statistics
+from prunereg._runtime.precision import matmul_precision
 from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics
 
 

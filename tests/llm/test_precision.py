@@ -27,7 +27,7 @@ import prunereg
 from prunereg._cli import main
 from prunereg._oneshot.allocation import outlier_ratio
 from prunereg._oneshot.contract import LayerStatistics
-from prunereg._oneshot.statistics import RunningStatistics
+from prunereg._runtime.recorder import RunningStatistics
 from tests.support.exact_lm import (
     SEEDS,
     TOKEN_COUNTS,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prunereg._oneshot.statistics import GRAM_TILE, GroupRecorder, RunningStatistics
+from prunereg._runtime.recorder import GRAM_TILE, GroupRecorder, RunningStatistics
 
 
 @settings(max_examples=25, deadline=None)
@@ -115,7 +115,7 @@ def test_layers_reading_one_tensor_form_one_group_with_one_hook_after_the_first_
 )  # fmt: skip
 def test_input_groups_of_real_decoder_blocks(build, expected):
     pytest.importorskip("transformers")
-    from prunereg._oneshot.blocks import find_blocks, prunable_layers
+    from prunereg._runtime.blocks import find_blocks, prunable_layers
     from tests.support import tiny_lm as _tiny_lm
 
     model = getattr(_tiny_lm, build)()

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prunereg._shrink.architecture import Cut
+from prunereg._runtime.parts import Cut
 from prunereg._shrink.gather import RunningMoments
 
 
@@ -48,7 +48,7 @@ def test_a_cut_keeps_each_units_entries_in_every_segment() -> None:
 
 
 def _first_block_inputs(model: torch.nn.Module, n_batches: int) -> tuple[torch.nn.Module, Any]:
-    from prunereg._oneshot.capture import capture_first_block_inputs
+    from prunereg._runtime.capture import capture_first_block_inputs
     from tests.shrink.models import calibration_ids
 
     block = model.model.layers[0]
@@ -112,7 +112,7 @@ class _CallsItsLayerTwice(torch.nn.Module):
 
 def _observe_twice_caller(n_batches: int, watch_shared: bool) -> tuple[int, Any]:
     """Observe a :class:`_CallsItsLayerTwice` over ``n_batches``: its ``out`` layer's calls and the observation."""
-    from prunereg._oneshot.capture import BlockInputs
+    from prunereg._runtime.capture import BlockInputs
     from prunereg._shrink.gather import observe_block
 
     block = _CallsItsLayerTwice()
