@@ -11,6 +11,11 @@ helpers (``lowest_per_row``, ``lowest_n_of_m``, ``lowest_overall``,
 ``keep_highest_per_row``: plain tensors, as a one-shot pass holds them) takes
 plain tensors and DTensors alike (sharded models are pruned shard by shard), so
 a method written with them never asks which one it holds.
+
+Methods of the block-by-block engines (``calibrated``, ``shrink``) read
+statistics of calibration activations; a statistic of one's own is a
+:class:`Statistic` subclass made known with :func:`register_statistic`, which
+a method then names in its ``STATISTICS`` (``docs/plugins.md``, "Statistics").
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from prunereg._distributed.channels import channel_mask, channel_norms
 from prunereg._distributed.draws import rand_like
 from prunereg._distributed.layout import to_layout_of
 from prunereg._distributed.select import prune_lowest, select_k
+from prunereg._runtime.registry import register_statistic, statistic_names
+from prunereg._runtime.statistics import Observation, Statistic
 from prunereg._selection.amount import count_for, nparams_to_prune, validate_amount, validate_amount_init
 from prunereg._selection.amount import validate_dim as check_dim
 from prunereg._selection.amount import validate_structured as check_structured
@@ -32,6 +39,8 @@ from prunereg._selection.select import keep_highest_per_row, top_indices
 
 __all__ = [
     "CustomFromMask",
+    "Observation",
+    "Statistic",
     "all_or_nothing",
     "channel_mask",
     "channel_norms",
@@ -47,7 +56,9 @@ __all__ = [
     "prune_lowest",
     "prune_where",
     "rand_like",
+    "register_statistic",
     "select_k",
+    "statistic_names",
     "to_layout_of",
     "top_indices",
 ]

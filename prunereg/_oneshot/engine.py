@@ -23,17 +23,25 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._core import reparam
-from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight, parse_pattern
+from prunereg._oneshot.contract import (
+    SITE,
+    CalibratedMethod,
+    LayerStatistics,
+    PrunedWeight,
+    layer_statistics,
+    parse_pattern,
+)
 from prunereg._oneshot.report import LayerReport, OneShotReport, Timings
 from prunereg._oneshot.settings import OneShotOptions, check_allocation
 from prunereg._progress import progress as progress_bar
 from prunereg._runtime.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
 from prunereg._runtime.calibration import calibration_ids, check_fits_model, load_model, model_folder
-from prunereg._runtime.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
+from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, copy_fits, input_device
 from prunereg._runtime.options import check_sparsity, with_options_signature
 from prunereg._runtime.precision import matmul_precision
-from prunereg._runtime.recorder import GroupRecorder
+from prunereg._runtime.recorder import Recorder, gather
+from prunereg._runtime.registry import at_site
 from prunereg._runtime.weights import BlockWeights, InMemory
 
 
@@ -347,13 +355,11 @@ class OneShotJob:
     ) -> list[tuple[list[str], LayerStatistics]]:
         """Run the calibration batches through ``block`` and return each input group's statistics."""
         start = time.perf_counter()
-        with GroupRecorder({name: block.get_submodule(name) for name in names}, needs) as recorder:
-            for batch in range(len(inputs)):
-                with recorder.batch():
-                    call_block(block, inputs, batch)
+        recorder = Recorder(at_site(needs, SITE), layers={name: block.get_submodule(name) for name in names})
+        gather(block, inputs, recorder)
         timings.statistics += recorder.seconds
         timings.forward += time.perf_counter() - start - recorder.seconds
-        return [(names, LayerStatistics(*stats)) for names, stats in recorder.group_statistics()]
+        return [(group, layer_statistics(n_tokens, results)) for group, n_tokens, results in recorder.group_results()]
 
     def _advance(self, block: nn.Module, inputs: BlockInputs, timings: Timings) -> None:
         """Replace ``inputs`` by ``block``'s outputs on them."""

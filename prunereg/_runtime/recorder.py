@@ -1,179 +1,269 @@
-"""Calibration statistics of a block's layers, gathered once per input group.
+"""The one recorder of calibration statistics: forward hooks that fold each batch into the statistics asked for.
 
-Layers that read the same input tensor (q/k/v of an attention, gate/up of a
-gated MLP) form one *input group*: their statistics are the same, so they are
-gathered once, from the group's first layer. Groups are found on the first
-calibration batch by tensor identity (which layer received which tensor object);
-after it, only one hook per group stays. Sums run in float32 with batched
-matrix products over every token of a batch at once.
+One :class:`Recorder` serves every engine: one-shot pruning (the inputs of a
+block's layers), shrinking (the inputs of the writer projections, the block's
+hidden states, the experts' routing), gradual pruning (the inputs of layers
+anywhere in a whole model) and any statistic a plugin registers. Each site is
+a :class:`Tally`, the statistics gathered there and the tokens they saw.
+
+- ``layer_input``: layers that read the same input tensor (q/k/v of an
+  attention, gate/up of a gated MLP) form one *input group*: their statistics
+  are the same, so they are gathered once. Groups are found on the first
+  calibration batch by tensor identity (which layer received which tensor
+  object); after it, only one hook per group stays, where every layer was
+  called once (a layer called twice keeps every hook, and each batch is
+  grouped anew).
+- ``module_call``: a forward hook keeps each call of the module; it is folded
+  in once the batch's forward is over, with the block's hidden states.
+- ``block``: folded in with the block's input and output hidden states.
+
+A pass whose outputs feed nothing and that gathers layer inputs only stops each
+forward from the second batch on, once the last group's input is folded in
+(:class:`~prunereg._runtime.capture.RestNotNeeded`): the products after it (the
+MLP's down projection, usually) are not needed. Every fold runs with torch's
+float32 matmul at full precision, whatever the forwards around it use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from prunereg._runtime.capture import RestNotNeeded
+from prunereg._runtime.capture import BlockInputs, RestNotNeeded, call_block
 from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.statistics import Observation, Statistic
+
+#: What makes a statistic for one site: its class, or any callable returning an empty one.
+Factory = Callable[[], Statistic]
 
 
-class InputStatistics(NamedTuple):
-    """The statistics of one input: its token count, and the sums asked for (else None)."""
+class Tally:
+    """The statistics gathered at one site, and the tokens they saw."""
 
-    n_tokens: int
-    input_sq_norms: Tensor | None
-    hessian: Tensor | None
-
-
-class RunningStatistics:
-    """The statistics of one input, updated batch by batch: token count, squared norms, Hessian."""
-
-    def __init__(self, needs: Iterable[str]) -> None:
-        self.needs = frozenset(needs)
+    def __init__(self, factories: Mapping[str, Factory]) -> None:
         self.n_tokens = 0
-        self.input_sq_norms: Tensor | None = None
-        self.hessian: Tensor | None = None
+        self.statistics = {name: make() for name, make in factories.items()}
 
-    def add(self, x: Tensor) -> None:
-        """Fold in a batch of inputs ``[..., in_features]``: every leading index is one token."""
-        tokens = x.detach().reshape(-1, x.shape[-1]).float()
-        seen, batch = self.n_tokens, tokens.shape[0]
-        self.n_tokens = seen + batch
-        if "input_sq_norms" in self.needs:
-            sq_norms = tokens.square().sum(dim=0)
-            self.input_sq_norms = sq_norms if self.input_sq_norms is None else self.input_sq_norms.add_(sq_norms)
-        if "hessian" in self.needs:
-            # A running mean of 2 x x^T, as SparseGPT's reference keeps it: the scale stays that of one token.
-            if self.hessian is None:
-                self.hessian = torch.zeros(tokens.shape[1], tokens.shape[1], dtype=torch.float32, device=x.device)
-            with matmul_precision("highest"):  # the forwards around this hook may run with faster products
-                add_upper_gram(self.hessian, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
+    def fold(self, observation: Observation) -> None:
+        self.n_tokens += observation.n_tokens()
+        for statistic in self.statistics.values():
+            statistic.fold(observation)
 
-    def result(self) -> InputStatistics:
-        """The statistics so far; the Hessian is the running tensor itself, its lower tiles filled in place."""
-        if self.hessian is not None:
-            mirror_upper_gram(self.hessian)
-        return InputStatistics(self.n_tokens, self.input_sq_norms, self.hessian)
+    def combine(self, other: Tally) -> None:
+        """Take in ``other`` (the same statistics over other batches), statistic by statistic in name order."""
+        self.n_tokens += other.n_tokens
+        for name in sorted(self.statistics):
+            self.statistics[name].combine(other.statistics[name])
+
+    def results(self) -> dict[str, Any]:
+        """Each statistic's result by name."""
+        return {name: statistic.result() for name, statistic in self.statistics.items()}
 
 
-#: Side of the square tiles in which :func:`add_upper_gram` sums a Gram matrix.
-GRAM_TILE = 256
+@dataclass
+class Called:
+    """A module whose calls a ``module_call`` statistic observes, and how many units (experts) it dispatches to."""
+
+    module: nn.Module
+    units: int | None = None
 
 
-def add_upper_gram(gram: Tensor, x: Tensor, *, beta: float, alpha: float) -> None:
-    """``gram = beta * gram + alpha * x^T x`` on the tiles on and above the diagonal; the others are left alone.
+@dataclass
+class Batch:
+    """One batch's forward under :meth:`Recorder.batch`: set ``outputs`` to the block's output once it is there."""
 
-    ``x^T x`` is symmetric, so a quarter to a half of its products (per the width)
-    need not be computed; the lower tiles are filled from the upper ones once, at the end.
-    """
-    width = x.shape[1]
-    for row in range(0, width, GRAM_TILE):
-        rows = slice(row, row + GRAM_TILE)
-        for column in range(row, width, GRAM_TILE):
-            columns = slice(column, column + GRAM_TILE)
-            gram[rows, columns].addmm_(x[:, rows].T, x[:, columns], beta=beta, alpha=alpha)
+    index: int
+    inputs: Tensor | None = None
+    outputs: Tensor | None = None
 
 
-def mirror_upper_gram(gram: Tensor) -> None:
-    """Fill the tiles below the diagonal of a Gram matrix that :func:`add_upper_gram` summed, in place.
+class Recorder:
+    """Forward hooks that gather statistics over calibration forwards (a block's, or a whole model's).
 
-    Tile by tile, so that no second full-size matrix is ever allocated (a wide MLP's
-    Hessian is gigabytes); the diagonal tiles are made exactly symmetric as well.
-    """
-    width = gram.shape[0]
-    for row in range(0, width, GRAM_TILE):
-        rows = slice(row, row + GRAM_TILE)
-        diagonal = gram[rows, rows]
-        diagonal.copy_(diagonal.triu() + diagonal.triu(diagonal=1).T)
-        for column in range(row + GRAM_TILE, width, GRAM_TILE):
-            columns = slice(column, column + GRAM_TILE)
-            gram[columns, rows].copy_(gram[rows, columns].T)
-
-
-class GroupRecorder:
-    """Forward pre-hooks on a block's layers that gather each input group's statistics.
-
-    Use as a context manager around the calibration forwards of one block, and
-    run each batch inside :meth:`batch`. :attr:`groups` lists the groups (layer
-    names in first-call order) and :attr:`seconds` the time spent in the hooks.
-    From the second batch on, the forward stops (:class:`RestNotNeeded`,
-    caught by :meth:`batch`) once the last group's input is recorded: the rest of
-    the block (the last layer's product, usually the MLP's down projection) is
-    not needed for statistics.
+    ``layers`` (name -> layer) are observed at their input with the
+    ``layer_statistics`` factories (name -> statistic class or factory),
+    ``calls`` (name -> :class:`Called`) with the ``call_statistics`` and the
+    block's hidden states with the ``block_statistics``. Use as a context
+    manager around the forwards, each batch inside :meth:`batch` (or run a
+    block over its inputs with :func:`gather`). :attr:`groups` lists the input
+    groups (layer names in first-call order) and :attr:`seconds` the time
+    spent folding. ``stop_early=False`` keeps every forward whole (its outputs
+    are wanted).
     """
 
-    def __init__(self, layers: dict[str, nn.Module], needs: Iterable[str]) -> None:
-        self.layers = layers
-        self.needs = frozenset(needs)
+    def __init__(
+        self,
+        layer_statistics: Mapping[str, Factory] | None = None,
+        *,
+        layers: Mapping[str, nn.Module] | None = None,
+        call_statistics: Mapping[str, Factory] | None = None,
+        calls: Mapping[str, Called] | None = None,
+        block_statistics: Mapping[str, Factory] | None = None,
+        stop_early: bool = True,
+    ) -> None:
+        self.layers = dict(layers or {})
+        self.layer_statistics = dict(layer_statistics or {})
+        self.calls = dict(calls or {}) if call_statistics else {}
+        self.call_statistics = dict(call_statistics or {})
+        self.block_statistics = dict(block_statistics or {})
         self.groups: list[list[str]] = []
-        self.statistics: list[RunningStatistics] = []
+        self.tallies: list[Tally] = []
+        self.called = {name: Tally(self.call_statistics) for name in self.calls}
+        self.block = Tally(self.block_statistics)
         self.seconds = 0.0
+        self._stop_early = stop_early and not self.calls and not self.block_statistics
         self._first_batch = True
-        self._inputs_seen: list[Tensor] = []  # the first batch's group inputs, kept alive so identity is sound
+        self._regular = True  # every layer called at most once per forward: one hook per group suffices
+        self._group_of: dict[str, int] = {}
+        self._seen: list[tuple[Tensor, int]] = []  # this batch's group inputs, kept alive so identity is sound
+        self._call_counts: dict[str, int] = {}
+        self._pending: list[tuple[str, nn.Module, tuple[Any, ...], dict[str, Any], Any]] = []
         self._handles: dict[str, Any] = {}
-        self._leader_index: dict[str, int] = {}
+        self._folding = False
+        self._batch = 0
 
-    def __enter__(self) -> GroupRecorder:
-        for name, layer in self.layers.items():
-            self._handles[name] = layer.register_forward_pre_hook(self._hook(name))
+    # -- the hooks -----------------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        if self.layer_statistics:
+            for name, layer in self.layers.items():
+                self._handles[name] = layer.register_forward_pre_hook(self._layer_hook(name))
+        for name, called in self.calls.items():
+            hook = self._call_hook(name)
+            self._handles[f"call:{name}"] = called.module.register_forward_hook(hook, with_kwargs=True)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         for handle in self._handles.values():
             handle.remove()
         self._handles.clear()
-        self._inputs_seen.clear()
+        self._seen.clear()
+        self._pending.clear()
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Around one batch's forward through the block."""
+    def batch(self, index: int = 0, inputs: Tensor | None = None) -> Iterator[Batch]:
+        """Around one batch's forward; ``inputs`` are the block's input hidden states, if a block runs.
+
+        A forward the hooks stop (:class:`~prunereg._runtime.capture.RestNotNeeded`)
+        ends here. After it, the module calls and (given the block's ``outputs``)
+        the block's hidden states are folded in.
+        """
+        batch = Batch(index, inputs)
+        self._batch = index
+        self._seen.clear()
         with contextlib.suppress(RestNotNeeded):
-            yield
+            yield batch
+        self._fold_calls(batch)
+        if self.block_statistics and batch.inputs is not None and batch.outputs is not None:
+            self._folded(self.block, Observation(index, batch.inputs, batch.outputs))
         self._batch_done()
 
-    def _batch_done(self) -> None:
-        """After the first batch, keep only one hook per group: the other layers read the same tensor."""
-        if not self._first_batch:
-            return
-        self._first_batch = False
-        self._inputs_seen.clear()
-        self._leader_index = {group[0]: index for index, group in enumerate(self.groups)}
-        for name in list(self._handles):
-            if name not in self._leader_index:
-                self._handles.pop(name).remove()
-
-    def group_statistics(self) -> list[tuple[list[str], InputStatistics]]:
-        """Each group's layer names with its statistics; layers the forward never called are absent."""
-        return [(group, stats.result()) for group, stats in zip(self.groups, self.statistics, strict=True)]
-
-    def _hook(self, name: str) -> Any:
+    def _layer_hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def record(module: nn.Module, args: tuple[Any, ...]) -> None:
-            start = time.perf_counter()
+            if self._folding:  # a statistic's own calls of the layers
+                return
             x = args[0]
-            index = self._group_of(name, x)
+            index = self._group_for(name, x)
             if index is not None:
-                self.statistics[index].add(x)
-            self.seconds += time.perf_counter() - start
-            if not self._first_batch and index == len(self.groups) - 1:
+                self._folded(self.tallies[index], Observation(self._batch, x))
+            if self._stop_early and not self._first_batch and self._regular and index == len(self.groups) - 1:
                 raise RestNotNeeded
 
         return record
 
-    def _group_of(self, name: str, x: Tensor) -> int | None:
-        """The index of the group whose statistics ``x`` should update, or None if already counted."""
-        if not self._first_batch:
-            return self._leader_index[name]
-        for index, seen in enumerate(self._inputs_seen):
+    def _call_hook(self, name: str) -> Callable[..., None]:
+        def keep(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            if not self._folding:  # not a statistic's own call of the module
+                self._pending.append((name, module, args, dict(kwargs), output))
+
+        return keep
+
+    # -- folding -------------------------------------------------------------------------
+
+    def _folded(self, tally: Tally, observation: Observation) -> None:
+        start = time.perf_counter()
+        self._folding = True
+        try:
+            with matmul_precision("highest"):
+                tally.fold(observation)
+        finally:
+            self._folding = False
+            self.seconds += time.perf_counter() - start
+
+    def _fold_calls(self, batch: Batch) -> None:
+        pending, self._pending = self._pending, []
+        for name, module, args, kwargs, output in pending:
+            first = args[0] if args else next((v for v in kwargs.values() if isinstance(v, Tensor)), None)
+            observation = Observation(
+                batch.index,
+                first if isinstance(first, Tensor) else None,
+                output if isinstance(output, Tensor) else None,
+                module=module,
+                args=args,
+                kwargs=kwargs,
+                units=self.calls[name].units,
+                block_inputs=batch.inputs,
+                block_outputs=batch.outputs,
+            )
+            self._folded(self.called[name], observation)
+
+    def _group_for(self, name: str, x: Tensor) -> int | None:
+        """The index of the group whose statistics ``x`` updates, or None where this batch counted it already.
+
+        In a regular run after the first batch only the groups' first layers
+        are hooked, each reading its group's input.
+        """
+        if not self._first_batch and self._regular:
+            return self._group_of[name]
+        if self._first_batch:
+            self._call_counts[name] = self._call_counts.get(name, 0) + 1
+        for seen, index in self._seen:
             if seen is x:
-                if name not in self.groups[index]:
+                if name not in self._group_of:
+                    self._group_of[name] = index
                     self.groups[index].append(name)
                 return None
-        self._inputs_seen.append(x)
-        self.groups.append([name])
-        self.statistics.append(RunningStatistics(self.needs))
-        return len(self.groups) - 1
+        if name not in self._group_of:
+            self._group_of[name] = len(self.groups)
+            self.groups.append([name])
+            self.tallies.append(Tally(self.layer_statistics))
+        self._seen.append((x, self._group_of[name]))
+        return self._group_of[name]
+
+    def _batch_done(self) -> None:
+        """After the first batch: where every layer was called once, keep only one hook per group."""
+        self._seen.clear()
+        if not self._first_batch:
+            return
+        self._first_batch = False
+        self._regular = all(count <= 1 for count in self._call_counts.values())
+        if not self._regular:
+            return
+        leaders = {group[0] for group in self.groups}
+        for name in [name for name in self._handles if name in self.layers and name not in leaders]:
+            self._handles.pop(name).remove()
+
+    # -- results -------------------------------------------------------------------------
+
+    def group_results(self) -> list[tuple[list[str], int, dict[str, Any]]]:
+        """Each input group: its layer names, token count and statistics by name (an uncalled layer is in none)."""
+        return [
+            (group, tally.n_tokens, tally.results()) for group, tally in zip(self.groups, self.tallies, strict=True)
+        ]
+
+
+def gather(block: nn.Module, inputs: BlockInputs, recorder: Recorder, *, keep_outputs: bool = False) -> list[Tensor]:
+    """Run every calibration batch of ``inputs`` through ``block`` under ``recorder``; the outputs if kept."""
+    outputs: list[Tensor] = []
+    with recorder:
+        for index in range(len(inputs)):
+            with recorder.batch(index, inputs.hidden[index]) as batch:
+                batch.outputs = call_block(block, inputs, index)
+            if keep_outputs and batch.outputs is not None:
+                outputs.append(batch.outputs)
+    return outputs

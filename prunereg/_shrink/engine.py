@@ -42,6 +42,7 @@ from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, i
 from prunereg._runtime.options import with_options_signature
 from prunereg._runtime.parts import Experts, UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
 from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.recorder import Called
 from prunereg._runtime.weights import BlockWeights, InMemory
 from prunereg._shrink.checks import failures_named, refuse_meta, refuse_sharing
 from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
@@ -335,17 +336,15 @@ class ShrinkJob:
     def _observe(self, index: int, inputs: BlockInputs, *, keep_outputs: bool) -> BlockObservation:
         """One calibration pass over block ``index``: the statistics the method needs (and its outputs if kept)."""
         block, plan = self.blocks[index], self.plans[index]
-        writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
-        routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
-        n_experts = plan.experts.n_experts if plan.experts is not None else 0
-        cosine = "block_cosine" in self.needs
+        writers = {kind: group.writer for kind, group in plan.groups.items()}
+        experts = Called(plan.experts.experts, plan.experts.n_experts) if plan.experts is not None else None
         where = f"{self.blocks_path}.{index}"
 
         def message(module: str, error: str) -> str:
             return f"{where} fails its forward on the calibration data before its cut: {module} raised {error}"
 
         with failures_named(block, where, message):
-            return observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep_outputs)
+            return observe_block(block, inputs, writers, experts, self.needs, keep_outputs=keep_outputs)
 
     def _observe_all(
         self, inputs: BlockInputs | None, progress: bool | None, label: str
