@@ -1,7 +1,8 @@
 """How a block-by-block run treats the model it runs: eval mode without autograd, on the device of its inputs.
 
 The run puts every module in eval mode and turns autograd off, and gives each
-module its own train/eval flag back after (:func:`calibration_mode`); its
+module its own train/eval flag back after (:func:`calibration_mode`; a run
+that needs autograd, slimming's, takes :func:`eval_mode` alone); its
 calibration ids go where the model reads them (:func:`input_device`). A model
 pruned with torch's reparametrization is refused (:func:`check_not_reparametrized`),
 and :func:`copy_fits` says whether a copy of some weights fits in host memory
@@ -21,16 +22,22 @@ from prunereg._core.reparam import is_pruned
 
 
 @contextlib.contextmanager
-def calibration_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no autograd for the run; each module's own train/eval flag restored after."""
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode inside the block (dropout off, norms on their running statistics); each module's own flag after."""
     modes = {module: module.training for module in model.modules()}
     model.eval()
     try:
-        with torch.no_grad():
-            yield
+        yield
     finally:
         for module, training in modes.items():
             module.training = training
+
+
+@contextlib.contextmanager
+def calibration_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd for the run; each module's own train/eval flag restored after."""
+    with eval_mode(model), torch.no_grad():
+        yield
 
 
 def check_not_reparametrized(model: nn.Module) -> None:

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from prunereg._core.reparam import PruningHook, set_pruned_tensor
 from prunereg._models import slimmed as shapes
+from prunereg._runtime.mode import eval_mode
 from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, export_model, export_quietly
 from prunereg._slim.groups import Group, TensorDim, find_groups, kept_positions
 from prunereg._slim.importance import Importance, resolve_importance
@@ -68,7 +69,7 @@ def slim(
     scorer, ignored = check_arguments(ratio, importance, ignore, round_to)
     pinned = _module_names(model, ignored)
     on_meta = _refuse_meta(model, args, kwargs, masked=ratio is None)
-    with _eval_mode(model), _restored_on_error(model):  # any failure, from planning to the config: as it was
+    with eval_mode(model), _restored_on_error(model):  # any failure, from planning to the config: as it was
         exported = export_model(model, args, kwargs)
         graph = build_graph(model, exported, pinned)
         groups = find_groups(graph, every=ratio is None)
@@ -252,18 +253,6 @@ def _refuse_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def _importance_name(importance: str | Importance) -> str:
     return importance if isinstance(importance, str) else type(importance).__name__
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode while slimming (dropout off, norms on their running statistics); the modes restored after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 # -- choosing ---------------------------------------------------------------------------------------------------
