@@ -230,3 +230,71 @@ def test_a_layer_statistic_gathers_the_hessian_of_every_group():
     [(names, n_tokens, results), _] = recorder.group_results()
     assert names == ["a", "b"] and n_tokens == 10
     torch.testing.assert_close(results["hessian"].double(), 2 / 10 * tokens.T @ tokens, rtol=1e-5, atol=1e-5)
+
+
+class _NormalEquations(Statistic):
+    """What a recovery refit of a writer projection solves: ``[X 1]^T [X 1]`` and ``[X 1]^T R`` in float64.
+
+    ``X`` is the writer's input, ``R`` what it must add for the block's output
+    to be the target: the target less the rest of the block's output. Made for
+    one run, with that run's targets (the recorder takes any factory).
+    """
+
+    NAME = "normal_equations"
+    SITE = "module_call"
+
+    def __init__(self, targets: list[torch.Tensor]) -> None:
+        self.targets = targets
+        self.gram: torch.Tensor | None = None
+        self.cross: torch.Tensor | None = None
+
+    def fold(self, observation: Observation) -> None:
+        assert observation.inputs is not None and observation.outputs is not None
+        assert observation.block_outputs is not None
+        rest = observation.block_outputs - observation.outputs
+        wanted = (self.targets[observation.batch] - rest).reshape(-1, rest.shape[-1]).double()
+        x = observation.inputs.reshape(-1, observation.inputs.shape[-1]).double()
+        x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+        gram, cross = x.T @ x, x.T @ wanted
+        self.gram = gram if self.gram is None else self.gram + gram
+        self.cross = cross if self.cross is None else self.cross + cross
+
+    def combine(self, other: Statistic) -> None:
+        raise NotImplementedError
+
+    def result(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.gram, self.cross
+
+
+def test_a_run_specific_statistic_gathers_a_writers_normal_equations_against_the_runs_targets():
+    pytest.importorskip("transformers")
+    from functools import partial
+
+    from prunereg._runtime.capture import capture_first_block_inputs
+    from tests.support.tiny_lm import calibration_ids, tiny_llama
+
+    model = tiny_llama(layers=2)
+    block, writer = model.model.layers[0], model.model.layers[0].mlp.down_proj
+    with torch.no_grad():
+        inputs = capture_first_block_inputs(model, block, list(calibration_ids(6, 8).split(2)))
+        targets = [model.model.layers[1](hidden, *args, **kwargs) for hidden, args, kwargs in
+                   zip(inputs.hidden, inputs.args, inputs.kwargs, strict=True)]  # fmt: skip
+        recorder = Recorder(
+            call_statistics={"normal_equations": partial(_NormalEquations, targets)},
+            calls={"down_proj": Called(writer)},
+        )
+        gather(block, inputs, recorder)
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        handle = writer.register_forward_hook(lambda _, args, output: seen.append((args[0], output)))
+        outputs = [block(hidden, *args, **kwargs) for hidden, args, kwargs in
+                   zip(inputs.hidden, inputs.args, inputs.kwargs, strict=True)]  # fmt: skip
+        handle.remove()
+    x = torch.cat([x.reshape(-1, x.shape[-1]) for x, _ in seen]).double()
+    x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+    wanted = torch.cat([
+        (target - (output - written)).reshape(-1, target.shape[-1])
+        for target, output, (_, written) in zip(targets, outputs, seen, strict=True)
+    ]).double()  # fmt: skip
+    gram, cross = recorder.called["down_proj"].results()["normal_equations"]
+    torch.testing.assert_close(gram, x.T @ x, rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(cross, x.T @ wanted, rtol=1e-10, atol=1e-8)
