@@ -19,14 +19,13 @@ import torch
 from torch import Tensor
 
 from prunereg._disk.folder import AtomicFolder
-from prunereg._disk.model_dir import check_model_folder
 from prunereg._oneshot.contract import CalibratedMethod
 from prunereg._oneshot.engine import OneShotJob
 from prunereg._oneshot.report import OneShotReport
 from prunereg._oneshot.settings import OneShotOptions
 from prunereg._runtime.calibration import calibration_ids
 from prunereg._runtime.options import with_options_signature
-from prunereg._runtime.streamed import open_folder
+from prunereg._runtime.streamed import open_folder, output_folder
 
 #: The settings :func:`oneshot_folder` does not take, and why.
 FOLDER_REFUSES = {
@@ -69,12 +68,7 @@ def oneshot_folder(
     ``model_dir``.
     """
     settings, method_options = OneShotOptions.split(options, refused=FOLDER_REFUSES)
-    folder = AtomicFolder(
-        output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
-        keep={"model_dir": model_dir},
-    )  # fmt: skip
-    folder.check()
-    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
+    folder = output_folder(output_dir, model_dir, replace=replace)
     calibration = calibration_ids(
         calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
         label="model_dir",

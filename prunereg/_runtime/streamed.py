@@ -169,6 +169,21 @@ class StreamedModel:
     """The checkpoint keys of the weights outside the blocks (:meth:`StreamedBlocks.finish` copies them)."""
 
 
+def output_folder(output_dir: str | Path, model_dir: str | Path, *, replace: bool) -> AtomicFolder:
+    """The output folder of a run from ``model_dir`` to ``output_dir``, both checked before any staging folder exists.
+
+    ``output_dir`` is refused if it holds files (unless ``replace``) or is or
+    holds ``model_dir``; ``model_dir`` if it is no folder prunereg reads (a FIFO, say).
+    """
+    folder = AtomicFolder(
+        output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
+        keep={"model_dir": model_dir},
+    )  # fmt: skip
+    folder.check()
+    check_model_folder(Path(model_dir), "model_dir")
+    return folder
+
+
 def open_folder(
     source: Path,
     folder: AtomicFolder,

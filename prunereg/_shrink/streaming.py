@@ -21,11 +21,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunereg._disk.folder import AtomicFolder
-from prunereg._disk.model_dir import check_model_folder
 from prunereg._models.hf_folder import CONFIG_NAME, is_gguf_marker
 from prunereg._runtime.calibration import calibration_ids
 from prunereg._runtime.options import with_options_signature
-from prunereg._runtime.streamed import StreamedBlocks, empty_block, open_folder
+from prunereg._runtime.streamed import StreamedBlocks, empty_block, open_folder, output_folder
 from prunereg._shrink.contract import ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob
 from prunereg._shrink.options import ShrinkOptions
@@ -120,12 +119,7 @@ def shrink_folder(
     """
     settings, method_options = ShrinkOptions.split(options, refused=FOLDER_REFUSES)
     refuse_global_streaming(settings)
-    folder = AtomicFolder(
-        output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
-        keep={"model_dir": model_dir},
-    )  # fmt: skip
-    folder.check()
-    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
+    folder = output_folder(output_dir, model_dir, replace=replace)
     if calibration is not None:
         calibration = calibration_ids(
             calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),

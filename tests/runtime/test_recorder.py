@@ -14,6 +14,7 @@ from prunereg._runtime.capture import BlockInputs
 from prunereg._runtime.recorder import Called, Recorder, gather
 from prunereg._runtime.standard import Hessian, InputSqNorms
 from prunereg.toolkit import Observation, Statistic
+from tests.support.statistics import CallsItsLayerTwice
 
 SQ_NORMS = {"input_sq_norms": InputSqNorms}
 
@@ -61,18 +62,9 @@ def test_only_the_statistics_asked_for_are_gathered():
     assert n_tokens == 2 and list(results) == ["input_sq_norms"] and results["input_sq_norms"].tolist() == [2.0] * 3
 
 
-class _CallsItsLayerTwice(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.shared, self.out = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.out(self.shared(self.shared(hidden)))
-
-
 def test_a_layer_called_twice_is_one_group_fed_by_both_calls_on_every_batch_and_no_forward_stops():
     torch.manual_seed(0)
-    model = _CallsItsLayerTwice()
+    model = CallsItsLayerTwice()
     inputs = [torch.randn(2, 3, 4) for _ in range(3)]
     out_calls = []
     model.out.register_forward_hook(lambda *_: out_calls.append(1))

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from prunereg._runtime.parts import Cut
+from tests.support.statistics import CallsItsLayerTwice
 
 MOMENTS = frozenset({"channel_moments"})
 COSINE = frozenset({"block_cosine"})
@@ -74,21 +75,12 @@ def test_a_pass_that_takes_the_cosine_runs_every_forward_whole() -> None:
     assert down_calls[0] == 3 and observation.block.n_tokens == 3 * 2 * 8
 
 
-class _CallsItsLayerTwice(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.shared, self.out = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.out(self.shared(self.shared(hidden)))
-
-
 def _observe_twice_caller(n_batches: int, watch_shared: bool) -> tuple[int, Any]:
-    """Observe a :class:`_CallsItsLayerTwice` over ``n_batches``: its ``out`` layer's calls and the observation."""
+    """Observe a :class:`CallsItsLayerTwice` over ``n_batches``: its ``out`` layer's calls and the observation."""
     from prunereg._runtime.capture import BlockInputs
     from prunereg._shrink.gather import observe_block
 
-    block = _CallsItsLayerTwice()
+    block = CallsItsLayerTwice()
     inputs = BlockInputs([torch.randn(2, 3, 4) for _ in range(n_batches)], [()] * n_batches, [{}] * n_batches)
     writers = {"mlp": block.shared} if watch_shared else {}
     out_calls = [0]
