@@ -123,7 +123,8 @@ class Recorder:
         self._seen: list[tuple[Tensor, int]] = []  # this batch's group inputs, kept alive so identity is sound
         self._call_counts: dict[str, int] = {}
         self._pending: list[tuple[str, nn.Module, tuple[Any, ...], dict[str, Any], Any]] = []
-        self._handles: dict[str, Any] = {}
+        self._layer_handles: dict[str, Any] = {}
+        self._call_handles: list[Any] = []
         self._folding = False
         self._batch = 0
 
@@ -132,16 +133,16 @@ class Recorder:
     def __enter__(self) -> Recorder:
         if self.layer_statistics:
             for name, layer in self.layers.items():
-                self._handles[name] = layer.register_forward_pre_hook(self._layer_hook(name))
+                self._layer_handles[name] = layer.register_forward_pre_hook(self._layer_hook(name))
         for name, called in self.calls.items():
-            hook = self._call_hook(name)
-            self._handles[f"call:{name}"] = called.module.register_forward_hook(hook, with_kwargs=True)
+            self._call_handles.append(called.module.register_forward_hook(self._call_hook(name), with_kwargs=True))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for handle in self._handles.values():
+        for handle in [*self._layer_handles.values(), *self._call_handles]:
             handle.remove()
-        self._handles.clear()
+        self._layer_handles.clear()
+        self._call_handles.clear()
         self._seen.clear()
         self._pending.clear()
 
@@ -245,8 +246,8 @@ class Recorder:
         if not self._regular:
             return
         leaders = {group[0] for group in self.groups}
-        for name in [name for name in self._handles if name in self.layers and name not in leaders]:
-            self._handles.pop(name).remove()
+        for name in [name for name in self._layer_handles if name not in leaders]:
+            self._layer_handles.pop(name).remove()
 
     # -- results -------------------------------------------------------------------------
 
