@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from prunereg._slim.graph import SlimError
     from prunereg._slim.importance import Importance, get_importance, register_importance
     from prunereg._slim.report import SlimReport
+    from prunereg._slim.rules import register_width_rule
 
 __version__ = "0.1.0"
 
@@ -103,6 +104,7 @@ __all__ = [
     "prune_file",
     "register",
     "register_importance",
+    "register_width_rule",
     "remove",
     "safe_globals",
     "save_pretrained",
@@ -164,6 +166,7 @@ _LAZY = {
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
     "register_importance": "prunereg._slim.importance",
+    "register_width_rule": "prunereg._slim.rules",
     "save_pretrained": "prunereg._models.huggingface",
     "schedule": "prunereg._gradual.schedules",
     "shrink": "prunereg._shrink.engine",

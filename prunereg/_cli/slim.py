@@ -55,6 +55,13 @@ _BESIDE_THE_WEIGHTS = (
 @click.option(
     "--round-to", type=Number(int, 1), default=1, show_default=True, help="With --ratio, keep a multiple of N."
 )
+@click.option(
+    "--grouped",
+    type=click.Choice(["whole", "inside"]),
+    default="whole",
+    show_default=True,
+    help="How a grouped convolution loses channels: whole groups, or the same channels inside every group.",
+)
 @force_option
 @json_option
 def slim_command(
@@ -64,6 +71,7 @@ def slim_command(
     importance: str | None,
     ignore: tuple[str, ...],
     round_to: int,
+    grouped: str,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -90,12 +98,18 @@ def slim_command(
     from prunereg._slim.engine import ArgumentError, check_arguments
 
     try:  # before the model loads; an unknown importance is an error of status 1, as an unknown method
-        check_arguments(ratio, importance, list(ignore), round_to)
+        check_arguments(ratio, importance, list(ignore), round_to, grouped)
     except ArgumentError as error:
         raise click.UsageError(error.command_line_message) from None
     model = _load(model_dir, masked=ratio is None)
     report = prunereg.slim(
-        model, _example_inputs(model), ratio=ratio, importance=importance, ignore=list(ignore), round_to=round_to
+        model,
+        _example_inputs(model),
+        ratio=ratio,
+        importance=importance,
+        ignore=list(ignore),
+        round_to=round_to,
+        grouped=grouped,
     )
     with cleanup_on_signals(), output as staging:
         if prunereg.is_pruned(model):

@@ -165,7 +165,7 @@ def _nan_folder(tmp_path: Path) -> Path:
     return tmp_path / "dense"
 
 
-@pytest.mark.parametrize("through", ["runner", "subprocess"])
+@pytest.mark.parametrize("through", ["runner", pytest.param("subprocess", marks=pytest.mark.slow)])
 def test_oneshot_stream_with_sparsegpt_names_the_weight_that_is_not_finite_and_writes_nothing(
     tmp_path: Path, through: str
 ) -> None:

@@ -61,7 +61,7 @@ def assert_bitwise_equal(model: nn.Module, before: dict[str, torch.Tensor]) -> N
     assert after.keys() == before.keys()
     for name, tensor in before.items():
         assert after[name].dtype == tensor.dtype and after[name].shape == tensor.shape, name
-        assert torch.equal(after[name].view(torch.uint8), tensor.view(torch.uint8)), name
+        assert torch.equal(after[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
 
 
 class DataDependentBranch(nn.Module):

@@ -142,3 +142,27 @@ def test_the_installed_command_refuses_ignoring_the_root_in_one_line(tmp_path: P
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("Error: --ignore '' names the root module")
     assert not (tmp_path / "out").exists()
+
+
+def _hf_regnet() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A tiny Hugging Face RegNet: grouped 3x3 convolutions of groups of 4 channels."""
+    from transformers import RegNetConfig, RegNetForImageClassification
+
+    torch.manual_seed(0)
+    config = RegNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], groups_width=4, num_labels=3)
+    return RegNetForImageClassification(config).eval(), (torch.randn(1, 3, 32, 32),)
+
+
+@pytest.mark.parametrize(("grouped", "groups", "width"), [("whole", 2, 4), ("inside", 4, 2)])
+def test_slim_grouped_says_how_grouped_convolutions_lose_channels(
+    tmp_path: Path, grouped: str, groups: int, width: int
+) -> None:
+    folder, _ = _folder(tmp_path, _hf_regnet)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["slim", str(folder), str(out), "--ratio", "0.5", "--grouped", grouped])
+    assert result.exit_code == 0, result.output
+    from transformers import RegNetForImageClassification
+
+    reloaded = prunereg.from_pretrained(RegNetForImageClassification, out)
+    convolution = reloaded.regnet.encoder.stages[0].layers[0].layer[1].convolution
+    assert (convolution.groups, convolution.weight.shape[1]) == (groups, width)  # of 4 groups of 4 channels

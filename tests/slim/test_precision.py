@@ -156,7 +156,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return {name: t for file in sorted(folder.glob("*.safetensors")) for name, t in load_file(file).items()}
 
 
-@pytest.mark.parametrize("through", ["runner", "subprocess"])
+@pytest.mark.parametrize("through", ["runner", pytest.param("subprocess", marks=pytest.mark.slow)])
 def test_prunereg_slim_on_a_bfloat16_folder_writes_what_the_float32_folder_of_its_values_gives(
     tmp_path: Path, through: str
 ) -> None:

@@ -50,25 +50,40 @@ class WithMixer(nn.Module):
         return self.head(self.mixer(self.embed(x)))
 
 
-def test_a_module_reading_its_head_count_is_named_with_the_attributes_and_the_way_around() -> None:
+def test_a_module_reading_its_width_is_kept_whole_by_a_ratio_and_named_with_the_attributes_and_the_way_around() -> None:
     torch.manual_seed(0)
     model, x = WithMixer(), torch.randn(1, 5, 6)
+    dense = outputs(model, (x,))
+    with pytest.warns(UserWarning) as warned:
+        report = prunereg.slim(model, x, ratio=0.5)
+    kept = next(str(w.message) for w in warned if "kept 'mixer' whole" in str(w.message))
+    assert "\n" not in kept and "the slimmed model fails on the example inputs (RuntimeError: " in kept
+    assert "'mixer' reads self.width (8), a width slimming changed but cannot set there" in kept
+    assert kept.endswith("prunereg.register_width_rule(Mixer, ...) can say how it slims")
+    assert kept in report.notes
+    # the module whole, and what only feeds it or reads it: its heads were not cut behind its back
+    assert model.mixer.to_qkv.weight.shape == (24, 8) and model.mixer.num_heads == 4 and report.removed == 0
+    torch.testing.assert_close(outputs(model, (x,)), dense, rtol=0, atol=0)
+
+
+def test_a_module_reading_its_width_is_named_when_the_masks_plan_the_cut_and_the_model_stays_as_it_was() -> None:
+    torch.manual_seed(0)
+    model, x = WithMixer(), torch.randn(1, 5, 6)
+    head = torch.ones(24, 8)
+    head[[0, 1, 8, 9, 16, 17]] = 0  # head 0 of the queries, keys and values
+    prunereg.get("custom_from_mask").apply(model.mixer.to_qkv, "weight", mask=head)
+    prunereg.get("custom_from_mask").apply(model.mixer.to_qkv, "bias", mask=head[:, 0].clone())
     before, state = exact_state(model), bitwise(model)
     with pytest.raises(prunereg.SlimError) as refused:
-        prunereg.slim(model, x, ratio=0.5)
+        prunereg.slim(model, x)
     message = str(refused.value)
     assert "\n" not in message and message.startswith("the slimmed model fails on the example inputs (RuntimeError: ")
     assert message.endswith(
-        "'mixer' reads self.num_heads (4) and self.width (8), widths slimming changed but cannot set there: pass "
-        "ignore=['mixer'] to keep that module whole"
+        "'mixer' reads self.width (8), a width slimming changed but cannot set there: pass ignore=['mixer'] to keep "
+        "that module whole"
     )
     assert_unchanged(model, before)
     assert_bitwise_equal(model, state)
-    dense = outputs(model, (x,))
-    with pytest.warns(UserWarning, match="removed nothing"):  # the way around the message gives: nothing goes here
-        report = prunereg.slim(model, x, ratio=0.5, ignore=["mixer"])
-    assert model.mixer.to_qkv.weight.shape == (24, 8) and report.removed == 0
-    torch.testing.assert_close(outputs(model, (x,)), dense, rtol=0, atol=0)
 
 
 class _Records(logging.Handler):
