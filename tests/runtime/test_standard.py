@@ -156,6 +156,50 @@ def test_a_statistic_combined_into_an_empty_one_is_copied_and_an_empty_one_chang
     assert all(torch.equal(a, b) for a, b in zip(_values(gathered), before, strict=True))
 
 
+def _parts_in_order(statistic: type[Statistic], parts: list[list[Observation]]) -> Statistic:
+    """Each part gathered on its own (a rank's batches), then combined into the first one in order."""
+    combined = _gathered(statistic, parts[0])
+    for part in parts[1:]:
+        combined.combine(_gathered(statistic, part))
+    return combined
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    statistic=st.sampled_from([InputSqNorms, BlockCosine]),
+    shapes=SHAPES,
+    width=st.integers(1, 6),
+    cuts=st.lists(st.integers(0, 4), max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_sums_combined_over_any_parts_equal_the_whole_bit_for_bit_where_the_sums_are_exact(
+    statistic, shapes, width, cuts, seed
+):
+    """Small integers sum exactly in float32 (and their cosines' sums, rounded to float32, in float64): no drift."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = [torch.randint(-8, 9, (b, t, width), generator=generator).float() for b, t in shapes]
+    observations = _observations(statistic, batches)
+    if statistic is BlockCosine:  # cosines that are float32 values sum exactly in float64 over this few tokens
+        observations = [Observation(o.batch, o.inputs, o.inputs * 2) for o in observations]
+    bounds = sorted({min(cut, len(observations)) for cut in cuts} | {0, len(observations)})
+    parts = [observations[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    combined, whole = _parts_in_order(statistic, parts), _gathered(statistic, observations)
+    assert all(torch.equal(a, b) for a, b in zip(_values(combined), _values(whole), strict=True))
+
+
+def test_moments_and_the_hessian_combine_with_their_counts_not_as_a_mean_of_means():
+    """One token at 0 and nine at 10: the mean is 9 (a mean of means would say 5), the variance that of all ten."""
+    few, many = torch.zeros(1, 2), torch.full((9, 2), 10.0)
+    moments = _parts_in_order(ChannelMoments, [[Observation(0, few)], [Observation(1, many)]]).result()
+    everything = torch.cat([few, many]).double()
+    assert moments.n_tokens == 10
+    assert torch.equal(moments.mean, torch.full((2,), 9.0))
+    torch.testing.assert_close(moments.variance.double(), everything.var(0), rtol=1e-6, atol=0)
+    assert torch.equal(moments.sq_norms, torch.full((2,), 900.0))
+    hessian = _parts_in_order(Hessian, [[Observation(0, few)], [Observation(1, many)]]).result()
+    torch.testing.assert_close(hessian.double(), 2 / 10 * everything.T @ everything, rtol=1e-6, atol=0)
+
+
 def test_a_statistic_combines_with_its_own_kind_only():
     with pytest.raises(TypeError, match="Hessian combines with another Hessian, not InputSqNorms"):
         Hessian().combine(InputSqNorms())
