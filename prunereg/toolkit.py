@@ -15,7 +15,9 @@ a method written with them never asks which one it holds.
 Methods of the block-by-block engines (``calibrated``, ``shrink``) read
 statistics of calibration activations; a statistic of one's own is a
 :class:`Statistic` subclass made known with :func:`register_statistic`, which
-a method then names in its ``STATISTICS`` (``docs/plugins.md``, "Statistics").
+a method then names in its ``STATISTICS`` (``docs/plugins.md``, "Statistics");
+the built-in ones (:class:`InputSqNorms`, :class:`Hessian`, :class:`ChannelMoments`,
+:class:`BlockCosine`, :class:`ExpertRouting`) are public classes of the same kind.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ from prunereg._distributed.draws import rand_like
 from prunereg._distributed.layout import to_layout_of
 from prunereg._distributed.select import prune_lowest, select_k
 from prunereg._runtime.registry import register_statistic, statistic_names
+from prunereg._runtime.standard import (
+    BlockCosine,
+    ChannelMoments,
+    ExpertRouting,
+    Hessian,
+    InputSqNorms,
+    Moments,
+    Routing,
+)
 from prunereg._runtime.statistics import Observation, Statistic
 from prunereg._selection.amount import count_for, nparams_to_prune, validate_amount, validate_amount_init
 from prunereg._selection.amount import validate_dim as check_dim
@@ -38,8 +49,15 @@ from prunereg._selection.select import clear_selected as prune_where
 from prunereg._selection.select import keep_highest_per_row, top_indices
 
 __all__ = [
+    "BlockCosine",
+    "ChannelMoments",
     "CustomFromMask",
+    "ExpertRouting",
+    "Hessian",
+    "InputSqNorms",
+    "Moments",
     "Observation",
+    "Routing",
     "Statistic",
     "all_or_nothing",
     "channel_mask",

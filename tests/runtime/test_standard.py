@@ -8,6 +8,7 @@ gathered over all of them, in a fixed order, leaving the other half unchanged.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -182,7 +183,7 @@ def test_sums_combined_over_any_parts_equal_the_whole_bit_for_bit_where_the_sums
     if statistic is BlockCosine:  # cosines that are float32 values sum exactly in float64 over this few tokens
         observations = [Observation(o.batch, o.inputs, o.inputs * 2) for o in observations]
     bounds = sorted({min(cut, len(observations)) for cut in cuts} | {0, len(observations)})
-    parts = [observations[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    parts = [observations[a:b] for a, b in itertools.pairwise(bounds)]
     combined, whole = _parts_in_order(statistic, parts), _gathered(statistic, observations)
     assert all(torch.equal(a, b) for a, b in zip(_values(combined), _values(whole), strict=True))
 

@@ -222,6 +222,21 @@ def test_the_registered_names_include_the_built_in_statistics_and_the_plugins():
     assert {"test_block_input_covariance", "test_input_abs_sum"} <= names
 
 
+@pytest.mark.parametrize(
+    "built_in",
+    [toolkit.InputSqNorms, toolkit.Hessian, toolkit.ChannelMoments, toolkit.BlockCosine, toolkit.ExpertRouting],
+)
+def test_the_built_in_statistics_are_public_classes_registered_under_their_names(built_in: type[toolkit.Statistic]):
+    assert issubclass(built_in, toolkit.Statistic) and built_in.NAME in toolkit.statistic_names()
+    assert toolkit.register_statistic(built_in) is built_in  # the very class the registry holds under its NAME
+
+    class Again(built_in):  # type: ignore[valid-type,misc]
+        pass
+
+    with pytest.raises(ValueError, match=rf"'{built_in.NAME}' is taken by prunereg\..*{built_in.__name__}"):
+        toolkit.register_statistic(Again)
+
+
 def test_a_name_another_statistic_holds_is_refused_naming_both_and_the_same_class_again_is_accepted():
     assert toolkit.register_statistic(InputAbsSum) is InputAbsSum
 
