@@ -18,6 +18,11 @@ statistics of calibration activations; a statistic of one's own is a
 a method then names in its ``STATISTICS`` (``docs/plugins.md``, "Statistics");
 the built-in ones (:class:`InputSqNorms`, :class:`Hessian`, :class:`ChannelMoments`,
 :class:`BlockCosine`, :class:`ExpertRouting`) are public classes of the same kind.
+
+For importance authors (:class:`prunereg.Importance`, what ``prunereg.slim``
+ranks channels by): :class:`Group`, the units a ratio is taken of and the
+tensor positions each holds, and :func:`unit_sums`, any per-entry measure
+added up per unit.
 """
 
 from __future__ import annotations
@@ -47,12 +52,15 @@ from prunereg._selection.amount import validate_structured as check_structured
 from prunereg._selection.scopes import lowest_n_of_m, lowest_overall, lowest_per_row
 from prunereg._selection.select import clear_selected as prune_where
 from prunereg._selection.select import keep_highest_per_row, top_indices
+from prunereg._slim.importance import unit_sums
+from prunereg._slim.units import Group
 
 __all__ = [
     "BlockCosine",
     "ChannelMoments",
     "CustomFromMask",
     "ExpertRouting",
+    "Group",
     "Hessian",
     "InputSqNorms",
     "Moments",
@@ -79,6 +87,7 @@ __all__ = [
     "statistic_names",
     "to_layout_of",
     "top_indices",
+    "unit_sums",
 ]
 
 
