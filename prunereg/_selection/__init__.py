@@ -6,7 +6,7 @@
   one NaN rule: ``nan_lowest``);
 - :mod:`.remaining`: a new method's mask on what earlier pruning left;
 - :mod:`.channels`: masks of whole channels;
-- :mod:`.amount`: torch's rules for ``amount`` and ``dim``, and a sparsity's range;
+- :mod:`.amount`: torch's rules for ``amount`` and ``dim``;
 - :mod:`.threads`: how many threads the radix select's operations run on.
 
 DTensors reach these through :mod:`prunereg._distributed`.

@@ -3,8 +3,6 @@
 These functions mirror the private helpers of ``torch.nn.utils.prune`` one for
 one (``prunereg.prune`` re-exports them under torch's names), so that an amount
 that torch accepts or rejects is accepted or rejected here in the same way.
-:func:`check_sparsity` is prunereg's own rule for a sparsity (a share in [0, 1)),
-torch-free so that ``prunereg.schedule`` checks its levels without importing torch.
 """
 
 from __future__ import annotations
@@ -61,16 +59,6 @@ def count_for(fraction: float, units: int) -> int:
     it when they are built. An int ``fraction`` counts as a fraction too (1 prunes all).
     """
     return round(fraction * units)
-
-
-def check_sparsity(sparsity: object, what: str = "sparsity") -> float:
-    """``sparsity`` as a float in [0, 1): a TypeError for a non-number, a ValueError outside the range."""
-    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
-        raise TypeError(f"{what} must be a number in [0, 1), not {type(sparsity).__name__}")
-    value = float(sparsity)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{what} must be in [0, 1), got {sparsity!r}")
-    return value
 
 
 def validate_structured(t: torch.Tensor) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -127,16 +125,16 @@ def test_a_step_that_is_no_step_number_is_a_one_line_error(step, error):
         schedule(step)
 
 
-def test_a_schedule_is_built_checked_and_read_without_importing_torch():
-    """A training script's configuration can build its schedule before it (or anything) imports torch."""
-    code = (
+def test_a_schedule_is_built_and_read_without_importing_torch():
+    """``prunereg.schedule`` is plain arithmetic: a config or a CLI can build one in a process without torch."""
+    import subprocess
+    import sys
+
+    probe = (
         "import sys, prunereg\n"
-        "sched = prunereg.schedule('cubic', final=0.9, start=0, end=1000, every=100)\n"
-        "try:\n"
-        "    prunereg.schedule('cubic', final=1.5, end=10)\n"
-        "except ValueError as error:\n"
-        "    refused = str(error)\n"
-        "print(sched(500), refused, 'torch' in sys.modules)"
+        "s = prunereg.schedule('cubic', final=0.5, start=0, end=10, every=2)\n"
+        "assert s(10) == 0.5\n"
+        "print('torch' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout == "0.7875 final sparsity must be in [0, 1), got 1.5 False\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False", done.stderr
