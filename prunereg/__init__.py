@@ -36,6 +36,12 @@ if TYPE_CHECKING:
     from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.isolation import PluginCodeError
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
+    from prunereg._recover.contract import RecoveryMethod
+    from prunereg._recover.data import NormalEquations, RecoveryBlock, RecoveryModel
+    from prunereg._recover.distillation import ZeroKeeper, distillation_loss, keep_zeros
+    from prunereg._recover.engine import recover
+    from prunereg._recover.report import BlockRecovery, RecoverReport
+    from prunereg._recover.trainer import DistillationTrainer
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
     from prunereg._shrink.engine import shrink
     from prunereg._shrink.report import ShrinkReport
@@ -49,16 +55,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "BlockRecovery",
     "BlockStatistics",
     "CalibratedMethod",
     "ChannelStatistics",
     "CheckpointError",
+    "DistillationTrainer",
     "ExpertStatistics",
     "GroupSummary",
     "GroupedSummary",
     "Importance",
     "LayerStatistics",
     "MethodInfo",
+    "NormalEquations",
     "OneShotReport",
     "PluginCodeError",
     "PluginError",
@@ -67,6 +76,10 @@ __all__ = [
     "PruneFileReport",
     "PrunedWeight",
     "PruningContainer",
+    "RecoverReport",
+    "RecoveryBlock",
+    "RecoveryMethod",
+    "RecoveryModel",
     "Register",
     "ShrinkMethod",
     "ShrinkReport",
@@ -75,9 +88,11 @@ __all__ = [
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
+    "ZeroKeeper",
     "apply_masks",
     "apply_slimmed_shapes",
     "compact_masks",
+    "distillation_loss",
     "from_pretrained",
     "get",
     "get_importance",
@@ -85,6 +100,7 @@ __all__ = [
     "hookimpl",
     "info",
     "is_pruned",
+    "keep_zeros",
     "list_methods",
     "load_state_dict",
     "make_pruning_permanent",
@@ -93,6 +109,7 @@ __all__ = [
     "parameters_to_prune",
     "perplexity",
     "prune_file",
+    "recover",
     "register",
     "register_importance",
     "remove",
@@ -107,16 +124,19 @@ __all__ = [
 
 _LAZY = {
     "BasePruningMethod": "prunereg._core.method",
+    "BlockRecovery": "prunereg._recover.report",
     "BlockStatistics": "prunereg._shrink.contract",
     "CalibratedMethod": "prunereg._oneshot.contract",
     "ChannelStatistics": "prunereg._shrink.contract",
     "CheckpointError": "prunereg._disk.errors",
+    "DistillationTrainer": "prunereg._recover.trainer",
     "ExpertStatistics": "prunereg._shrink.contract",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
     "Importance": "prunereg._slim.importance",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
+    "NormalEquations": "prunereg._recover.data",
     "OneShotReport": "prunereg._oneshot.report",
     "PluginCodeError": "prunereg._plugins.isolation",
     "PluginError": "prunereg._plugins.registry",
@@ -125,6 +145,10 @@ _LAZY = {
     "PruneFileReport": "prunereg._files.file_pruning",
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
+    "RecoverReport": "prunereg._recover.report",
+    "RecoveryBlock": "prunereg._recover.data",
+    "RecoveryMethod": "prunereg._recover.contract",
+    "RecoveryModel": "prunereg._recover.data",
     "Register": "prunereg._plugins.hookspec",
     "ShrinkMethod": "prunereg._shrink.contract",
     "ShrinkReport": "prunereg._shrink.report",
@@ -133,14 +157,17 @@ _LAZY = {
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",
+    "ZeroKeeper": "prunereg._recover.distillation",
     "apply_masks": "prunereg._files.offline",
     "apply_slimmed_shapes": "prunereg._models.slimmed",
     "compact_masks": "prunereg._core.compact",
+    "distillation_loss": "prunereg._recover.distillation",
     "from_pretrained": "prunereg._models.huggingface",
     "get_importance": "prunereg._slim.importance",
     "global_unstructured": "prunereg._core.global_pruning",
     "hookimpl": "prunereg._plugins.hookspec",
     "is_pruned": "prunereg._core.reparam",
+    "keep_zeros": "prunereg._recover.distillation",
     "load_state_dict": "prunereg._models.state_dict",
     "make_pruning_permanent": "prunereg._core.tied",
     "oneshot": "prunereg._oneshot.engine",
@@ -148,6 +175,7 @@ _LAZY = {
     "parameters_to_prune": "prunereg._files.selection",
     "perplexity": "prunereg._oneshot.perplexity",
     "prune_file": "prunereg._files.file_pruning",
+    "recover": "prunereg._recover.engine",
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
     "register_importance": "prunereg._slim.importance",

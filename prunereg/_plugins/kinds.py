@@ -100,6 +100,12 @@ declare_kind(
     commands="shrink",
 )
 declare_kind(
+    "recovery",
+    "prunereg._recover.contract:RecoveryMethod",
+    "`prunereg.recover(model, teacher, calibration, method=name)`",
+    commands="Python only (prunereg.recover)",
+)
+declare_kind(
     "importance",
     "prunereg._slim.importance:Importance",
     "`prunereg.slim(model, inputs, ratio=r, importance=name)`, `prunereg slim --importance`",
