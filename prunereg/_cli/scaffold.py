@@ -24,6 +24,7 @@ TEMPLATES = {
     "unstructured": ("template",),
     "calibrated": ("template", "template_calibrated"),
     "shrink": ("template", "template_shrink"),
+    "recovery": ("template", "template_recovery"),
 }
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -38,9 +39,7 @@ class PluginNames:
     module: str  # prunereg_foo_bar
     class_name: str  # FooBarPruning
     prunereg_version: str
-    kind: str = (
-        "unstructured"  # "calibrated": for prunereg.oneshot, from template_calibrated/; "shrink": template_shrink/
-    )
+    kind: str = "unstructured"  # "calibrated", "shrink", "recovery": from template_<kind>/ over template/
 
     @classmethod
     def from_name(cls, name: str) -> PluginNames:

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from prunereg._cli import main
-
-
-def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
-    assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
-    return result
+from tests.support.generated_plugins import install_generated_plugin
 
 
 def test_the_calibrated_template_replaces_the_method_files_and_keeps_the_packaging(tmp_path: Path) -> None:
@@ -34,17 +25,7 @@ def test_the_calibrated_template_replaces_the_method_files_and_keeps_the_packagi
 
 @pytest.mark.slow
 def test_a_generated_calibrated_plugin_installs_registers_and_passes_its_own_tests(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
-    source, site = tmp_path / "source", tmp_path / "site"
-    run([str(bin_dir / "prunereg"), "new-plugin", "demo-calibrated", str(source), "--kind", "calibrated"], tmp_path)
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
-         "--target", str(site), str(source)], tmp_path)  # fmt: skip
-    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    listed = run([str(bin_dir / "prunereg"), "list", "--json", "--kind", "calibrated"], tmp_path, PYTHONPATH=path)
-    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    rows, tests = install_generated_plugin("demo-calibrated", "calibrated", tmp_path)
     assert rows["demo_calibrated"]["package"] == "prunereg-demo-calibrated"
     assert rows["demo_calibrated"]["target"] == "prunereg_demo_calibrated.method:DemoCalibratedPruning"
-    tests = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(source)], tmp_path, PYTHONPATH=path
-    )
-    assert "4 passed" in tests.stdout
+    assert "4 passed" in tests
