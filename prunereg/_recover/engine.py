@@ -162,11 +162,12 @@ class RecoverJob:
         config_before = dict(vars(config)) if config is not None else {}
         precision = matmul_precision(self.options.matmul_precision)
         with calibration_mode(self.model), calibration_mode(self.teacher), precision:
-            self._switch_on_biases()
+            added = self._switch_on_biases()
             if self.method.SCOPE == "model":
                 report.steps.append(recover_model(self.method, self._whole_model()))
             else:
                 self._recover_blocks(report)
+            _switch_off_unused(added, config, config_before)
         if config is not None:
             report.config = {
                 key: [config_before.get(key), value]
@@ -176,12 +177,19 @@ class RecoverJob:
         report.seconds = time.perf_counter() - start
         return report
 
-    def _switch_on_biases(self) -> None:
-        """Give each writer a method asked a bias for a zero one, and set the config flag that builds it."""
+    def _switch_on_biases(self) -> dict[str, list[nn.Linear]]:
+        """Give each writer a method asked a bias for a zero one, and set the config flag that builds it.
+
+        Returns, per flag, the layers that got a bias (the flag builds one in every Linear of the owner).
+        """
+        added: dict[str, list[nn.Linear]] = {}
         for flag, owners in self.bias_flags.items():
+            layers = [m for owner in owners for m in owner.children() if isinstance(m, nn.Linear) and m.bias is None]
             for owner in owners:
                 add_zero_biases(owner, _NO_JOURNAL)
             setattr(self.model.config, flag, True)
+            added[flag] = layers
+        return added
 
     def _whole_model(self) -> RecoveryModel:
         student = self.model
@@ -252,6 +260,15 @@ class _NoJournal:
 
 
 _NO_JOURNAL: Any = _NoJournal()
+
+
+def _switch_off_unused(added: dict[str, list[nn.Linear]], config: Any, config_before: dict[str, Any]) -> None:
+    """Take back the biases of a flag whose biases all stayed zero (no block used them), and the flag."""
+    for flag, layers in added.items():
+        if all(not bool(layer.bias.detach().any()) for layer in layers if layer.bias is not None):
+            for layer in layers:
+                layer.register_parameter("bias", None)
+            setattr(config, flag, config_before.get(flag))
 
 
 def _check_embeddings(model: nn.Module, teacher: nn.Module) -> None:

@@ -225,3 +225,20 @@ def test_a_refit_measures_the_loss_before_on_its_own_statistics_pass(writers: tu
     assert report.undone == []
     checks = {("mlp",): 2, ("attention", "mlp"): 5}[writers]  # on the first batch: does each writer add as it is?
     assert len(calls) == passes * 4 + checks  # a pass is 4 batches: statistics, ..., and the pass after
+
+
+def test_a_block_whose_writers_are_followed_by_norms_is_left_as_it_was_with_its_config() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.Gemma2ForCausalLM(config).eval()  # a norm after attention and after the MLP
+    teacher = copy.deepcopy(model)
+    prunereg.shrink(model, "wanda_sp", calibration_ids(), mlp=0.5, progress=False)
+    before = snapshot(model)
+    report = prunereg.recover(model, teacher, calibration_ids(), "refit", progress=False)
+    assert all("no o_proj or down_proj that writes into the residual stream as it is" in s.note for s in report.steps)
+    assert report.config == {}
+    assert_unchanged(model, before)
