@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from prunereg._recover.contract import KIND, SCOPES, STATISTIC_NAMES, WRITER_KINDS, RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, RecoveryModel, zero_masks
-from prunereg._recover.parts import block_parts
+from prunereg._recover.parts import block_parts, changed_parts
 from prunereg._recover.runtime import BlockInputs, default_devices
 from prunereg._recover.step import recover_block, recover_model
 from prunereg._recover.teacher import TeacherTrajectory
@@ -140,7 +140,8 @@ def _block_data(student: _TinyLM, teacher: _TinyLM, batches: list[Tensor], metho
     parts = block_parts(student.block, _CONFIG)
     return RecoveryBlock(
         student.block, 0, (0,), inputs, targets, writers=parts.writers, mlp=parts.mlp,
-        attention_targets=attention, masks=zero_masks(student.block), seed=_SEED,
+        changed=changed_parts(parts, student.block, teacher.block), attention_targets=attention,
+        masks=zero_masks(student.block), seed=_SEED,
     )  # fmt: skip
 
 

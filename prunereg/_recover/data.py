@@ -125,6 +125,8 @@ class RecoveryBlock:
     - ``index``: its index in the model; ``teacher_indices``: the teacher's
       blocks it stands for, its own first, then those removed right after it
       (the targets are the teacher's hidden states after the last of them);
+      ``changed``: the parts (``"attention"``, ``"mlp"``) whose tensors are
+      no longer the teacher block's (narrowed, pruned, recovered before);
     - :meth:`forward` runs it on calibration batch ``b`` (the student's
       trajectory), :meth:`target` is the dense model's output there;
       :meth:`loss` the mean squared error between the two over the calibration set;
@@ -145,6 +147,7 @@ class RecoveryBlock:
         *,
         writers: dict[str, nn.Module],
         mlp: nn.Module | None,
+        changed: frozenset[str] = frozenset(),
         attention_targets: list[Tensor] | None = None,
         masks: dict[str, Tensor] | None = None,
         seed: int = 0,
@@ -157,6 +160,7 @@ class RecoveryBlock:
         self.index = index
         self.teacher_indices = teacher_indices
         self.masks: dict[str, Tensor] = dict(masks or {})
+        self.changed = changed
         self.seed = seed
         self.label = label
         self._inputs = inputs

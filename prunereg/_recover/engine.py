@@ -31,7 +31,7 @@ from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, RecoveryModel, zero_masks
 from prunereg._recover.matching import Matching, match_blocks
 from prunereg._recover.options import RecoverOptions
-from prunereg._recover.parts import bias_flags, block_parts
+from prunereg._recover.parts import bias_flags, block_parts, changed_parts
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import (
     BlockInputs,
@@ -184,7 +184,7 @@ class RecoverJob:
         """
         added: dict[str, list[nn.Linear]] = {}
         for flag, owners in self.bias_flags.items():
-            layers = [m for owner in owners for m in owner.children() if isinstance(m, nn.Linear) and m.bias is None]
+            layers = _linears_without_bias(owners)
             for owner in owners:
                 add_zero_biases(owner, _NO_JOURNAL)
             setattr(self.model.config, flag, True)
@@ -234,6 +234,7 @@ class RecoverJob:
     ) -> RecoveryBlock:
         module = self.blocks[index]
         parts = block_parts(module, getattr(self.model, "config", None))
+        changed = changed_parts(parts, module, self.teacher_blocks[span[0]])
         return RecoveryBlock(
             module,
             index,
@@ -242,6 +243,7 @@ class RecoverJob:
             targets,
             writers=parts.writers,
             mlp=parts.mlp,
+            changed=changed,
             attention_targets=attention,
             masks=zero_masks(module),
             seed=self.options.seed,
@@ -260,6 +262,16 @@ class _NoJournal:
 
 
 _NO_JOURNAL: Any = _NoJournal()
+
+
+def _linears_without_bias(owners: list[nn.Module]) -> list[nn.Linear]:
+    """The ``nn.Linear`` children of ``owners`` that have no bias (those a bias flag gives one)."""
+    found: list[nn.Linear] = []
+    for owner in owners:
+        for module in owner.children():
+            if isinstance(module, nn.Linear) and module.bias is None:
+                found.append(module)
+    return found
 
 
 def _switch_off_unused(added: dict[str, list[nn.Linear]], config: Any, config_before: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from prunereg._recover.runtime import UnitGroup, find_experts, find_heads, find_mlp
@@ -25,22 +26,44 @@ class BlockParts:
 
     writers: dict[str, nn.Module]
     mlp: nn.Module | None
+    owners: dict[str, nn.Module]
+    """The attention and MLP modules by kind, where found."""
 
 
 def block_parts(block: nn.Module, config: Any) -> BlockParts:
     """The block's writers (those the config lets shrinking find) and its MLP module (a mixture of experts too)."""
     writers: dict[str, nn.Module] = {}
-    mlp: nn.Module | None = None
+    owners: dict[str, nn.Module] = {}
     for kind, finder in FINDERS.items():
         found = finder(block, config) if config is not None or kind == "mlp" else None
         if isinstance(found, UnitGroup):
             writers[kind] = found.writer
-            if kind == "mlp" and found.owner is not block:
-                mlp = found.owner
-    if mlp is None:
+            if found.owner is not block:
+                owners[kind] = found.owner
+    if "mlp" not in owners:
         experts = find_experts(block)
-        mlp = experts.owner if experts is not None and experts.owner is not block else None
-    return BlockParts(writers, mlp)
+        if experts is not None and experts.owner is not block:
+            owners["mlp"] = experts.owner
+    return BlockParts(writers, owners.get("mlp"), owners)
+
+
+def changed_parts(parts: BlockParts, block: nn.Module, teacher: nn.Module) -> frozenset[str]:
+    """The kinds (``"attention"``, ``"mlp"``) whose module holds a tensor the teacher block's lacks or holds otherwise.
+
+    Narrowed, pruned, bias-compensated or recovered before: the part is no longer the dense model's.
+    """
+    names = {id(module): name for name, module in block.named_modules()}
+    changed = set()
+    for kind, owner in parts.owners.items():
+        theirs = dict(teacher.get_submodule(names[id(owner)]).named_parameters())
+        for name, parameter in owner.named_parameters():
+            other = theirs.get(name)
+            if other is None and not bool(parameter.detach().any()):
+                continue  # a zero bias, as a config flag builds it, changes nothing
+            if other is None or other.shape != parameter.shape or not torch.equal(other, parameter):
+                changed.add(kind)
+                break
+    return frozenset(changed)
 
 
 def bias_flags(config: Any, blocks: nn.ModuleList, kinds: frozenset[str]) -> dict[str, list[nn.Module]]:

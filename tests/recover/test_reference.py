@@ -16,6 +16,7 @@ from tests.support.tiny_lm import calibration_ids, tiny_llama, tiny_mistral
 pytest.importorskip("transformers")
 
 RIDGE = 1e-3
+BOTH = ("attention", "mlp")
 
 
 def _float64(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,7 +70,7 @@ def test_without_damping_refit_is_plain_least_squares_and_switches_biases_on() -
     ids = calibration_ids(8, 12)
     prunereg.shrink(model, "flap", ids, mlp=0.5, compensate=False)  # no bias anywhere
     expected = copy.deepcopy(model)
-    report = prunereg.recover(model, teacher, ids, "refit", ridge=0.0, progress=False)
+    report = prunereg.recover(model, teacher, ids, "refit", ridge=0.0, writers=BOTH, progress=False)
     assert report.config == {"attention_bias": [False, True], "mlp_bias": [False, True]}
     assert model.config.mlp_bias and model.config.attention_bias
     _zero_biases(expected, "mlp", "self_attn")  # what mlp_bias / attention_bias build
@@ -88,7 +89,7 @@ def test_without_a_bias_refit_has_no_intercept(build: Any, options: dict[str, An
     ids = calibration_ids(8, 12)
     prunereg.shrink(model, "flap", ids, mlp=0.5, compensate=False)
     expected = copy.deepcopy(model)
-    report = prunereg.recover(model, teacher, ids, "refit", ridge=RIDGE, progress=False, **options)
+    report = prunereg.recover(model, teacher, ids, "refit", ridge=RIDGE, writers=BOTH, progress=False, **options)
     assert report.config == {} and model.model.layers[0].mlp.down_proj.bias is None
     reference.refit(expected, teacher, ids, _solver(RIDGE, intercept=False), ("attention", "mlp"))
     _assert_same(model, expected)
@@ -131,3 +132,20 @@ def test_replace_folds_the_least_squares_map_into_the_down_projection_before_eac
         j for j, i in enumerate(kept) if i + 1 in removed
     ]
     assert recovered.undone == []
+
+
+@pytest.mark.parametrize(("removes", "attention"), [({"mlp": 0.5}, False), ({"heads": 0.5}, True)])
+def test_by_default_the_attention_is_refit_only_where_it_is_no_longer_the_dense_one(
+    removes: dict[str, float], attention: bool
+) -> None:
+    model, teacher = _pair(layers=2)
+    ids = calibration_ids(8, 12)
+    prunereg.shrink(model, "wanda_sp", ids, **removes)
+    expected = copy.deepcopy(model)
+    report = prunereg.recover(model, teacher, ids, "refit", ridge=RIDGE, progress=False)
+    writers = ("attention", "mlp") if attention else ("mlp",)
+    _zero_biases(expected, *(["mlp", "self_attn"] if attention else ["mlp"]))
+    reference.refit(expected, teacher, ids, _solver(RIDGE, intercept=True), writers)
+    _assert_same(model, expected)
+    assert all(("o_proj" in step.note) == attention for step in report.steps)
+    assert set(report.config) == ({"attention_bias", "mlp_bias"} if attention else {"mlp_bias"})
