@@ -12,7 +12,7 @@ _METHODS = [
     (
         "refit",
         "refit:Refit",
-        "Refit each block's o_proj and down_proj (and biases) by damped least squares to the dense block's output",
+        "Refit each block's down_proj (o_proj too where narrowed or pruned) by least squares to the dense output",
     ),
     (
         "replace",
