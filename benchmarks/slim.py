@@ -55,7 +55,7 @@ import memory  # noqa: E402
 from llm import replace_between  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
-IMAGE = "slim-latency.svg"
+IMAGE = "slim-latency.svg"  # benchmarks/plots.py draws it (plots.SLIM)
 MARKER = "slim"
 HEADING = "## Slimming against Torch-Pruning"
 THREADS = 2
@@ -556,34 +556,6 @@ def sweep_table(sweeps: dict[str, dict[str, list[dict[str, Any]]]], results: dic
     return rows
 
 
-def draw_sweep(
-    sweeps: dict[str, dict[str, list[dict[str, Any]]]], results: dict[str, Any], about: str, path: Path
-) -> None:
-    """Latency at batch 1 against the ratio, one panel per model, in the house style of benchmarks/plots.py."""
-    import plots
-
-    plt = plots._style()
-    figure, panels = plt.subplots(1, len(sweeps), figsize=(3.6 * len(sweeps), 3.4), squeeze=False)
-    colours = {PRUNEREG: plots.PRUNEREG, TP: plots.TORCH, TP_HAND: "#ef6c00", TP_MLP: "#8d6e63"}
-    for axes, (name, by_tool) in zip(panels[0], sweeps.items()):
-        base = results.get(name, {}).get(ORIGINAL, {}).get("latency_1")
-        for (tool, points), marker in zip(by_tool.items(), "osD"):
-            done = [p for p in points if "latency" in p]
-            if done:
-                xs, ys = [p["ratio"] for p in done], [p["latency"] * 1000 for p in done]
-                axes.plot(xs, ys, marker=marker, label=tool, color=colours[tool])
-        if base:
-            axes.axhline(base * 1000, color="0.5", linestyle="--", linewidth=1)
-            axes.text(0.01, base * 1000, "unslimmed", transform=axes.get_yaxis_transform(), va="bottom", fontsize=8)
-        highest = max([base or 0.0] + [p["latency"] for points in by_tool.values() for p in points if "latency" in p])
-        axes.set(xlabel="ratio (channels removed per group)", ylabel="latency, batch 1 (ms)")
-        axes.set_ylim(0, highest * 1000 * 1.15)  # room above the unslimmed line for its label
-        axes.set_title(MODELS[name].title, loc="left", fontsize=9)
-        axes.legend(frameon=False, fontsize=8)
-    figure.text(0.01, -0.06, f"Measured: {about} (docs/benchmarks.md)", fontsize=8, color="0.4")
-    plots._save(figure, path)
-
-
 def machine(before: str, after: str) -> str:
     import torch
 
@@ -742,20 +714,21 @@ def main(argv: list[str] | None = None) -> int:
     if reused:
         about += f" ({reused} results kept from an earlier run in {args.json.name if args.json else '?'})"
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)
-    image = None
-    if sweeps and output is not None:
-        images = args.images or output.parent / "images"
-        try:
-            draw_sweep(sweeps, results, about.split("; Python")[0], images / IMAGE)
-            image = IMAGE
-        except ImportError:
-            print("no plot: it needs matplotlib (the bench extra)", file=sys.stderr)
+    drawable = importlib.util.find_spec("matplotlib") is not None
+    image = IMAGE if sweeps and output is not None and drawable else None
+    if sweeps and output is not None and not drawable:
+        print("no plot: it needs matplotlib (the bench extra)", file=sys.stderr)
     text = report(results, sweeps, about, args.quick, image)
     if output is None:
         print(text)
-    else:
-        replace_between(output, MARKER, text, HEADING)
-        print(f"wrote the slimming section of {output}", file=sys.stderr)
+        return 0
+    replace_between(output, MARKER, text, HEADING)
+    print(f"wrote the slimming section of {output}", file=sys.stderr)
+    if image is not None:  # drawn from the page just written, as benchmarks/plots.py redraws it later
+        import plots
+
+        markdown = output.read_text()
+        plots.draw_slim_latency(plots.tables(markdown), markdown, (args.images or output.parent / "images") / image)
     return 0
 
 

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from prunereg._files.file_pruning import PruneFileReport, prune_file
     from prunereg._files.offline import apply_masks
     from prunereg._files.selection import parameters_to_prune
+    from prunereg._gradual.huggingface import GradualPruningTrainerCallback
+    from prunereg._gradual.lightning import GradualPruningCallback
+    from prunereg._gradual.pruner import GradualPruning
+    from prunereg._gradual.schedules import Schedule, schedule
     from prunereg._models.grouping import GroupedSummary, GroupSummary
     from prunereg._models.huggingface import from_pretrained, save_pretrained
     from prunereg._models.serialization import safe_globals
@@ -50,6 +54,7 @@ if TYPE_CHECKING:
     from prunereg._slim.graph import SlimError
     from prunereg._slim.importance import Importance, get_importance, register_importance
     from prunereg._slim.report import SlimReport
+    from prunereg._slim.rules import register_width_rule
 
 __version__ = "0.1.0"
 
@@ -62,6 +67,9 @@ __all__ = [
     "CheckpointError",
     "DistillationTrainer",
     "ExpertStatistics",
+    "GradualPruning",
+    "GradualPruningCallback",
+    "GradualPruningTrainerCallback",
     "GroupSummary",
     "GroupedSummary",
     "Importance",
@@ -81,6 +89,7 @@ __all__ = [
     "RecoveryMethod",
     "RecoveryModel",
     "Register",
+    "Schedule",
     "ShrinkMethod",
     "ShrinkReport",
     "SlimError",
@@ -112,9 +121,11 @@ __all__ = [
     "recover",
     "register",
     "register_importance",
+    "register_width_rule",
     "remove",
     "safe_globals",
     "save_pretrained",
+    "schedule",
     "shrink",
     "shrink_folder",
     "slim",
@@ -131,6 +142,9 @@ _LAZY = {
     "CheckpointError": "prunereg._disk.errors",
     "DistillationTrainer": "prunereg._recover.trainer",
     "ExpertStatistics": "prunereg._shrink.contract",
+    "GradualPruning": "prunereg._gradual.pruner",
+    "GradualPruningCallback": "prunereg._gradual.lightning",
+    "GradualPruningTrainerCallback": "prunereg._gradual.huggingface",
     "GroupSummary": "prunereg._models.grouping",
     "GroupedSummary": "prunereg._models.grouping",
     "Importance": "prunereg._slim.importance",
@@ -150,6 +164,7 @@ _LAZY = {
     "RecoveryMethod": "prunereg._recover.contract",
     "RecoveryModel": "prunereg._recover.data",
     "Register": "prunereg._plugins.hookspec",
+    "Schedule": "prunereg._gradual.schedules",
     "ShrinkMethod": "prunereg._shrink.contract",
     "ShrinkReport": "prunereg._shrink.report",
     "SlimError": "prunereg._slim.graph",
@@ -179,7 +194,9 @@ _LAZY = {
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
     "register_importance": "prunereg._slim.importance",
+    "register_width_rule": "prunereg._slim.rules",
     "save_pretrained": "prunereg._models.huggingface",
+    "schedule": "prunereg._gradual.schedules",
     "shrink": "prunereg._shrink.engine",
     "shrink_folder": "prunereg._shrink.streaming",
     "slim": "prunereg._slim.engine",

@@ -1,11 +1,15 @@
-"""A progress bar for long loops, shown where a person watches: a terminal or a notebook.
+"""Progress of long loops on stderr: a bar where a person watches, plain lines in a log when asked for.
 
 Output meant for programs (a pipe, a file, ``--json``) must stay exactly what
-it is, so the bar is drawn on stderr, and by default only when stderr is a
+it is, so progress goes to stderr, and by default only when stderr is a
 terminal or the cell output of a Jupyter kernel (notebooks, JupyterLab, VS
-Code, Colab), which redraws a line on ``\\r`` as a terminal does. click draws
-it: click is already a dependency of the command line. transformers' own bars
-(loading weights) follow the same rule through :func:`library_bars`.
+Code, Colab), which redraws a line on ``\\r`` as a terminal does: there click
+draws a bar (click is already a dependency of the command line). Asked for
+(``enabled=True``, what the model-folder commands pass unless ``--quiet``)
+where stderr is a pipe or a file, progress is a line per item, at most one
+every :data:`LINE_EVERY` seconds, so a log shows work going on rather than a
+hang. transformers' own bars (loading weights) follow the same rule through
+:func:`library_bars`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Sized
 from typing import IO, Any, TextIO, TypeVar, cast
 
 import click
@@ -21,6 +26,9 @@ import click
 T = TypeVar("T")
 
 _CURSOR_CODES = re.compile(r"\033\[\?25[hl]")  # click hides the cursor while drawing; a notebook would show the codes
+#: Off a terminal, the least time between two progress lines (the first and the last line are always written).
+LINE_EVERY = 5.0
+_now = time.monotonic  # the clock of the progress lines (a test sets its own)
 
 
 def progress(items: Iterable[T], *, label: str, total: int | None = None, enabled: bool | None = None) -> Iterator[T]:
@@ -29,16 +37,68 @@ def progress(items: Iterable[T], *, label: str, total: int | None = None, enable
     ``total`` is the number of items, for a bar of known length when ``items``
     has no ``len()`` (a generator). With ``enabled=False`` the items pass
     through untouched and nothing is written; ``enabled=True`` off a terminal
-    or notebook writes the label once instead of a bar (click's way).
+    or notebook writes lines instead of a bar (:func:`progress_lines`).
     """
+    watched = stderr_is_watched()
     if enabled is None:
-        enabled = stderr_is_watched()
+        enabled = watched
     if not enabled:
         yield from items
+        return
+    if not watched:
+        yield from progress_lines(items, label=label, total=total)
         return
     stream = cast(TextIO, _NotebookStream(sys.stderr)) if in_notebook() else sys.stderr  # a stream, duck-typed
     with click.progressbar(items, length=total, label=label, file=stream) as bar:
         yield from bar
+
+
+def progress_lines(items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
+    """Yield items, writing ``label: 3/30 done, 1 min 2 s, about 8 min left`` lines to stderr for a log.
+
+    A line when the loop starts, then one as an item is done, at most one
+    every :data:`LINE_EVERY` seconds, and always one for the last item.
+    """
+    if total is None:
+        total = len(items) if isinstance(items, Sized) else None
+    start = last = _now()
+    _write_line(f"{label}: 0/{total}, started" if total is not None else f"{label}: started")
+    for done, item in enumerate(items, 1):
+        yield item
+        now = _now()
+        if now - last >= LINE_EVERY or done == total:
+            _write_line(f"{label}: {_count_done(done, total, now - start)}")
+            last = now
+
+
+def _count_done(done: int, total: int | None, elapsed: float) -> str:
+    """``3/30 done, 1 min 2 s, about 8 min left`` (the estimate from the mean time per item so far)."""
+    if total is None:
+        return f"{done} done, {_duration(elapsed)}"
+    if done >= total:
+        return f"{done}/{total} done, {_duration(elapsed)}"
+    return f"{done}/{total} done, {_duration(elapsed)}, about {_duration(elapsed / done * (total - done))} left"
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 7 min``: a duration as a person reads it in a log."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+def step(text: str, *, enabled: bool | None = None) -> None:
+    """A line on stderr saying what a long run does next (loading, evaluating), where progress is shown."""
+    if enabled if enabled is not None else stderr_is_watched():
+        _write_line(text)
+
+
+def _write_line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def stderr_is_watched() -> bool:

@@ -12,6 +12,14 @@ import torch
 # installed plugin fails it instead of warning (subprocesses inherit this).
 os.environ["PRUNEREG_STRICT_PLUGINS"] = "1"
 
+# Under pytest-xdist (-n, pyproject's addopts) each worker gets its share of the cores, as do the processes
+# its tests start: torch's default of every core per process ran 2 x 2 threads on 2 cores, spin-waiting on
+# each other (a test sets its own count where it measures threads). OMP_NUM_THREADS, when set, is the user's.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

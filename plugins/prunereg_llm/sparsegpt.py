@@ -77,6 +77,8 @@ def upper_cholesky_of_inverse(hessian: torch.Tensor) -> torch.Tensor:
     """
     reversed_lower, info = torch.linalg.cholesky_ex(hessian.flip(0, 1))
     if info.item():
+        if not bool(torch.isfinite(hessian).all()):  # no dampening repairs that: say what is wrong
+            raise ValueError("SparseGPT: the Hessian holds NaN or inf: the layer's inputs are not finite")
         raise torch.linalg.LinAlgError(
             "SparseGPT: the dampened Hessian is not positive definite; raise `dampening` or calibrate on more tokens"
         )

@@ -77,4 +77,11 @@ def _quiet_on_closed_pipe() -> Iterator[None]:
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="prunereg")
 def main() -> None:
-    """Prune PyTorch models with any registered pruning method."""
+    """Make PyTorch models smaller and faster, and prune them with any registered method.
+
+    \b
+    A smaller, faster model:
+      slim     any model folder: remove channels and heads (prunereg.slim for any nn.Module)
+      shrink   a language model: remove MLP channels, key/value groups, blocks or experts
+    Masks (zeros, same size): prune and report (model files), oneshot (language models).
+    """

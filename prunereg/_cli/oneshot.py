@@ -29,7 +29,9 @@ from prunereg._cli.shared import (
     eval_options,
     force_option,
     json_option,
+    library_bars_unless,
     output_folder,
+    quiet_option,
     read_eval_ids,
     settings_as_options,
     stream_option,
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
 )
 @force_option
 @json_option
+@quiet_option
 def oneshot_command(
     model_dir: Path,
     output_dir: Path,
@@ -92,6 +95,7 @@ def oneshot_command(
     masks: bool,
     force: bool,
     as_json: bool,
+    quiet: bool,
     **flags: Any,
 ) -> None:
     """Prune the causal language model in MODEL_DIR into OUTPUT_DIR, one decoder block at a time.
@@ -111,7 +115,7 @@ def oneshot_command(
     if stream and masks:
         raise click.UsageError("--masks needs the whole model in memory (its masks are kept to the end); drop --stream")
     _refuse_oneshot_arguments(options)
-    settings = _settings(flags, masks)
+    settings = _settings(flags, masks, progress=not quiet)
     torch_device = _torch_device(device)
     output = output_folder(output_dir, model_dir, force)
     try:
@@ -129,7 +133,7 @@ def oneshot_command(
 
     build_method(method, settings.sparsity, settings.pattern, options)  # the method and its -o, before any loading
     results = Results(eval_file.name if eval_file is not None else None)
-    with results.shown_on_failure(as_json):
+    with results.shown_on_failure(as_json), library_bars_unless(quiet):
         tokenizer = load_tokenizer(model_dir)
         ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
         eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
@@ -141,24 +145,24 @@ def oneshot_command(
         with cleanup_on_signals(), output as staging:
             if stream:
                 if eval_ids is not None:
-                    results.before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
+                    results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
                 results.report = prune_folder_into(
                     model_dir, output, staging, method, calibration=ids, label="MODEL_DIR", options=settings,
                     method_options=options, device=torch_device,
                 )  # fmt: skip
                 if eval_ids is not None:
-                    results.after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
+                    results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
             else:
                 model = load(model_dir)
                 output.require_free_space(bytes_to_write(model, masks))
                 if eval_ids is not None:
-                    results.before = prunereg.perplexity(model, eval_ids, window=eval_window)
+                    results.measure("before", model, eval_ids, eval_window, not quiet)
                 with _masks_if(masks):
                     results.report = prunereg.oneshot(
                         model, method, calibration=ids, **dataclasses.asdict(settings), **options
                     )
                 if eval_ids is not None:
-                    results.after = prunereg.perplexity(model, eval_ids, window=eval_window)
+                    results.measure("after", model, eval_ids, eval_window, not quiet)
                 if masks:
                     prunereg.save_pretrained(model, staging)
                 else:
@@ -183,15 +187,23 @@ def _refuse_oneshot_arguments(method_options: dict[str, Any]) -> None:
             raise click.UsageError(f"-o {key}: {key} is oneshot's own setting, not the method's; {where}")
 
 
-def _settings(flags: dict[str, Any], masks: bool) -> OneShotOptions:
+def _settings(flags: dict[str, Any], masks: bool, progress: bool) -> OneShotOptions:
     """The run's settings from their flags; checked here, before anything loads (a bad one: one line, status 2)."""
     given = {name: flags[name] for name in OneShotOptions.names() if name in flags}
     if given.get("layers") == ():  # --layers not given: every layer
         given["layers"] = None
     try:
-        return OneShotOptions(**given, permanent=not masks, progress=None, restore_on_error=False)
+        return OneShotOptions(**given, permanent=not masks, progress=progress, restore_on_error=False)
     except (TypeError, ValueError) as error:
-        raise click.UsageError(str(error)) from None
+        raise click.UsageError(_in_flag_words(str(error))) from None
+
+
+def _in_flag_words(message: str) -> str:
+    """A settings error as the command says it: a leading setting name becomes its flag (``--pattern must ...``)."""
+    name, space, rest = message.partition(" ")
+    setting = OneShotOptions.settings().get(name)
+    flag = cli_flag(name, setting[1]) if setting is not None and space else None
+    return f"{flag} {rest}" if flag is not None else message
 
 
 def _torch_device(name: str | None) -> Any:

@@ -2,7 +2,7 @@
 
 A flag that means the same in several commands is declared once here
 (``--calibration``, ``--samples``, ``--seq-len``, ``--dtype``, ``--eval`` and its
-window and length, ``--force``, ``--json``), numbers are read with the one
+window and length, ``--force``, ``--json``, ``--quiet``), numbers are read with the one
 value parser (:class:`~prunereg._cli.values.Number`: ``1_0`` refused), and a
 settings object's fields become flags through :func:`settings_as_options`.
 """
@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import click
 
@@ -114,6 +114,19 @@ force_option = click.option(
     "--force", is_flag=True, help="Replace OUTPUT_DIR if it holds files (in one step, once complete)."
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+quiet_option = click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="No progress on stderr (shown by default: a bar on a terminal, a line per block in a pipe or a log).",
+)
+
+
+def library_bars_unless(quiet: bool) -> contextlib.AbstractContextManager[None]:
+    """With ``--quiet``, transformers' own bars (loading weights) are silenced too; else they follow our rule."""
+    from prunereg._progress import library_bars
+
+    return library_bars(enabled=False if quiet else None)
 
 
 def output_folder(output_dir: Path, model_dir: Path, force: bool) -> AtomicFolder:
@@ -164,6 +177,14 @@ class Results:
     report: _Report | None = None
     before: float | None = None
     after: float | None = None
+
+    def measure(self, when: Literal["before", "after"], model: Any, ids: Any, window: int, shown: bool) -> None:
+        """The perplexity on the --eval text ``before`` or ``after``, announced first: a long text takes minutes."""
+        import prunereg
+        from prunereg._progress import step
+
+        step(f"perplexity on {printable(self.eval_name or '')}, {when}", enabled=shown)
+        setattr(self, when, prunereg.perplexity(model, ids, window=window))
 
     def show(self, as_json: bool) -> None:
         """The report and perplexities; in JSON a perplexity that is no finite number is ``null`` (JSON has none)."""

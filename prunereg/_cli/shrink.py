@@ -26,7 +26,9 @@ from prunereg._cli.shared import (
     eval_options,
     force_option,
     json_option,
+    library_bars_unless,
     output_folder,
+    quiet_option,
     read_eval_ids,
     settings_as_options,
     stream_option,
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
 @eval_options
 @force_option
 @json_option
+@quiet_option
 def shrink_command(
     model_dir: Path,
     output_dir: Path,
@@ -84,6 +87,7 @@ def shrink_command(
     eval_tokens: int | None,
     force: bool,
     as_json: bool,
+    quiet: bool,
     **flags: Any,
 ) -> None:
     """Shrink the causal language model in MODEL_DIR into OUTPUT_DIR: fewer channels, heads, blocks or experts.
@@ -102,7 +106,7 @@ def shrink_command(
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     method_options = dict(options)
     _refuse_shrink_arguments(method_options)
-    settings = _settings(flags)
+    settings = _settings(flags, progress=not quiet)
     if stream and settings.allocation == "global":
         raise click.UsageError("--allocation global ranks every block before cutting any; drop --stream")
     output = output_folder(output_dir, model_dir, force)
@@ -119,7 +123,7 @@ def shrink_command(
     from prunereg._shrink.streaming import shrink_folder_into
 
     results = Results(eval_file.name if eval_file is not None else None)
-    with results.shown_on_failure(as_json):
+    with results.shown_on_failure(as_json), library_bars_unless(quiet):
         tokenizer = load_tokenizer(model_dir)
         ids = None
         if calibration is not None:
@@ -132,20 +136,20 @@ def shrink_command(
         with cleanup_on_signals(), output as staging:
             if stream:
                 if eval_ids is not None:
-                    results.before = prunereg.perplexity(load(model_dir), eval_ids, window=eval_window)
+                    results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
                 results.report = shrink_folder_into(
                     model_dir, output, staging, method, ids, settings, method_options, label="MODEL_DIR"
                 )
                 if eval_ids is not None:
-                    results.after = prunereg.perplexity(load(staging, "OUTPUT_DIR"), eval_ids, window=eval_window)
+                    results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
             else:
                 model = load(model_dir)
                 output.require_free_space(bytes_to_write(model))
                 if eval_ids is not None:
-                    results.before = prunereg.perplexity(model, eval_ids, window=eval_window)
+                    results.measure("before", model, eval_ids, eval_window, not quiet)
                 results.report = prunereg.shrink(model, method, ids, **dataclasses.asdict(settings), **method_options)
                 if eval_ids is not None:
-                    results.after = prunereg.perplexity(model, eval_ids, window=eval_window)
+                    results.measure("after", model, eval_ids, eval_window, not quiet)
                 model.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
     results.show(as_json)
@@ -163,11 +167,11 @@ def _refuse_shrink_arguments(method_options: dict[str, Any]) -> None:
             raise click.UsageError(f"-o {key}: {key} is shrink's own setting, not the method's; {where}")
 
 
-def _settings(flags: dict[str, Any]) -> ShrinkOptions:
+def _settings(flags: dict[str, Any], progress: bool) -> ShrinkOptions:
     """The run's settings from their flags; checked here, before anything loads (a bad one: one line, status 2)."""
     given = {name: flags[name] for name in ShrinkOptions.names() if name in flags}
     try:
         # A failure discards the model and OUTPUT_DIR both: nothing to put back.
-        return ShrinkOptions(**given, progress=None, restore_on_error=False)
+        return ShrinkOptions(**given, progress=progress, restore_on_error=False)
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None

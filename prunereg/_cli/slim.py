@@ -42,27 +42,36 @@ _BESIDE_THE_WEIGHTS = (
 @click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--ratio",
-    type=click.FloatRange(0, 1, max_open=True),
-    help="Share of every dependency group's channels (heads, convolution groups) to remove. Without it: the "
-    "channels MODEL_DIR's masks pruned whole.",
+    type=Number(float, 0, below=1),
+    help="Share of every dependency group's channels (heads, convolution groups) to remove, in [0, 1). Without "
+    "it: the channels MODEL_DIR's masks pruned whole.",
 )
 @click.option(
     "--importance",
-    default="magnitude",
-    show_default=True,
-    help="How channels are ranked: magnitude, random, taylor, or a registered importance.",
+    help="How channels are ranked, with --ratio: magnitude, random, taylor, or a registered importance "
+    "[default: magnitude].",
 )
 @click.option("--ignore", multiple=True, metavar="MODULE", help="A module to keep whole (its name). Repeatable.")
-@click.option("--round-to", type=Number(int, 1), default=1, show_default=True, help="Keep a multiple of N.")
+@click.option(
+    "--round-to", type=Number(int, 1), default=1, show_default=True, help="With --ratio, keep a multiple of N."
+)
+@click.option(
+    "--grouped",
+    type=click.Choice(["whole", "inside"]),
+    default="whole",
+    show_default=True,
+    help="How a grouped convolution loses channels: whole groups, or the same channels inside every group.",
+)
 @force_option
 @json_option
 def slim_command(
     model_dir: Path,
     output_dir: Path,
     ratio: float | None,
-    importance: str,
+    importance: str | None,
     ignore: tuple[str, ...],
     round_to: int,
+    grouped: str,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -86,10 +95,21 @@ def slim_command(
             "prunereg slim needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
         ) from error
     import prunereg
+    from prunereg._slim.engine import ArgumentError, check_arguments
 
+    try:  # before the model loads; an unknown importance is an error of status 1, as an unknown method
+        check_arguments(ratio, importance, list(ignore), round_to, grouped)
+    except ArgumentError as error:
+        raise click.UsageError(error.command_line_message) from None
     model = _load(model_dir, masked=ratio is None)
     report = prunereg.slim(
-        model, _example_inputs(model), ratio=ratio, importance=importance, ignore=list(ignore), round_to=round_to
+        model,
+        _example_inputs(model),
+        ratio=ratio,
+        importance=importance,
+        ignore=list(ignore),
+        round_to=round_to,
+        grouped=grouped,
     )
     with cleanup_on_signals(), output as staging:
         if prunereg.is_pruned(model):

@@ -2,33 +2,67 @@
 
 A value is read as the Python literal it spells (``3``, ``0.5``, ``1e-3``,
 ``inf``, ``True``, ``None``, ``(0, 1)``, ``'quoted'``), and as plain text when
-it spells none (``fro``, ``2:4``). Python also reads ``1_0`` as ten; on a
-command line that is far likelier a typo, so a number written with ``_`` is
-refused rather than guessed.
+it spells none (``fro``, ``2:4``). A number, alone or inside a literal, must be
+written in decimal with the digits 0-9: Python also reads ``1_0`` as ten,
+``0x10`` as sixteen and ``٣`` as three, and on a command line each is far
+likelier a typo (or a look-alike) than meant, so it is refused rather than guessed.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 import click
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+"""A number as the command line writes it: decimal, digits 0-9, no ``_``."""
+
 
 def parse_value(text: str) -> Any:
-    """``text`` as the number or Python literal it spells, else as itself; ValueError for ``_`` in a number."""
-    for number in (int, float):
+    """``text`` as the number or Python literal it spells, else as itself; ValueError for a number not in decimal."""
+    stripped = text.strip()
+    if _DECIMAL.fullmatch(stripped):
         try:
-            value = number(text)
+            return int(stripped)
         except ValueError:
-            continue
-        if "_" in text:
-            raise ValueError(f"{text!r} is not a number here: write it without '_'")
-        return value
+            return float(stripped)
+    if _python_reads_a_number(stripped):
+        raise ValueError(_not_decimal(text))
     try:
-        return ast.literal_eval(text.strip())
+        value = ast.literal_eval(stripped)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
+    for written in _numbers_written(stripped):
+        if not _DECIMAL.fullmatch(written):
+            raise ValueError(_not_decimal(written))
+    return value
+
+
+def _python_reads_a_number(text: str) -> bool:
+    for number in (int, float):
+        try:
+            number(text)
+        except ValueError:
+            continue
+        return True
+    return False
+
+
+def _numbers_written(source: str) -> list[str]:
+    """How each int or float inside the literal ``source`` is written (``0x10``, ``1_0``, ``2``)."""
+    numbers = []
+    for node in ast.walk(ast.parse(source, mode="eval")):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            numbers.append(ast.get_source_segment(source, node) or "")
+    return numbers
+
+
+def _not_decimal(written: str) -> str:
+    if "_" in written:
+        return f"{written!r} is not a number here: write it without '_'"
+    return f"{written!r} is not a number here: write it in decimal, with the digits 0-9"
 
 
 def parse_option_value(text: str, param_hint: str) -> Any:
@@ -56,11 +90,17 @@ def key_values(ctx: click.Context, param: click.Parameter, items: tuple[str, ...
 
 
 class Number(click.ParamType):
-    """A click type for an int or float option, read by :func:`parse_value` (``1_0`` refused), at least ``minimum``."""
+    """A click type for an int or float option, read by :func:`parse_value`: at least ``minimum``, below ``below``.
 
-    def __init__(self, kind: type[int] | type[float], minimum: int | None = None) -> None:
+    A number not written in decimal (``1_0``, ``0x1``) is refused, and so is NaN wherever a bound is given.
+    """
+
+    def __init__(
+        self, kind: type[int] | type[float], minimum: int | None = None, *, below: float | None = None
+    ) -> None:
         self.kind = kind
         self.minimum = minimum
+        self.below = below
         self.name = kind.__name__
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -72,6 +112,8 @@ class Number(click.ParamType):
         if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
             self.fail(f"{value!r} is not a valid {'integer' if self.kind is int else 'float'}", param, ctx)  # click's
         number = self.kind(value)
-        if self.minimum is not None and number < self.minimum:
+        if self.minimum is not None and not number >= self.minimum:  # NaN fails every comparison: refused too
             self.fail(f"{number!r} is below the least value, {self.minimum}", param, ctx)
+        if self.below is not None and not number < self.below:
+            self.fail(f"{number!r} is not below {self.below!r}", param, ctx)
         return number

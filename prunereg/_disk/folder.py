@@ -15,7 +15,9 @@ What it promises:
   one file system and any target name the file system allows works.
 - Leaving the block by an exception (``KeyboardInterrupt`` included, and the
   signals :mod:`prunereg._disk.signals` turns into one) deletes that folder:
-  no partial output, nothing that blocks a re-run. SIGKILL cannot be caught and
+  no partial output, nothing that blocks a re-run. A signal that comes while
+  the folder is made or deleted is acted on once that is done, so the folder
+  is never left half made or half deleted. SIGKILL cannot be caught and
   may leave it behind; it is safe to delete once no prunereg run is writing there.
 - Without ``replace`` the folder is renamed onto the target name, which the
   system refuses once that name holds anything (a concurrent run's folder, a
@@ -49,8 +51,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from prunereg._disk.errors import size_text
 from prunereg._disk.paths import DISK_FULL, TEMPORARY_PREFIX, TEMPORARY_SUFFIX, same, umask, within, write_failure
 from prunereg._disk.rename import exchange
+from prunereg._disk.signals import signals_held
 from prunereg._text import quoted
 
 _TAKEN = {errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR}
@@ -120,17 +124,24 @@ class AtomicFolder:
         if free < needed:
             raise _os_error(
                 errno.ENOSPC,
-                f"cannot write {self._named()}: the disk is full ({_size(free)} free, the result needs "
-                f"about {_size(needed)})",
+                f"cannot write {self._named()}: the disk is full ({size_text(free)} free, the result needs "
+                f"about {size_text(needed)})",
             )
 
     def __enter__(self) -> Path:
         self.check()
         try:
-            staging = tempfile.mkdtemp(dir=self.target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+            with signals_held():  # a signal between making the folder and holding its name would leave it behind
+                self._staging = Path(
+                    tempfile.mkdtemp(dir=self.target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+                )
         except OSError as error:  # a read-only or full parent folder
             raise self._cannot_write(error) from error
-        self._staging = Path(staging)
+        except BaseException:  # the signal that came meanwhile: __exit__ will not run
+            if self._staging is not None:
+                _delete(self._staging)
+                self._staging = None
+            raise
         return self._staging
 
     def __exit__(
@@ -264,7 +275,9 @@ def _flush_folder(folder: Path) -> None:
 
 
 def _delete(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
+    """Delete ``folder`` whole: a signal that comes meanwhile is acted on once it is gone."""
+    with signals_held():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _lstat(path: Path) -> os.stat_result | None:
@@ -277,7 +290,3 @@ def _lstat(path: Path) -> os.stat_result | None:
 def _has_entries(folder: Path) -> bool:
     with os.scandir(folder) as entries:
         return any(True for _ in entries)
-
-
-def _size(n_bytes: int) -> str:
-    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e8 else f"{n_bytes / 1e6:.1f} MB"

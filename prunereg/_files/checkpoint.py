@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from prunereg._disk.errors import CheckpointError, quoted
+from prunereg._disk.input_file import open_regular
+from prunereg._disk.safetensors_file import open_safetensors
 from prunereg._files.archive_check import check_torch_archive
-from prunereg._files.input_file import check_regular, open_regular
 from prunereg._text import describe
 
 SAFETENSORS = "safetensors"
@@ -80,11 +81,10 @@ def read(path: Path) -> Checkpoint:
 
 
 def _read_safetensors(path: Path) -> Checkpoint:
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
-    check_regular(path)
     try:
-        with safe_open(path, framework="pt", device="cpu") as handle:
+        with open_safetensors(path, "give the model file itself") as handle:
             metadata = handle.metadata()
             names = handle.offset_keys() if hasattr(handle, "offset_keys") else handle.keys()  # file order, 0.5.3+
             tensors = {name: handle.get_tensor(name) for name in names}

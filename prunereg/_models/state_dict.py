@@ -28,7 +28,10 @@ def load_state_dict(
     ``load_state_dict`` returns; ``strict`` and ``assign`` mean what they mean
     there (``assign=True`` fills a model built on the meta device). A mask in
     ``state_dict`` holding values other than 0 and 1 is refused (``ValueError``)
-    before anything changes.
+    before anything changes, and so is a tensor whose shape is not the model's
+    (``RuntimeError``, as torch raises it, but in one line and with the model
+    untouched): smaller tensors are a slimmed model's, and the error says how
+    to load them (:func:`_slimmed_hint`).
     """
     for key, tensor in state_dict.items():
         if key.endswith("_mask") and isinstance(tensor, torch.Tensor) and _is_a_pruning_mask(model, state_dict, key):
@@ -43,10 +46,30 @@ def load_state_dict(
                 _to_pruned(translated, dot + hook._tensor_name, module._buffers[hook._tensor_name + "_mask"])
         for name in module._parameters:
             _to_unpruned(translated, dot + name)
+    _require_the_model_s_shapes(model, translated)
     result = model.load_state_dict(translated, strict=strict, assign=assign)
     for module, hook in pruned:
         set_pruned_tensor(hook, module)
     return result
+
+
+def _require_the_model_s_shapes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Refuse the first tensor whose shape is not the model's, before ``load_state_dict`` copies the others."""
+    own = model.state_dict(keep_vars=True)
+    for key, tensor in state.items():
+        mine = own.get(key)
+        if isinstance(tensor, torch.Tensor) and isinstance(mine, torch.Tensor) and tensor.shape != mine.shape:
+            shapes = f"the state dict's is {list(tensor.shape)}, the model's {list(mine.shape)}"
+            smaller = tensor.dim() == mine.dim() and all(a <= b for a, b in zip(tensor.shape, mine.shape))
+            raise RuntimeError(f"size mismatch for {key}: {shapes}" + (f"; {_slimmed_hint()}" if smaller else ""))
+
+
+def _slimmed_hint() -> str:
+    return (
+        "a slimmed model's weights load into a model given their shapes first: "
+        "prunereg.apply_slimmed_shapes(model, shapes) with the prunereg.slimmed_shapes(model) saved beside them, "
+        "or save the whole model (torch.save, then torch.load(..., weights_only=True) within prunereg.safe_globals)"
+    )
 
 
 def _is_a_pruning_mask(model: nn.Module, state: Mapping[str, torch.Tensor], key: str) -> bool:

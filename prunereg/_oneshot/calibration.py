@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._disk.errors import CheckpointError
-from prunereg._files.input_file import open_regular
+from prunereg._disk.input_file import open_regular
 from prunereg._text import quoted
 
 #: The command line's defaults, also those of ``prunereg.oneshot`` for texts.

@@ -56,13 +56,18 @@ def parse_pattern(pattern: str) -> tuple[int, int]:
     """``"N:M"`` as ``(N, M)``: N zeros in every M consecutive inputs of a row, with ``0 < N < M``."""
     if not isinstance(pattern, str):
         raise TypeError(f"pattern must be a string like '2:4', not {type(pattern).__name__}")
-    n_text, sep, m_text = pattern.partition(":")
-    if not (sep and n_text.strip().isdigit() and m_text.strip().isdigit()):
+    n_text, sep, m_text = (part.strip() for part in pattern.partition(":"))
+    # digits 0-9 only: str.isdigit() also takes '²', which int() refuses, and int() reads '٢' as 2
+    if not (sep and _ascii_digits(n_text) and _ascii_digits(m_text)):
         raise ValueError(f"pattern must look like 'N:M' (e.g. '2:4'), not {pattern!r}")
     n, m = int(n_text), int(m_text)
     if not 0 < n < m:
         raise ValueError(f"pattern {pattern!r} needs 0 < N < M")
     return n, m
+
+
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def check_sparsity(sparsity: object, what: str = "sparsity") -> float:

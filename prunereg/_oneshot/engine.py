@@ -319,6 +319,8 @@ class OneShotJob:
         for names, statistics in groups:
             layers = [block.get_submodule(name) for name in names]
             weights = [weight_matrix(layer).detach().float() for layer in layers]
+            if type(self.method).UPDATES_WEIGHTS:
+                _check_finite([f"{prefix}.{name}" for name in names], weights, statistics, self.method_name)
             pruned = self.method.prune_group(weights, statistics, [sparsity] * len(layers))
             if len(pruned) != len(layers):
                 raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(layers)} layers")
@@ -469,6 +471,27 @@ def _check_layers(blocks: nn.ModuleList, layer_names: list[list[str]], method: C
                     f"pattern {method.pattern!r} needs in_features divisible by {method.n_m[1]}, "
                     f"but {name} has {in_features(layer)}"
                 )
+
+
+def _check_finite(names: list[str], weights: list[Tensor], statistics: LayerStatistics, method: str) -> None:
+    """Refuse NaN or inf before a method that updates weights spreads it over every weight it keeps.
+
+    ``names``: the group's layers, named in the one-line ValueError.
+    """
+    for name, weight in zip(names, weights, strict=True):
+        if not bool(torch.isfinite(weight).all()):
+            raise ValueError(
+                f"{name}.weight is not finite (it holds NaN or inf), and {method} spreads each pruned weight's "
+                "error over the weights it keeps; repair those weights, or prune with wanda or magnitude, "
+                "which prune NaN first"
+            )
+    for field in ("input_sq_norms", "hessian"):
+        value = getattr(statistics, field)
+        if value is not None and not bool(torch.isfinite(value).all()):
+            raise ValueError(
+                f"the calibration inputs of {', '.join(names)} are not finite (NaN or inf): a weight before them "
+                "is not finite or the model's dtype overflowed; repair the weights, or load the model in float32"
+            )
 
 
 def _check_not_reparametrized(model: nn.Module) -> None:

@@ -86,9 +86,12 @@ def matmul_precision_setting(exact: str) -> Any:
 
 
 def progress_setting() -> Any:
-    """``progress``: a bar per block, for every block-by-block engine."""
+    """``progress``: a bar per block (a line per block in a log), for every block-by-block engine."""
     return setting(
-        None, "Draw a bar per block on stderr [default: when stderr is a terminal or a notebook].", flag=None
+        None,
+        "Progress on stderr: a bar per block, or with True off a terminal a line per block "
+        "[default: a bar when stderr is a terminal or a notebook, else nothing].",
+        flag=None,
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,15 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._disk.folder import AtomicFolder
-from prunereg._disk.model_dir import SAFETENSORS_INDEX, check_links, safetensors_weight_map
+from prunereg._disk.input_file import copy_regular
+from prunereg._disk.model_dir import (
+    SAFETENSORS_INDEX,
+    check_model_folder,
+    replace_hint,
+    safetensors_weight_map,
+)
+from prunereg._disk.safetensors_file import open_safetensors
+from prunereg._models.config_check import checkpoint_names
 from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids
@@ -44,18 +51,17 @@ class CheckpointReader:
     """
 
     def __init__(self, folder: Path, label: str = "MODEL_DIR") -> None:
+        self.label = label
         self.files = safetensors_weight_map(folder, label)
 
     def read(self, keys: Iterable[str]) -> dict[str, Tensor]:
-        """The tensors named ``keys``, each file opened once."""
-        from safetensors import safe_open
-
+        """The tensors named ``keys``, each file opened once, through the checked opener."""
         by_file: dict[Path, list[str]] = {}
         for key in keys:
             by_file.setdefault(self.files[key], []).append(key)
         tensors = {}
         for path, names in by_file.items():
-            with safe_open(str(path), framework="pt") as handle:
+            with open_safetensors(path, replace_hint(path.name)) as handle:
                 for name in names:
                     tensors[name] = handle.get_tensor(name)
         return tensors
@@ -84,7 +90,7 @@ class StreamedBlocks:
         self.n_shards = n_blocks + 1  # one per block, and one for the rest
         self.weight_map: dict[str, str] = {}
         self.total_size = 0
-        self.names = _checkpoint_names(model, reader.files)
+        self.names = checkpoint_names(model, reader.files)
 
     def fetch(self, index: int, block: nn.Module) -> None:
         prefix = f"{self.blocks_path}.{index}."
@@ -110,8 +116,8 @@ class StreamedBlocks:
         (self.output / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         for path in sorted(source.iterdir()):
             if path.is_file() and path.name != INDEX_NAME and not path.name.endswith(_WEIGHT_SUFFIXES):
-                shutil.copy2(path, self.output / path.name)
-        config = config_json_without_gguf_marker(source)
+                copy_regular(path, self.output / path.name, "file of a model folder", "remove it from the folder")
+        config = config_json_without_gguf_marker(source, self.reader.label)
         if config is not None:
             (self.output / CONFIG_NAME).write_text(config, encoding="utf-8")
 
@@ -136,19 +142,6 @@ def _refuse_incomplete(
     used = set(names.values())
     unexpected = [k for k in checkpoint_keys if k not in used and not any(p.search(k) for p in ignored)]
     refuse_incomplete(missing, unexpected, source, label)
-
-
-def _checkpoint_names(model: nn.Module, checkpoint_keys: Iterable[str]) -> dict[str, str]:
-    """Model state-dict name -> checkpoint key; checkpoints may leave out the base model's prefix (GPT-2)."""
-    model_names = set(model.state_dict())
-    prefix = getattr(model, "base_model_prefix", "")
-    names = {}
-    for key in checkpoint_keys:
-        if key in model_names:
-            names[key] = key
-        elif prefix and f"{prefix}.{key}" in model_names:
-            names[f"{prefix}.{key}"] = key
-    return names
 
 
 def _buffers_to(model: nn.Module, device: torch.device) -> None:
@@ -214,6 +207,7 @@ def oneshot_folder(
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
+    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
     calibration = calibration_ids(
         calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
         label="model_dir",
@@ -241,7 +235,7 @@ def prune_folder_into(
 
     ``options.permanent`` is ignored (the folder gets plain weights); ``label`` names ``source`` in errors.
     """
-    check_links(source, label)
+    check_model_folder(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
     model = empty_causal_lm(source, label)

@@ -135,7 +135,7 @@ def _select_by_radix(
         mark = Marker(threshold, keys.workspace, device=flat[0].device, **_spread(collectives))
     selected = [torch.empty(f.shape, dtype=torch.bool, device=f.device) for f in flat]
     out_blocks = [out_block for out in selected for out_block in out.split(BLOCK)]
-    for block, out_block in zip((block for f in flat for block in keys(f)), out_blocks):
+    for block, out_block in zip(keys(flat), out_blocks):
         mark(block, out=out_block)
     for number, positions in mark.finish():
         out_blocks[number].index_fill_(0, positions.to(out_blocks[number].device), True)
@@ -214,7 +214,7 @@ def _prune_by_radix(
         mask = torch.empty_like(default_mask, memory_format=torch.contiguous_format)
     outs = mask.view(-1).split(BLOCK)
     defaults = default_mask.to(device=flat.device).reshape(-1).split(BLOCK)
-    for block, out_block, default in zip(keys(flat), outs, defaults):
+    for block, out_block, default in zip(keys([flat]), outs, defaults):
         keep = mark(block, out=keys.workspace.like("selected", block, torch.bool)).logical_not_()
         out_block.copy_(keep)
         if all_ones:
@@ -229,22 +229,27 @@ def _prune_by_radix(
 
 
 class _Keys:
-    """The keys of flat score tensors, a block at a time, computed again on every call into reused memory."""
+    """The keys of flat score tensors, a block at a time, computed again on every call into reused memory.
+
+    Each call walks the same list of tensors; what an earlier pass learnt of a
+    block is kept by its place in that walk (tensor position, block number).
+    """
 
     def __init__(self, dtype: torch.dtype, magnitude: bool) -> None:
         self.dtype = dtype
         self.magnitude = magnitude
         self.workspace = Workspace()
-        self.clean: dict[tuple[int, int], bool] = {}  # (scores, block) -> found clean by an earlier pass
+        self.clean: dict[tuple[int, int], bool] = {}  # (tensor position, block) -> found clean by an earlier pass
 
-    def __call__(self, flat: torch.Tensor) -> Iterator[torch.Tensor]:
-        for number, block in enumerate(flat.split(BLOCK)):
-            place = (id(flat), number)
-            converted = self.workspace.converted(block, self.dtype)
-            keys, self.clean[place] = flat_order_keys(
-                converted, self.magnitude, self.workspace, clean=self.clean.get(place, False)
-            )
-            yield keys
+    def __call__(self, flat: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
+        for position, tensor in enumerate(flat):
+            for number, block in enumerate(tensor.split(BLOCK)):
+                place = (position, number)
+                converted = self.workspace.converted(block, self.dtype)
+                keys, self.clean[place] = flat_order_keys(
+                    converted, self.magnitude, self.workspace, clean=self.clean.get(place, False)
+                )
+                yield keys
 
 
 def _search(
@@ -258,7 +263,7 @@ def _search(
 ) -> tuple[Threshold, _Keys]:
     keys = _Keys(dtype, magnitude)
     threshold = find_threshold(
-        lambda: (block for f in flat for block in keys(f)),
+        lambda: keys(flat),
         k,
         width=key_width(dtype),
         largest=largest,

@@ -76,6 +76,14 @@ class UnitGroup:
         """The writer's weight as ``[out, in]``: its input channels are the columns."""
         return weight_matrix(self.writer)
 
+    def changed(self, *, with_biases: bool) -> tuple[list[nn.Module], list[Tensor]]:
+        """The modules and tensors removing units changes (``with_biases``: and the Linears a compensation biases)."""
+        modules = [self.owner, self.writer, *(cut.module for cut in self.cuts)]
+        if with_biases:
+            modules += [module for module in self.owner.children() if isinstance(module, nn.Linear)]
+        tensors = [getattr(cut.module, cut.tensor) for cut in self.cuts]
+        return modules, [tensor for tensor in tensors if isinstance(tensor, Tensor)]
+
 
 @dataclass
 class Experts:
@@ -85,6 +93,14 @@ class Experts:
     router: nn.Module
     experts: nn.Module
     n_experts: int
+
+    def sliced(self) -> list[tuple[nn.Module, str, Tensor]]:
+        """The tensors holding one slice per expert along their first dim (the experts' and the router's)."""
+        found = []
+        for module in (self.experts, self.router):
+            named = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+            found += [(module, name, t) for name, t in named if t.dim() >= 1 and t.shape[0] == self.n_experts]
+        return found
 
 
 def _linear_cuts(layer: nn.Module, side: str, segments: tuple[tuple[int, int], ...]) -> list[Cut]:
@@ -120,14 +136,20 @@ def find_mlp(block: nn.Module, config: Any) -> UnitGroup | str:
     """The block's MLP channels as a unit group, or why they cannot be removed."""
     mlp = _child(block, "mlp")
     if mlp is None and _has(block, "fc1", "fc2"):  # OPT: the MLP's two layers sit in the block itself
+        shapes = _misshapen(block, "fc1", "fc2")
+        if shapes:
+            return shapes
         fc2 = _sub(block, "fc2")
         cuts = _linear_cuts(_sub(block, "fc1"), "out", ((0, 1),)) + _linear_cuts(fc2, "in", ((0, 1),))
         flag = None if getattr(fc2, "bias", None) is not None else "mlp_bias"  # enable_bias would add more
-        return UnitGroup("mlp", block, weight_matrix(fc2).shape[1], fc2, 1, cuts, bias_flag=flag)
+        return _checked(UnitGroup("mlp", block, weight_matrix(fc2).shape[1], fc2, 1, cuts, bias_flag=flag))
     if mlp is None:
         return f"{type(block).__name__} has no 'mlp' module prunereg knows"
     if find_experts(block) is not None:
         return f"{type(block).__name__}'s MLP is a mixture of experts; shrink experts=... instead"
+    shapes = _misshapen(mlp, "gate_proj", "up_proj", "gate_up_proj", "down_proj", "c_fc", "c_proj")
+    if shapes:
+        return shapes
     if _has(mlp, "gate_proj", "up_proj", "down_proj"):
         down = _sub(mlp, "down_proj")
         size = weight_matrix(down).shape[1]
@@ -146,7 +168,7 @@ def find_mlp(block: nn.Module, config: Any) -> UnitGroup | str:
         return f"{type(mlp).__name__} is no gate/up/down or fc/proj MLP prunereg knows"
     cuts += _linear_cuts(down, "in", ((0, 1),))
     flag = None if getattr(down, "bias", None) is not None else "mlp_bias"
-    return UnitGroup("mlp", mlp, size, down, 1, cuts, bias_flag=flag)
+    return _checked(UnitGroup("mlp", mlp, size, down, 1, cuts, bias_flag=flag))
 
 
 def find_heads(block: nn.Module, config: Any) -> UnitGroup | str:
@@ -163,6 +185,9 @@ def find_heads(block: nn.Module, config: Any) -> UnitGroup | str:
     n_kv = _config_int(config, "num_key_value_heads") or n_heads
     if not n_heads or not n_kv or n_heads % n_kv:
         return "the config does not state num_attention_heads (and num_key_value_heads) prunereg can use"
+    shapes = _misshapen(attention, "q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+    if shapes:
+        return shapes
     head_dim = getattr(attention, "head_dim", None)
     if not isinstance(head_dim, int):
         return f"{type(attention).__name__} has no head_dim attribute"
@@ -183,7 +208,9 @@ def find_heads(block: nn.Module, config: Any) -> UnitGroup | str:
         return f"{type(attention).__name__}.o_proj does not read num_attention_heads * head_dim inputs"
     cuts += _linear_cuts(writer, "in", ((0, q_width),))
     flag = None if getattr(writer, "bias", None) is not None else "attention_bias"
-    return UnitGroup("heads", attention, n_kv, writer, q_width, cuts, bias_flag=flag, query_heads_per_unit=ratio)
+    return _checked(
+        UnitGroup("heads", attention, n_kv, writer, q_width, cuts, bias_flag=flag, query_heads_per_unit=ratio)
+    )
 
 
 def find_experts(block: nn.Module) -> Experts | None:
@@ -200,6 +227,36 @@ def find_experts(block: nn.Module) -> Experts | None:
         if stacked:
             return Experts(module, router, experts, n)
     return None
+
+
+def _misshapen(owner: nn.Module, *names: str) -> str | None:
+    """Why one of ``owner``'s projections named ``names`` (those it has) cannot be cut as a Linear, or None."""
+    for name in names:
+        layer = getattr(owner, name, None)
+        if not isinstance(layer, nn.Module):
+            continue
+        weight = getattr(layer, "weight", None)
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            held = f"a {weight.dim()}-D weight" if isinstance(weight, Tensor) else "no weight tensor"
+            return f"{type(owner).__name__}.{name} ({type(layer).__name__}) has {held}, not a Linear's 2-D one"
+    return None
+
+
+def _checked(group: UnitGroup) -> UnitGroup | str:
+    """``group``, or why its cuts do not fit its tensors (each cut must cover its tensor's dim exactly)."""
+    owner = type(group.owner).__name__
+    names = {id(module): f"{owner}.{name}" for name, module in group.owner.named_modules()}
+    for cut in group.cuts:
+        tensor = getattr(cut.module, cut.tensor)
+        expected = sum(group.n_units * width for _, width in cut.segments)
+        if tensor.shape[cut.dim] != expected:
+            units = "channels" if group.kind == "mlp" else "key/value groups"
+            return (
+                f"{names[id(cut.module)]}.{cut.tensor} has {tensor.shape[cut.dim]} entries along dim {cut.dim}, "
+                f"not the {expected} of {group.n_units} {units} ({names[id(group.writer)]} reads "
+                f"{group.writer_weight().shape[1]} inputs): the projections disagree on the width"
+            )
+    return group
 
 
 def _config_int(config: Any, name: str) -> int | None:
@@ -290,13 +347,10 @@ def compensate_bias(group: UnitGroup, removed_channels: Tensor, mean: Tensor, jo
 
 def remove_experts(layer: Experts, kept: Tensor, journal: Journal) -> None:
     """Keep only the experts ``kept`` of ``layer``: their slices of every expert tensor and their router rows."""
-    n = layer.n_experts
-    for module in (layer.experts, layer.router):
+    for module in (layer.experts, layer.router, layer.owner):
         journal.keep(module)
-        for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
-            if tensor.dim() >= 1 and tensor.shape[0] == n:
-                keep_indices(module, name, 0, kept)
-    journal.keep(layer.owner)
+    for module, name, _ in layer.sliced():
+        keep_indices(module, name, 0, kept)
     for module in (layer.owner, layer.router, layer.experts):
         _set_ints(module, EXPERT_COUNTS, int(kept.numel()))
     layer.n_experts = int(kept.numel())

@@ -12,8 +12,13 @@ observes every block first, ranks standardized scores across blocks and records
 the differing widths as slimming does, for ``prunereg.from_pretrained``.
 
 Every argument is checked before anything changes: a refusal leaves the model
-as it was. A failure midway (the method raises, Ctrl-C) puts every replaced
-tensor, attribute and config value back before the error propagates.
+as it was (meta-device weights, and a module or tensor to cut that two places
+share, are refused too). Every cut block runs at least one calibration batch
+before the next block is touched (a method that re-runs its blocks already
+does; one that observes the dense model, or needs no calibration, runs one
+batch more), so a block that breaks once cut is an error, never a model handed
+back. A failure midway (that forward, the method raising, Ctrl-C) puts every
+replaced tensor, attribute and config value back before the error propagates.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from prunereg._shrink.architecture import (
     remove_experts,
     remove_units,
 )
+from prunereg._shrink.checks import failures_named, refuse_meta, refuse_sharing
 from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
 from prunereg._shrink.gather import BlockObservation, observe_block
 from prunereg._shrink.options import ShrinkOptions
@@ -120,6 +126,8 @@ def shrink(
     keeps nothing, and a failure leaves the model half shrunk.
     """
     settings, method_options = ShrinkOptions.split(options)
+    if isinstance(model, nn.Module):  # (streaming fills a model built on the meta device itself)
+        refuse_meta(model)
     if calibration is not None:
         calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
     job = ShrinkJob.prepare(model, method, calibration, settings, method_options)
@@ -134,6 +142,13 @@ class BlockPlan:
     keep: dict[str, int] = field(default_factory=dict)
     experts: Experts | None = None
     keep_experts: int = 0
+
+    def cut(self) -> list[str]:
+        """The kinds of unit this block loses (``mlp``, ``heads``, ``experts``); asked before the cut."""
+        kinds = [kind for kind, group in self.groups.items() if self.keep[kind] < group.n_units]
+        if self.experts is not None and 0 < self.keep_experts < self.experts.n_experts:
+            kinds.append("experts")
+        return kinds
 
 
 @dataclass
@@ -152,6 +167,8 @@ class ShrinkJob:
     matmul_precision: str
     width: dict[str, Any]
     allocation: str = "uniform"
+    check_batch: Tensor | None = None
+    """Token ids that check the cuts of a method that needs no calibration (the first batch, or a made-up one)."""
 
     @classmethod
     def prepare(
@@ -189,8 +206,10 @@ class ShrinkJob:
         if shares["experts"] and not any(plan.experts for plan in plans):
             raise ValueError(f"experts=... needs a mixture-of-experts model; {blocks_path} holds none")
         _check_config(config, plans, layers, same_width=not across)
+        _refuse_sharing(model, block_list, plans, layers, with_biases=instance.compensates_bias)
         needs = frozenset().union(*(instance.needs(TARGET_OF[what]) for what in wanted))
         batches: list[Tensor] = []
+        check_batch = None
         if needs:
             if calibration is None:
                 raise ValueError(f"{name} needs calibration data (token ids) for {', '.join(sorted(needs))}")
@@ -198,11 +217,13 @@ class ShrinkJob:
             if not batches:
                 raise ValueError("calibration holds no token ids")
             check_fits_model(model, batches)
+        elif set(wanted) - {"layers"}:  # the cuts are checked on one batch
+            check_batch = _check_batch(model, calibration, options.batch_size)
         width = _width_config(config, plans, instance, widths=not across)
         precision = options.matmul_precision
         return cls(
             model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width,
-            options.allocation,
+            options.allocation, check_batch,
         )  # fmt: skip
 
     def run(
@@ -225,16 +246,21 @@ class ShrinkJob:
         try:
             with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
                 inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if self.needs else None
+                probe = self._probe(inputs)
                 report.n_tokens = sum(batch.numel() for batch in self.batches) if self.needs else 0
                 label = f"{self.method_name} {self.blocks_path}"
                 if across:  # every block's scores first (on the dense model's activations), then the cuts
                     observations = self._observe_all(inputs, progress, label)
                     self._allocate_across_blocks(observations)
+                    kinds = [plan.cut() for plan in self.plans]
                     for index, observation in enumerate(observations):
                         report.blocks.append(self._cut_block(index, observation, journal))
+                    if probe is not None:  # the cuts checked on one batch, through the blocks as shrunk
+                        for index, block_kinds in enumerate(kinds):
+                            self._run_cut(index, probe, journal, block_kinds)
                 else:
                     for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                        report.blocks.append(self._shrink_block(index, inputs, journal, weights))
+                        report.blocks.append(self._shrink_block(index, inputs, probe, journal, weights))
             if self.layers:
                 scores = [block.score for block in report.blocks]
                 order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
@@ -261,27 +287,65 @@ class ShrinkJob:
         return report
 
     def _shrink_block(
-        self, index: int, inputs: BlockInputs | None, journal: Journal, weights: BlockWeights
-    ) -> BlockShrink:
+        self, index: int, inputs: BlockInputs | None, probe: BlockInputs | None, journal: Journal,
+        weights: BlockWeights,
+    ) -> BlockShrink:  # fmt: skip
         block, plan = self.blocks[index], self.plans[index]
         weights.fetch(index, block)
         observation = None
+        more = index + 1 < len(self.blocks)
+        kinds = plan.cut()
         if inputs is not None:
-            unchanged = all(plan.keep[kind] == group.n_units for kind, group in plan.groups.items()) and (
-                plan.experts is None or plan.keep_experts in (0, plan.experts.n_experts)
-            )
             # Unchanged, or observed as the dense model: this pass's outputs feed the next block.
-            keep = (unchanged or self.method.OBSERVES_DENSE_MODEL) and index + 1 < len(self.blocks)
+            keep = (not kinds or self.method.OBSERVES_DENSE_MODEL) and more
             observation = self._observe(index, inputs, keep_outputs=keep)
         result = self._cut_block(index, observation, journal)
-        if inputs is not None and observation is not None and index + 1 < len(self.blocks):
+        if inputs is not None and observation is not None and more:
             if observation.outputs:  # unchanged, or observed as the dense model: they feed the next block
                 inputs.hidden = observation.outputs
-            else:
-                with _config_as(self.model.config, self.width):
-                    advance(block, inputs)  # the cut block runs once more: its outputs feed the next
+            else:  # the cut block runs once more, which checks the cut: its outputs feed the next
+                self._run_cut(index, inputs, journal, kinds)
+        if probe is not None:  # the one batch that checks the cuts goes through every block as shrunk
+            self._run_cut(index, probe, journal, kinds)
+        elif inputs is not None and not more and kinds:  # the last block: one batch checks its cut
+            self._run_cut(index, BlockInputs(inputs.hidden[:1], inputs.args[:1], inputs.kwargs[:1]), journal, kinds)
         weights.done(index, block, pruned=True)
         return result
+
+    def _probe(self, inputs: BlockInputs | None) -> BlockInputs | None:
+        """One batch to run through the blocks as shrunk, where the calibration passes do not run the cut blocks.
+
+        A method that observes every block on the dense model's activations, or
+        one that needs no calibration (then :attr:`check_batch`), or a global
+        allocation (every block observed before any cut); None where there are
+        no cuts, or where each cut block is run again on every batch anyway.
+        """
+        if inputs is None:
+            batch = self.check_batch
+            return None if batch is None else capture_first_block_inputs(self.model, self.blocks[0], [batch])
+        dense = self.method.OBSERVES_DENSE_MODEL and any(plan.cut() for plan in self.plans)
+        if dense or self.allocation == "global":
+            return BlockInputs(inputs.hidden[:1], inputs.args[:1], inputs.kwargs[:1])
+        return None
+
+    def _run_cut(self, index: int, inputs: BlockInputs, journal: Journal, kinds: list[str]) -> None:
+        """Run block ``index``, which lost ``kinds``, on every batch of ``inputs``, its outputs replacing them.
+
+        A failure is one line naming the module that raised.
+        """
+        where = f"{self.blocks_path}.{index}"
+        cut = " and ".join(kinds) or "it"
+        restored = " The model is as it was." if journal.enabled else ""
+
+        def message(module: str, error: str) -> str:
+            return (
+                f"{where} fails its forward once cut: {module} raised {error}; something there still reads the "
+                f"width it had (a hook, a buffer or an attribute shrink does not rewrite): remove it, or leave "
+                f"{cut} uncut.{restored}"
+            )
+
+        with failures_named(self.blocks[index], where, message), _config_as(self.model.config, self.width):
+            advance(self.blocks[index], inputs)
 
     def _observe(self, index: int, inputs: BlockInputs, *, keep_outputs: bool) -> BlockObservation:
         """One calibration pass over block ``index``: the statistics the method needs (and its outputs if kept)."""
@@ -290,7 +354,13 @@ class ShrinkJob:
         routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
         n_experts = plan.experts.n_experts if plan.experts is not None else 0
         cosine = "block_cosine" in self.needs
-        return observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep_outputs)
+        where = f"{self.blocks_path}.{index}"
+
+        def message(module: str, error: str) -> str:
+            return f"{where} fails its forward on the calibration data before its cut: {module} raised {error}"
+
+        with failures_named(block, where, message):
+            return observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep_outputs)
 
     def _observe_all(
         self, inputs: BlockInputs | None, progress: bool | None, label: str
@@ -474,6 +544,37 @@ def _plan_block(
                 )
             plan.experts, plan.keep_experts = layer, keep
     return plan
+
+
+def _refuse_sharing(
+    model: nn.Module, blocks: nn.ModuleList, plans: list[BlockPlan], layers: int, *, with_biases: bool
+) -> None:
+    """Refuse a module or tensor this run changes that the model holds in two places (see :func:`refuse_sharing`)."""
+    modules: list[nn.Module] = list(blocks) if layers else []  # blocks are taken out of the list and renumbered
+    tensors: list[Tensor] = []
+    for plan in plans:
+        for group in plan.groups.values():
+            changed, cut = group.changed(with_biases=with_biases)
+            modules += changed
+            tensors += cut
+        if plan.experts is not None:
+            modules += [plan.experts.owner, plan.experts.router, plan.experts.experts]
+            tensors += [tensor for _, _, tensor in plan.experts.sliced()]
+    if layers:
+        modules += [m for block in blocks for m in block.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+    refuse_sharing(model, modules, tensors)
+
+
+def _check_batch(model: nn.Module, calibration: Tensor | Iterable[Tensor] | None, batch_size: int) -> Tensor:
+    """The token ids that check the cuts where no statistics are gathered: the first batch, or a short made-up one."""
+    device = _input_device(model)
+    for batch in batches_of(calibration, batch_size, device) if calibration is not None else ():
+        check_fits_model(model, [batch])
+        return batch
+    config = getattr(model, "config", None)
+    limits = [getattr(config, key, None) for key in ("max_position_embeddings", "n_positions")]
+    length = min([8, *(limit for limit in limits if isinstance(limit, int) and not isinstance(limit, bool))])
+    return torch.zeros((1, max(length, 1)), dtype=torch.long, device=device)
 
 
 def _check_config(config: Any, plans: list[BlockPlan], layers: int, *, same_width: bool = True) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunereg._disk.folder import AtomicFolder
-from prunereg._disk.model_dir import check_links
+from prunereg._disk.model_dir import check_model_folder
 from prunereg._models.hf_folder import CONFIG_NAME, empty_causal_lm, is_gguf_marker
 from prunereg._oneshot.blocks import find_blocks
 from prunereg._oneshot.calibration import calibration_ids
@@ -126,6 +126,7 @@ def shrink_folder(
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
+    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
     if calibration is not None:
         calibration = calibration_ids(
             calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
@@ -163,7 +164,7 @@ def shrink_folder_into(
     (``options.restore_on_error`` is not read: the staging folder is discarded).
     """
     refuse_global_streaming(options)
-    check_links(source, label)
+    check_model_folder(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
     model = empty_causal_lm(source, label)

@@ -21,6 +21,8 @@ turns that into removable units.
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import math
 import operator
 import warnings
@@ -39,6 +41,16 @@ Dims = list[IdArray]
 
 INPUT = "a model input keeps its shape"
 OUTPUT = "a model output keeps its shape"
+
+
+@dataclass(frozen=True)
+class NodeDims:
+    """One operation of the exported graph: its name and ATen name, the module running it, its output's ids."""
+
+    name: str
+    op: str
+    module: str
+    dims: Dims | None
 
 
 class SlimError(RuntimeError):
@@ -62,15 +74,22 @@ class DependencyGraph:
     """GroupNorm's module name to its channels per group (whole groups go)."""
     macs: list[tuple[list[IdArray], int]] = field(default_factory=list)
     """Per matrix product or convolution: the dimensions its multiply-accumulates run over, and a constant factor."""
+    nodes: list[NodeDims] = field(default_factory=list)
+    """Every operation of the graph in order, with the ids of the tensor it makes (``None``: none, or several)."""
+    head_splits: list[tuple[str, IdArray, int]] = field(default_factory=list)
+    """Per reshape into heads: the module doing it, the ids of its heads, and the width of one head."""
+
+    def kept(self, removed: set[int]) -> Tensor:
+        """Per id: whether its position stays when the units ``removed`` go (units are roots)."""
+        roots = self.ids.all_roots()
+        gone = torch.zeros(roots.numel(), dtype=torch.bool)
+        if removed:
+            gone[torch.tensor(sorted(removed), dtype=torch.int64)] = True
+        return ~gone[roots]
 
     def count_macs(self, removed: set[int] | None = None) -> int:
         """Multiply-accumulates of one forward on the example inputs; with ``removed`` units gone if given."""
-        kept = None
-        if removed:  # per id: whether its class stays (units are roots)
-            roots = self.ids.all_roots()
-            gone = torch.zeros(roots.numel(), dtype=torch.bool)
-            gone[torch.tensor(sorted(removed), dtype=torch.int64)] = True
-            kept = ~gone[roots]
+        kept = self.kept(removed) if removed else None
         total = 0
         for dims, factor in self.macs:
             count = factor
@@ -81,23 +100,57 @@ class DependencyGraph:
 
 
 def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` on the example inputs, its failure turned into a :class:`SlimError`."""
-    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
-    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
+    """:func:`export_quietly`, its failure turned into a :class:`SlimError`."""
     try:
-        with warnings.catch_warnings(), _no_stack_traces(), _lazy_graph_modules():
-            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
-            return torch.export.export(model, args, kwargs=kwargs, strict=False)
+        return export_quietly(model, args, kwargs)
     except Exception as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SlimError(
             f"cannot build the graph of {type(model).__name__} with torch.export: {type(error).__name__}: {first_line}"
         ) from error
+
+
+def export_quietly(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` on the example inputs, with no output from torch; its own errors raised."""
+    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
+    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
+    try:
+        with warnings.catch_warnings(), _no_stack_traces(), _lazy_graph_modules(), _torch_silenced():
+            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
+            return torch.export.export(model, args, kwargs=kwargs, strict=False)
     finally:
         for module, tensors in held:
             for key in _plain_tensors(module).keys() - tensors.keys():
                 del module.__dict__[key]
             module.__dict__.update(tensors)
+
+
+@contextlib.contextmanager
+def _torch_silenced() -> Iterator[None]:
+    """No output from torch while it exports: its log records, and the partial graph it prints when export fails.
+
+    A model export cannot trace made torch print some twenty lines of its graph
+    before slimming's one-line error. torch's loggers (those with a level of
+    their own; the rest inherit it) are raised above every level, and
+    ``sys.stderr`` (where torch prints the graph) goes nowhere, both for the
+    export only: the levels and the stream are put back after, whatever happens.
+    ``torch.__trace`` (``TORCH_TRACE``'s files, not the terminal) is left alone.
+    """
+    loggers = [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and (name == "torch" or name.startswith("torch."))
+        and not name.startswith("torch.__") and logger.level != logging.NOTSET
+    ]  # fmt: skip
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.CRITICAL + 1)
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -135,16 +188,26 @@ def _plain_tensors(module: nn.Module) -> dict[str, Tensor]:
     return {key: value for key, value in module.__dict__.items() if isinstance(value, Tensor)}
 
 
+GROUPED = ("whole", "inside")
+"""How a grouped (not depthwise) convolution loses channels: whole groups, or the same channels inside each group."""
+
+
 def build_graph(
-    model: nn.Module, exported: torch.export.ExportedProgram, pinned_modules: Iterable[str] = ()
+    model: nn.Module,
+    exported: torch.export.ExportedProgram,
+    pinned_modules: Iterable[str] = (),
+    grouped: str = "whole",
 ) -> DependencyGraph:
-    """The dependency graph of ``model`` exported; tensors of ``pinned_modules`` (and below) keep every channel."""
+    """The dependency graph of ``model`` exported; tensors of ``pinned_modules`` (and below) keep every channel.
+
+    ``grouped``: one of :data:`GROUPED`.
+    """
     pinned = tuple(pinned_modules)
     fused: set[str] = set()
     while True:  # a split found to be q/k/v (indexed by constants afterwards) is redone the other way
-        builder = _Builder(exported, pinned, fused)
+        builder = _Builder(exported, pinned, fused, grouped)
         builder.run()
-        if not builder.newly_fused:
+        if builder.newly_fused <= fused:
             break
         fused |= builder.newly_fused
     graph = builder.result()
@@ -187,9 +250,35 @@ def _owner(name: str) -> str:
     return name.rpartition(".")[0]
 
 
+SAME = "same"
+"""The coupling of a parameter with its mask or a scale: one tensor, not two layers (a refusal leaves it out)."""
+
+READS = "reads"
+"""The coupling of a layer's input columns with the tensor it reads (two layers reading one tensor: a shared input)."""
+
+_COUPLINGS = {
+    **dict.fromkeys(("add", "add_", "sub", "sub_", "rsub"), "a residual add"),
+    **dict.fromkeys(("mul", "mul_", "div", "div_"), "a gated product"),
+    **dict.fromkeys(("cat", "concat", "concatenate"), "a concatenation"),
+    **dict.fromkeys(("split", "split_with_sizes", "chunk", "unsafe_split", "unsafe_chunk"), "an equal split"),
+    **dict.fromkeys(("scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu"), "attention"),
+}
+"""The coupling each operation makes, as a refusal names it (others: the operation's ATen name)."""
+
+_ELEMENTWISE_COUPLINGS = frozenset(("add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_"))
+
+
+def coupling(kind: str, where: str) -> str:
+    """A recorded coupling: its kind (:data:`READS`, "a residual add", ...) and the module it happens in."""
+    return f"{kind}\t{where}"
+
+
 class _Builder:
-    def __init__(self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str]) -> None:
+    def __init__(
+        self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str], grouped: str
+    ) -> None:
         self.exported = exported
+        self.grouped = grouped
         self.pinned_modules = pinned
         self.fused = fused
         self.newly_fused: set[str] = set()
@@ -198,6 +287,8 @@ class _Builder:
         self.graph = DependencyGraph(self.ids, {})
         self.split_origin: dict[int, str] = {}
         self.node: Node | None = None
+        self.state: set[Node] = set()
+        """The placeholders of parameters and buffers."""
 
     # -- running ------------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -205,16 +296,29 @@ class _Builder:
         kinds = {spec.arg.name: spec for spec in signature.input_specs if hasattr(spec.arg, "name")}
         for node in self.exported.graph.nodes:
             self.node = node
+            self.ids.coupling = None
             if node.op == "placeholder":
                 self.env[node] = self._placeholder(node, kinds.get(node.name))
             elif node.op == "call_function":
                 _refuse_symbolic(node, self)
+                self.ids.coupling = self._coupling(node)
                 self.env[node] = self._call(node)
+                out = self.env[node]
+                dims = out if isinstance(out, list) and all(isinstance(v, torch.Tensor) for v in out) else None
+                if dims is not None and [ids.numel() for ids in dims] != list(_shape(node)):
+                    dims = None  # ids not position by position (a rule's fallback): no plan for its shape
+                self.graph.nodes.append(NodeDims(node.name, _op_text(node), _module_path(node), dims))
             elif node.op == "output":
                 for value in _flatten(_a(node)[0]):
                     if isinstance(value, Node):
                         for dims in _tensor_dims(self.env.get(value)):
                             self.pin_dims(dims, OUTPUT)
+
+    def _coupling(self, node: Node) -> str:
+        name = _op_name(node.target)
+        if name in _ELEMENTWISE_COUPLINGS and any(arg in self.state for arg in _a(node)):
+            return coupling(SAME, self.module_name(node))  # a mask, a scale or a shift of one tensor: no coupling
+        return coupling(_COUPLINGS.get(name, _op_text(node)), self.module_name(node))
 
     def result(self) -> DependencyGraph:
         return self.graph
@@ -231,6 +335,7 @@ class _Builder:
             reason = f"module '{ignored}' is ignored" if ignored is not None else None
             dims = [self.ids.fresh(size, reason) for size in value.shape]
             self.graph.tensors[target] = dims
+            self.state.add(node)
             return dims
         reason = INPUT if kind == "USER_INPUT" else f"the constant tensor {target}"
         return [self.ids.fresh(size, reason) for size in value.shape]
@@ -302,7 +407,7 @@ class _Builder:
         """Pin ``dims[dim]``: ``node`` reads fixed positions of it (an index, a slice, padding)."""
         ids = dims[dim]
         for index in ids.tolist():
-            if index in self.split_origin and node.name not in self.fused:
+            if index in self.split_origin and self.split_origin[index] not in self.fused:
                 self.newly_fused.add(self.split_origin[index])
         reason = f"{_op_text(node)} in {self.module_name(node)} reads fixed positions of dimension {dim}"
         self.ids.pin(ids, reason)
@@ -351,8 +456,11 @@ class _Builder:
         outer, inner = math.prod(sizes[:k]), math.prod(sizes[k + 1 :])
         return parts[k].repeat_interleave(inner).repeat(outer)
 
-    def split(self, node: Node, flat: IdArray, sizes: Sequence[int]) -> Dims:
-        """One dimension split into ``sizes`` (outer first): the ids each new dimension carries."""
+    def split(self, node: Node, flat: IdArray, sizes: Sequence[int], *, within: bool = False) -> Dims:
+        """One dimension split into ``sizes`` (outer first): the ids each new dimension carries.
+
+        ``within``: the split inside one of q/k/v laid side by side (heads, not q/k/v again).
+        """
         if len(sizes) == 1:
             return [flat]
         outer, inner = sizes[0], math.prod(sizes[1:])
@@ -360,15 +468,17 @@ class _Builder:
         if bool((roots == roots[:, :1]).all()):  # each row one class: the outer dimension carries them
             return [roots[:, 0].clone(), *[self.fixed(s) for s in sizes[1:]]]
         if bool((roots == roots[:1]).all()):  # every row alike: the inner dimensions carry them
-            return [self.fixed(outer), *self.split(node, roots[0].clone(), sizes[1:])]
-        if node.name in self.fused:  # q/k/v laid side by side: position e of each part goes together
+            return [self.fixed(outer), *self.split(node, roots[0].clone(), sizes[1:], within=within)]
+        if node.name in self.fused and not within:  # q/k/v laid side by side: position e of each part goes together
             for column in roots.T:
                 self.ids.union_all(column)
-            return [self.fixed(outer), *self.split(node, self.ids.roots(roots[0]), sizes[1:])]
+            return [self.fixed(outer), *self.split(node, self.ids.roots(roots[0]), sizes[1:], within=True)]
         # heads: each outer position (a head) goes whole and its width stays
+        self.ids.coupling = coupling("a reshape into heads", self.module_name(node))
         heads = torch.tensor([self.ids.union_all(row) for row in roots], dtype=torch.int64)
         for index in heads.tolist():
             self.split_origin.setdefault(index, node.name)
+        self.graph.head_splits.append((_module_path(node), heads, inner))
         return [heads, *[self.fixed(s) for s in sizes[1:]]]
 
 
@@ -504,7 +614,6 @@ _ELEMENTWISE = [
     "softplus",
     "relu6",
     "logit",
-    "prelu",
     "dropout",
     "alpha_dropout",
     "feature_dropout",
@@ -846,6 +955,7 @@ def _linear(b: _Builder, node: Node) -> Any:
     bias = b.dims(_a(node)[2]) if len(_a(node)) > 2 else b.dims(_kw(node, "bias"))
     if x is None or weight is None:
         return b.unfollowed(node)
+    b.ids.coupling = coupling(READS, b.module_name(node))
     b.union(x[-1], weight[1])
     if bias is not None:
         b.union(bias[0], weight[0])
@@ -921,6 +1031,7 @@ def _conv(b: _Builder, node: Node) -> Any:
     for ids in x[len(x) - spatial :]:  # the output's positions come from these: they keep them
         b.ids.pin(ids, f"{_op_text(node)} in {b.module_name(node)} slides over these positions")
     out_spatial = [b.fixed(s, "spatial positions") for s in shape[len(shape) - spatial :]]
+    b.ids.coupling = coupling(READS, b.module_name(node))
     if transposed:
         b.union(channels, weight[0])
         out_channels = weight[1]
@@ -931,9 +1042,23 @@ def _conv(b: _Builder, node: Node) -> Any:
         out_channels = weight[0]
         _mark_producer(b, _a(node)[1], 0)
         _mark_producer(b, _a(node)[1], 1, reads=True)
+    elif b.grouped == "inside" and channels.numel() // groups > 1:
+        # grouped, channels inside groups: position j of every group goes together (each group keeps its width)
+        per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
+        b.ids.coupling = coupling("the grouped convolution", b.module_name(node))
+        for g in range(1, groups):
+            b.union(channels[g * per_in : (g + 1) * per_in], channels[:per_in])
+            b.union(weight[0][g * per_out : (g + 1) * per_out], weight[0][:per_out])
+        b.ids.coupling = coupling(READS, b.module_name(node))
+        b.union(channels[:per_in], weight[1])
+        out_channels = weight[0]
+        _mark_producer(b, _a(node)[1], 0)
+        _mark_producer(b, _a(node)[1], 1, reads=True)
     else:
         # grouped or depthwise: each group's input and output channels go together, whole groups at a time
         per_in, per_out = channels.numel() // groups, weight[0].numel() // groups
+        kind = "the depthwise convolution" if per_in == 1 else "the grouped convolution"
+        b.ids.coupling = coupling(kind, b.module_name(node))
         b.ids.pin(weight[1], "a grouped convolution keeps its channels per group")
         for g in range(groups):
             b.ids.union_all(
@@ -992,6 +1117,19 @@ def _layer_norm(b: _Builder, node: Node) -> Any:
     value = node.meta.get("val")
     if isinstance(value, (tuple, list)):
         return [list(x), *b.fresh_like(node, None)[1:]]
+    return list(x)
+
+
+@_rule("prelu")
+def _prelu(b: _Builder, node: Node) -> Any:
+    """PReLU's weight: one slope per channel (dimension 1 of the input) goes with it, as a norm's; one shared stays."""
+    x, weight = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    if x is None or weight is None or len(weight) != 1:
+        return b.unfollowed(node)
+    if weight[0].numel() > 1:
+        if len(x) < 2 or x[1].numel() != weight[0].numel():
+            return b.unfollowed(node)
+        b.union(weight[0], x[1])
     return list(x)
 
 

@@ -48,6 +48,16 @@ class Group:
         return max((len(index) for index in self.members.values()), default=0)
 
 
+@dataclass
+class Chosen:
+    """The units slimming removes (group index to unit indices), those among them only exact zeros chose, notes."""
+
+    removed: dict[int, set[int]]
+    by_zeros: dict[int, set[int]] = field(default_factory=dict)
+    """Units no mask chose: kept (and tried again) if removing them changes the outputs."""
+    notes: list[str] = field(default_factory=list)
+
+
 def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
     """The groups of ``graph`` with at least two units, one of them removable, in the order the model makes them.
 

@@ -5,7 +5,9 @@ ids, one per position. Two positions with the same id (after :meth:`Ids.find`)
 must be removed together or kept together: the union-find below records every
 coupling an operation implies. An id can be *pinned* (a model input or output,
 an ignored module, an operation the graph cannot follow), with the reason
-kept so that a refusal can name it.
+kept so that a refusal can name it. Each coupling is recorded with the
+operation that made it (:attr:`Ids.coupling`), so that a refusal can also say
+which operations tie two layers' channels together (:meth:`Ids.path`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class Ids:
         self._pinned: dict[int, str] = {}
         self._roots: IdArray | None = None
         """:meth:`all_roots`' answer, kept until the next change (read many times once the graph is built)."""
+        self.coupling: str | None = None
+        """The operation coupling ids now (set by the graph builder); ``None``: couplings are not recorded."""
+        self._edges: list[tuple[IdArray, IdArray, str]] = []
 
     def __len__(self) -> int:
         return len(self._parent)
@@ -81,6 +86,8 @@ class Ids:
         :meth:`union` inlined (with path halving): it runs once per channel position of every coupling.
         """
         parent, pinned = self._parent, self._pinned
+        if self.coupling is not None:
+            self._edges.append((first, second, self.coupling))
         for a, b in zip(first.reshape(-1).tolist(), second.reshape(-1).tolist(), strict=True):
             while parent[a] != a:
                 parent[a] = a = parent[parent[a]]
@@ -98,11 +105,51 @@ class Ids:
 
     def union_all(self, ids: IdArray) -> int:
         """Couple all of ``ids`` into one class; its root."""
-        flat = ids.reshape(-1).tolist()
-        root = flat[0]
-        for other in flat[1:]:
-            root = self.union(root, other)
-        return self.find(root)
+        flat = ids.reshape(-1)
+        if flat.numel() > 1:
+            self.union_arrays(flat[:1].expand(flat.numel() - 1), flat[1:])
+        return self.find(int(flat[0]))
+
+    def path(self, start: IdArray, goal: IdArray) -> list[str]:
+        """The operations (as :attr:`coupling` named them) on a shortest chain of couplings from ``start`` to ``goal``.
+
+        Read only to explain a refusal: the couplings of the one class involved
+        are searched breadth first. ``[]`` when none links them (or none was recorded).
+        """
+        if not self._edges or not start.numel() or not goal.numel():
+            return []
+        roots = self.all_roots()
+        root = int(roots[int(start.reshape(-1)[0])])
+        neighbours: dict[int, list[tuple[int, str]]] = {}
+        for first, second, coupling in self._edges:
+            a, b = first.reshape(-1), second.reshape(-1)
+            inside = (roots[a] == root).nonzero().flatten()
+            for x, y in zip(a[inside].tolist(), b[inside].tolist(), strict=True):
+                neighbours.setdefault(x, []).append((y, coupling))
+                neighbours.setdefault(y, []).append((x, coupling))
+        targets = set(goal.reshape(-1).tolist())
+        came: dict[int, tuple[int, str] | None] = dict.fromkeys(start.reshape(-1).tolist())
+        frontier = list(came)
+        while frontier:
+            following: list[int] = []
+            for x in frontier:
+                if x in targets:
+                    return self._walk_back(came, x)
+                for y, coupling in neighbours.get(x, []):
+                    if y not in came:
+                        came[y] = (x, coupling)
+                        following.append(y)
+            frontier = following
+        return []
+
+    @staticmethod
+    def _walk_back(came: dict[int, tuple[int, str] | None], end: int) -> list[str]:
+        couplings: list[str] = []
+        step = came[end]
+        while step is not None:
+            couplings.append(step[1])
+            step = came[step[0]]
+        return couplings[::-1]
 
     def pin(self, ids: IdArray, reason: str) -> None:
         """Keep every class in ``ids`` whole; the first reason given for a class is the one kept."""

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import Tensor, nn
 
-from prunereg._slim.groups import Group
+from prunereg._slim.groups import Group, TensorDim
 
 _Class = TypeVar("_Class", bound=type)
 
@@ -46,17 +46,72 @@ class Importance:
 def unit_sums(group: Group, values: Mapping[str, Tensor], measure: Callable[[Tensor], Tensor]) -> Tensor:
     """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64.
 
-    ``measure`` sees each tensor in float32 (or float64); the per-unit sums are float64.
+    ``measure`` sees each tensor in float32 (or float64; a half-precision tensor is
+    widened first, exactly); the per-unit sums are float64.
     """
+    return DimensionSums(measure).unit_sums(group, values)
+
+
+class DimensionSums:
+    """Per tensor name: the sums of a per-entry measure along each dimension, each tensor measured once.
+
+    A tensor sits in several groups (a Linear's rows in one, its columns in
+    another), so the measure (a square, a product) is taken once per name and
+    kept only as its sums along every dimension: one vector per dimension, never
+    a second copy of the weights. Keyed by name, never by object identity (the
+    id of a temporary copy is reused once it is freed); a name is measured again
+    when ``values`` holds another tensor under it.
+    """
+
+    def __init__(self, measure: Callable[[Tensor], Tensor]) -> None:
+        self.measure = measure
+        self._sums: dict[str, list[Tensor]] = {}
+        self._measured: dict[str, Tensor] = {}  # the tensor of ``values`` each name's sums were taken of
+
+    def clear(self) -> None:
+        self._sums, self._measured = {}, {}
+
+    def add(self, name: str, tensor: Tensor) -> None:
+        """Measure ``tensor`` as ``name``'s values now."""
+        entries = self.measure(_widened(tensor))
+        self._sums[name] = [_sum_along(entries, dim) for dim in range(entries.dim())]
+
+    def unit_sums(self, group: Group, values: Mapping[str, Tensor] | None = None) -> Tensor:
+        """Per unit of ``group``: the measure summed over the unit's entries (float64).
+
+        With ``values``: of the tensors ``values`` holds, measured as they are there;
+        without: of the tensors added.
+        """
+        sums: dict[TensorDim, Tensor] = {}
+        for name, dim in group.members:
+            if values is not None:
+                if name not in values:
+                    continue
+                if self._measured.get(name) is not values[name]:  # two live tensors compared: no id kept as a key
+                    self.add(name, values[name])
+                    self._measured[name] = values[name]
+            if name in self._sums:
+                sums[name, dim] = self._sums[name][dim]
+        return _add_per_unit(group, sums)
+
+
+def _widened(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32 or float64: every half-precision value is exactly a float32 value."""
+    return tensor if tensor.dtype in (torch.float64, torch.float32) else tensor.float()
+
+
+def _sum_along(entries: Tensor, dim: int) -> Tensor:
+    """The sums of ``entries`` over every dimension but ``dim``."""
+    if entries.dim() <= 1:
+        return entries
+    return entries.sum(dim=[d for d in range(entries.dim()) if d != dim])
+
+
+def _add_per_unit(group: Group, sums: Mapping[TensorDim, Tensor]) -> Tensor:
     scores = torch.zeros(group.size, dtype=torch.float64)
-    for (name, dim), unit_index in group.members.items():
-        tensor = values.get(name)
-        if tensor is None:
-            continue
-        entries = measure(tensor if tensor.dtype in (torch.float64, torch.float32) else tensor.float())
-        if entries.dim() > 1:
-            entries = entries.sum(dim=[d for d in range(entries.dim()) if d != dim])
-        scores.index_add_(0, unit_index, entries.to(device="cpu", dtype=torch.float64))
+    for key, unit_index in group.members.items():
+        if key in sums:
+            scores.index_add_(0, unit_index, sums[key].to(device="cpu", dtype=torch.float64))
     return scores
 
 
@@ -64,20 +119,13 @@ class MagnitudeImportance(Importance):
     """The L2 norm of everything a unit holds, across all its coupled layers (group magnitude)."""
 
     def __init__(self) -> None:
-        self._squares: dict[int, Tensor] = {}
+        self._squares = DimensionSums(torch.square)
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._squares = {}
+        self._squares.clear()
 
     def __call__(self, group: Group, values: Mapping[str, Tensor]) -> Tensor:
-        return unit_sums(group, values, self._square).sqrt()
-
-    def _square(self, tensor: Tensor) -> Tensor:
-        # a tensor is in two groups (rows and columns): squared once; keyed by identity, kept alive by values
-        found = self._squares.get(id(tensor))
-        if found is None:
-            found = self._squares[id(tensor)] = tensor * tensor
-        return found
+        return self._squares.unit_sums(group, values).sqrt()
 
 
 class RandomImportance(Importance):
@@ -97,7 +145,7 @@ class TaylorImportance(Importance):
 
     def __init__(self, loss: Callable[[Any], Tensor] | None = None) -> None:
         self.loss = loss
-        self._products: dict[str, Tensor] = {}
+        self._products = DimensionSums(torch.abs)
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         parameters = dict(model.named_parameters(remove_duplicate=False))
@@ -110,14 +158,17 @@ class TaylorImportance(Importance):
                 output = model(*args, **kwargs)
                 loss = self.loss(output) if self.loss is not None else _output_sum(output)
                 loss.backward()
-            self._products = {name: (p.detach() * p.grad).abs() for name, p in parameters.items() if p.grad is not None}
+            self._products.clear()
+            for name, p in parameters.items():
+                if p.grad is not None:  # widened first: a half-precision product would round
+                    self._products.add(name, _widened(p.detach()) * _widened(p.grad))
         finally:
             for name, p in parameters.items():
                 p.grad, requires_grad = saved[name]
                 p.requires_grad_(requires_grad)
 
     def __call__(self, group: Group, values: Mapping[str, Tensor]) -> Tensor:
-        return unit_sums(group, self._products, lambda t: t)
+        return self._products.unit_sums(group)
 
 
 def _output_sum(output: Any) -> Tensor:

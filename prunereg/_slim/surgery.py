@@ -28,11 +28,11 @@ def keep_indices(module: nn.Module, tensor_name: str, dim: int, keep: Tensor) ->
         raise TypeError(f"{type(module).__name__}.{tensor_name} is not a tensor")
     if not -tensor.dim() <= dim < tensor.dim():
         raise IndexError(f"{type(module).__name__}.{tensor_name} has {tensor.dim()} dims; cannot cut dim {dim}")
-    index = keep.to(device=tensor.device, dtype=torch.long)
+    index = keep.to(dtype=torch.long)
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= tensor.shape[dim]):
         owner = f"{type(module).__name__}.{tensor_name}"
         raise IndexError(f"indices to keep lie outside {owner}'s dim {dim} of size {tensor.shape[dim]}")
-    cut = tensor.detach().index_select(dim, index)
+    cut = tensor.detach().index_select(dim, index.to(tensor.device))
     if isinstance(tensor, nn.Parameter):
         setattr(module, tensor_name, nn.Parameter(cut, requires_grad=tensor.requires_grad))
     elif tensor_name in module._buffers:
@@ -46,7 +46,7 @@ def sync_shape_attributes(module: nn.Module) -> None:
 
     Covers ``nn.Linear``, convolutions (plain and transposed; ``groups`` must be set
     by the caller first when a depthwise layer loses channels), batch, instance,
-    group, layer and RMS norms, embeddings and GPT-2's ``Conv1D``. Other modules
+    group, layer and RMS norms, embeddings, PReLU and GPT-2's ``Conv1D``. Other modules
     are left as they are.
     """
     weight = getattr(module, "weight", None)
@@ -68,6 +68,8 @@ def sync_shape_attributes(module: nn.Module) -> None:
             module.normalized_shape = tuple(weight.shape)
     elif isinstance(module, nn.Embedding):
         module.num_embeddings, module.embedding_dim = module.weight.shape
+    elif isinstance(module, nn.PReLU):
+        module.num_parameters = int(module.weight.shape[0])
     elif type(module).__name__ == "Conv1D" and isinstance(weight, Tensor) and weight.dim() == 2:
         nx, nf = weight.shape
         setattr(module, "nx", int(nx))  # noqa: B010 - Conv1D is not typed here

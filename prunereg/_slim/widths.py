@@ -3,7 +3,8 @@
 After the tensors are cut (:mod:`.surgery` keeps each layer's own size
 attributes true), an attention module may still hold its old head count or
 width (``nn.MultiheadAttention.embed_dim``, GPT-2's ``split_size``, BERT's
-``all_head_size``): :func:`sync_attention` sets them from its projections.
+``all_head_size``): :func:`sync_attention` sets them from its projections,
+and :func:`width_readers` names a module whose old width made the slimmed model fail.
 :func:`rewrite_config` then states the new widths in a Hugging Face config
 when the config can (every layer alike): a model built from the rewritten
 config must have exactly the slimmed shapes, or the config is left as it was
@@ -13,7 +14,8 @@ and the record of shapes goes into it instead (``prunereg_slimmed``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -78,6 +80,32 @@ def sync_attention(module: nn.Module) -> None:
     for name, value in widths.items():
         if isinstance(getattr(module, name, None), int):
             setattr(module, name, value)
+
+
+def width_readers(error: BaseException, model: nn.Module, widths: Collection[int]) -> tuple[str, dict[str, int]]:
+    """The submodule whose code failed with ``error`` reading int attributes of old widths: its name, and them.
+
+    A module that reads ``self.num_heads`` (or any size it holds) sees the size
+    slimming cut from its tensors only where :func:`sync_attention` knows it.
+    The traceback is read from the innermost frame out; the first frame whose
+    ``self`` is a submodule of ``model`` and whose code reads int attributes of
+    it holding sizes in ``widths`` (those slimming changed) names them, in the
+    order the code first reads them. ``("", {})`` when no frame does.
+    """
+    names = {id(module): name for name, module in model.named_modules() if name}
+    for frame, _ in reversed(list(traceback.walk_tb(error.__traceback__))):
+        owner = frame.f_locals.get("self")
+        if not isinstance(owner, nn.Module) or id(owner) not in names:
+            continue
+        attributes = {name: vars(owner).get(name) for name in frame.f_code.co_names}
+        read = {
+            name: value
+            for name, value in attributes.items()
+            if isinstance(value, int) and not isinstance(value, bool) and value in widths
+        }
+        if read:
+            return names[id(owner)], read
+    return "", {}
 
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "embedding_size")

@@ -113,4 +113,5 @@ def test_the_command_runs_as_a_real_subprocess(folder):
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     assert "magnitude: 14 layers" in completed.stdout
+    assert "magnitude model.layers: 2/2 done" in completed.stderr  # progress in a pipe: tests/cli/test_cli_progress.py
     assert _sparsity(AutoModelForCausalLM.from_pretrained(folder / "pruned")) == pytest.approx(0.25)

@@ -8,12 +8,13 @@ import struct
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from prunereg._progress import in_notebook, library_bars, progress, stderr_is_terminal
+from prunereg import _progress
+from prunereg._progress import in_notebook, library_bars, progress, stderr_is_terminal, step
 
 pty = pytest.importorskip("pty")
 fcntl = pytest.importorskip("fcntl")
@@ -100,14 +101,57 @@ def test_stopping_early_finishes_the_bar(terminal: Terminal, monkeypatch: pytest
     assert "partial" in terminal.read_all()
 
 
-def test_forced_on_a_pipe_writes_the_label_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def _piped_stderr(monkeypatch: pytest.MonkeyPatch) -> Callable[[], str]:
+    """stderr as the writing end of a pipe; the returned function closes it and gives what was written."""
     reading, writing = os.pipe()
-    pipe = open(writing, "w", encoding="utf-8")  # noqa: SIM115
+    pipe = open(writing, "w", encoding="utf-8")  # noqa: SIM115  (closed by the function returned)
     monkeypatch.setattr(sys, "stderr", pipe)
+
+    def written() -> str:
+        pipe.close()
+        with open(reading, "rb") as handle:
+            return handle.read().decode()
+
+    return written
+
+
+def test_forced_on_a_pipe_writes_a_first_and_a_last_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log shows that the loop started and when it ended; lines in between wait LINE_EVERY seconds."""
+    written = _piped_stderr(monkeypatch)
     assert list(progress(range(3), label="forced", enabled=True)) == [0, 1, 2]
-    pipe.close()
-    with open(reading, "rb") as handle:
-        assert handle.read() == b"forced\n"
+    assert written() == "forced: 0/3, started\nforced: 3/3 done, 0 s\n"
+
+
+def test_on_a_pipe_each_item_done_gets_a_line_with_an_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([0.0, 40.0, 80.0, 200.0, 4000.0])  # the start, then as each item is done
+    monkeypatch.setattr(_progress, "_now", lambda: next(ticks))
+    monkeypatch.setattr(_progress, "LINE_EVERY", 30.0)
+    written = _piped_stderr(monkeypatch)
+    assert list(progress("abcd", label="wanda model.layers", enabled=True)) == list("abcd")
+    assert written().splitlines() == [
+        "wanda model.layers: 0/4, started",
+        "wanda model.layers: 1/4 done, 40 s, about 2 min 0 s left",
+        "wanda model.layers: 2/4 done, 1 min 20 s, about 1 min 20 s left",
+        "wanda model.layers: 3/4 done, 3 min 20 s, about 1 min 7 s left",
+        "wanda model.layers: 4/4 done, 1 h 6 min",
+    ]
+
+
+def test_on_a_pipe_lines_come_at_most_every_line_every_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([0.0, 1.0, 2.0, 6.0, 7.0, 8.0])
+    monkeypatch.setattr(_progress, "_now", lambda: next(ticks))
+    monkeypatch.setattr(_progress, "LINE_EVERY", 5.0)
+    written = _piped_stderr(monkeypatch)
+    assert list(progress((n for n in range(5)), label="blocks", enabled=True)) == [0, 1, 2, 3, 4]
+    assert written().splitlines() == ["blocks: started", "blocks: 3 done, 6 s"]  # no total: nothing to estimate
+
+
+def test_steps_are_lines_where_progress_is_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    written = _piped_stderr(monkeypatch)
+    step("loading MODEL_DIR", enabled=True)
+    step("never shown", enabled=False)
+    step("not watched: not shown")
+    assert written() == "loading MODEL_DIR\n"
 
 
 def test_a_bar_is_drawn_in_a_notebook() -> None:

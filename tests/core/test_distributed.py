@@ -3,7 +3,9 @@
 Each world size is one launch of tests/support/distributed_worker.py, which forks the
 ranks; every case there compares the gathered masks with
 ``torch.nn.utils.prune`` on the full tensors. The launch happens once per world
-size and each case is reported as its own test.
+size, when a test first asks for it, and each case is reported as its own test.
+The 2-rank launch runs in the fast loop; the 4-rank launch (four processes on
+what is often a 2-core machine: 40 CPU-seconds) and ``torchrun`` are ``slow``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "prune_sharded.py"
 WORLD_SIZES = (2, 4)
+SIZES = [2, pytest.param(4, marks=pytest.mark.slow)]
 LAUNCH_TIMEOUT_S = 300
 
 
@@ -48,10 +51,22 @@ def launch(world_size: int, tmp_path: Path, device: str = "cpu") -> dict[str, di
     return per_rank[0] | failures
 
 
+class Worlds(dict[int, dict[str, dict[str, object]]]):
+    """Every case's result for each world size, launched the first time a test asks for it."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, world_size: int) -> dict[str, dict[str, object]]:
+        self[world_size] = launch(world_size, self.tmp_path_factory.mktemp(f"world{world_size}"))
+        return self[world_size]
+
+
 @pytest.fixture(scope="module")
-def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, dict[str, object]]]:
-    """Every case's result for each world size (one launch each, shared by the tests below)."""
-    return {n: launch(n, tmp_path_factory.mktemp(f"world{n}")) for n in WORLD_SIZES}
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds:
+    """The launches, shared by the tests below (one per world size)."""
+    return Worlds(tmp_path_factory)
 
 
 CASE_NAMES = [
@@ -78,19 +93,20 @@ CASE_NAMES = [
 ]
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("world_size", SIZES)
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_case(worlds: dict[int, dict[str, dict[str, object]]], name: str, world_size: int) -> None:
+def test_case(worlds: Worlds, name: str, world_size: int) -> None:
     result = worlds[world_size][name]
     assert result["ok"], result.get("error")
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_every_case_is_run(worlds: dict[int, dict[str, dict[str, object]]], world_size: int) -> None:
+@pytest.mark.parametrize("world_size", SIZES)
+def test_every_case_is_run(worlds: Worlds, world_size: int) -> None:
     assert sorted(worlds[world_size]) == sorted(CASE_NAMES)
 
 
-def test_random_masks_do_not_depend_on_the_number_of_ranks(worlds: dict[int, dict[str, dict[str, object]]]) -> None:
+@pytest.mark.slow
+def test_random_masks_do_not_depend_on_the_number_of_ranks(worlds: Worlds) -> None:
     masks = [worlds[n]["random_unstructured_twice"]["value"] for n in WORLD_SIZES]
     assert masks[0] is not None and all(m == masks[0] for m in masks)
 
@@ -104,6 +120,7 @@ def test_every_case_with_nccl_on_cuda(tmp_path: Path) -> None:
     assert not failures, "\n".join(f"{name}:\n{error}" for name, error in failures.items())
 
 
+@pytest.mark.slow
 def test_docs_example_runs_under_torchrun() -> None:
     """docs/distributed.md's example, run as it tells the user to, on two CPU ranks."""
     process = subprocess.run(

@@ -7,13 +7,10 @@ SentencePiece-style (Llama) pre-tokenisation alike.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import random
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +29,7 @@ from prunereg._oneshot.calibration import (
     samples_from_text_file,
     text_file_ids,
 )
+from tests.support.fifos import fifo_unblocker
 from tests.support.tiny_lm import save_tiny_llama_folder
 
 _WORDS = ["the", "king", "Rome", "lord", "people", "noble", "Marcius,", "citizens!", "hunger;", "corn?", "honour-bound"]
@@ -199,28 +197,6 @@ def _oneshot(model_dir: Path, tmp_path: Path, *extra: str) -> Any:
     return CliRunner().invoke(main, args, prog_name="prunereg")
 
 
-@contextlib.contextmanager
-def _fifo_unblocker(fifo: Path) -> Iterator[None]:
-    """Open and close the FIFO's writing end whenever a reader waits: a reader that blocked then reads EOF.
-
-    So code that opens the FIFO for reading (and would wait forever) fails the test instead of hanging it.
-    """
-    stop = threading.Event()
-
-    def unblock() -> None:
-        while not stop.wait(0.05):
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-    thread = threading.Thread(target=unblock, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 @pytest.mark.parametrize("flag", ["--calibration", "--eval"])
 def test_a_fifo_as_a_text_is_refused_in_one_line_without_blocking(model_dir: Path, tmp_path: Path, flag: str) -> None:
     fifo = tmp_path / "text.txt"
@@ -229,7 +205,7 @@ def test_a_fifo_as_a_text_is_refused_in_one_line_without_blocking(model_dir: Pat
     texts = {"--calibration": fifo, "--eval": tmp_path / "calibration.txt"}
     if flag == "--eval":
         texts = {"--calibration": tmp_path / "calibration.txt", "--eval": fifo}
-    with _fifo_unblocker(fifo):
+    with fifo_unblocker(fifo):
         result = _oneshot(model_dir, tmp_path, *(a for k, v in texts.items() for a in (k, str(v))))
     assert result.exit_code == 1, result.output
     assert result.stderr == f"Error: '{fifo}' is a FIFO (named pipe), not a regular file; give the text file itself\n"

@@ -1,4 +1,4 @@
-"""End to end on a real model: SmolLM2-135M pruned one-shot lands in the issue's perplexity bands.
+"""End to end on a real model: SmolLM2-135M-Instruct pruned one-shot lands in the issue's perplexity bands.
 
 The bands come from three independent implementations of the papers (hamlet perplexity,
 calibration on coriolanus, see benchmarks/llm.py); prunereg may be inside a band or

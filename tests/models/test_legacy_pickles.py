@@ -41,12 +41,27 @@ def _check_loaded(saved: dict[str, object]) -> None:
     assert {prunereg.PruningContainer, prune.CustomFromMask} <= classes
     model.eval()
     with torch.no_grad():
-        assert torch.equal(model(saved["input"]), saved["output"])
+        output = model(saved["input"])
+        # Bit for bit what a plain model with the masked values computes on this CPU; within rounding of the
+        # output recorded when it was pickled (matmul kernels differ between processors in their last bits).
+        assert torch.equal(output, _plain_copy(model)(saved["input"]))
+        torch.testing.assert_close(output, saved["output"], rtol=1e-5, atol=1e-6)
     # The loaded model keeps pruning: a third method joins the container, and remove makes it permanent.
     prune.l1_unstructured(model.fc1, "weight", amount=0.5)
     assert int((model.fc1.weight == 0).sum()) >= 24
     prunereg.remove(model.fc1, "weight")
     assert "weight" in dict(model.fc1.named_parameters())
+
+
+def _plain_copy(model: Net) -> Net:
+    """A fresh ``Net`` holding the pruned model's current (masked) values as plain parameters."""
+    plain = Net().eval()
+    with torch.no_grad():
+        for name, parameter in plain.named_parameters():
+            module_name, _, attribute = name.rpartition(".")
+            module = model.get_submodule(module_name) if module_name else model
+            parameter.copy_(getattr(module, attribute))
+    return plain
 
 
 def test_an_old_pickle_loads_with_weights_only_false() -> None:

@@ -69,3 +69,29 @@ def test_assign_fills_a_model_built_on_meta(target_pruned):
     x = torch.randn(2, 4)
     assert torch.equal(target(x), source(x))
     assert prunereg.is_pruned(target) == target_pruned
+
+
+def test_a_slimmed_state_dict_into_a_stock_model_is_refused_in_one_line_with_the_way_to_load_it():
+    slimmed = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    prunereg.slim(slimmed, torch.randn(1, 4), ratio=0.25)
+    stock = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    before = {key: value.clone() for key, value in stock.state_dict().items()}
+    with pytest.raises(RuntimeError) as refused:
+        prunereg.load_state_dict(stock, slimmed.state_dict())
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("size mismatch for 0.weight: the state dict's is [6, 4], the model's [8, 4]; ")
+    assert "prunereg.apply_slimmed_shapes" in message and "prunereg.safe_globals" in message
+    assert all(torch.equal(stock.state_dict()[key], value) for key, value in before.items())  # nothing copied
+    # The way the message names loads it.
+    prunereg.apply_slimmed_shapes(stock, prunereg.slimmed_shapes(slimmed))
+    prunereg.load_state_dict(stock, slimmed.state_dict())
+    assert all(torch.equal(stock.state_dict()[key], value) for key, value in slimmed.state_dict().items())
+
+
+def test_a_larger_tensor_than_the_model_s_is_refused_without_the_slimming_hint():
+    small, large = nn.Linear(3, 2), nn.Linear(4, 2)
+    with pytest.raises(
+        RuntimeError, match=r"^size mismatch for weight: the state dict's is \[2, 4\], the model's \[2, 3\]$"
+    ):
+        prunereg.load_state_dict(small, large.state_dict())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,31 @@ def test_quick_small_layers_case_times_both_libraries_for_every_call(tmp_path: P
     calls = [row.split("|")[1].strip() for row in rows]
     assert calls == ["l1_unstructured", "l1_unstructured again", "ln_structured", "prune then remove"]
     assert "on many small layers no slower per call than torch" in report  # a target row per call
+    assert re.search(r"^Measured \S+ \S+ UTC on .+; torch \S+; commit \w+\.$", report, re.MULTILINE)  # the run
+
+
+# Sections whose rows come from several runs (each row's run is its section's) or that hold no figure.
+_UNSTAMPED = {"Targets", "At a glance"}
+
+
+@pytest.mark.parametrize("page", ["docs/benchmarks.md", "docs/llm.md"])
+def test_every_measured_table_names_the_machine_and_run_that_measured_it(page: str) -> None:
+    """A partial rerun replaces some sections only: each says which run (machine, date) its figures are from."""
+    text = (ROOT / page).read_text()
+    for section in re.split(r"\n(?=## )", text)[1:]:
+        heading = section.splitlines()[0][3:]
+        measured = re.search(r"^\| .*\d.* \|$", section, re.MULTILINE) and heading not in _UNSTAMPED
+        if (measured and page == "docs/benchmarks.md") or re.search(r"<!-- (quality|shrink-measured) -->", section):
+            assert re.search(r"^Measured .*\d{4}-\d\d-\d\d.*$", section, re.MULTILINE), f"{page}: {heading}"
+            assert re.search(r"AMD EPYC|x86_64|x86-64", section), f"{page}: {heading} names no processor"
+
+
+def test_a_partial_run_stamps_the_sections_it_measured() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run  # benchmarks/ is not a package
+
+    info = {"cpu": "Test CPU, 2 cores, torch uses 2 threads", "torch": "2.13.0", "commit": "abc1234", "date": "D"}
+    assert run.stamped([], info) == []
+    assert run.stamped(["## A", "", "| x |"], info)[-2] == (
+        "Measured D on Test CPU, 2 cores, torch uses 2 threads; torch 2.13.0; commit abc1234."
+    )

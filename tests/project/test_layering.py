@@ -6,7 +6,10 @@ inside functions and under ``TYPE_CHECKING``.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,40 @@ PUBLIC = {"prunereg", "prunereg.toolkit", "prunereg.testing"}
 
 def test_import_linter_contracts_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
-    assert importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0
+    with loggers_kept():
+        assert lint_imports() == 0
+
+
+def lint_imports() -> int:
+    return int(importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True))
+
+
+@contextlib.contextmanager
+def loggers_kept() -> Iterator[None]:
+    """Every logger as it was: lint_imports configures logging with dictConfig, which disables every existing logger.
+
+    Left so, torch's loggers stayed disabled for the rest of the process, and a later test in it (one that checks
+    prunereg leaves torch's logging as it found it) failed when the workers of ``-n`` ran it after this one.
+    """
+    loggers = [logging.root, *(logger for logger in logging.root.manager.loggerDict.values()
+                                if isinstance(logger, logging.Logger))]  # fmt: skip
+    saved = [(logger, logger.disabled, logger.level, list(logger.handlers), logger.propagate) for logger in loggers]
+    try:
+        yield
+    finally:
+        for logger, disabled, level, handlers, propagate in saved:
+            logger.disabled, logger.propagate, logger.handlers[:] = disabled, propagate, handlers
+            logger.setLevel(level)
+
+
+def test_lint_imports_leaves_the_loggers_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch_logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    assert not torch_logger.disabled
+    monkeypatch.chdir(ROOT)
+    with loggers_kept():
+        lint_imports()
+        assert torch_logger.disabled  # what dictConfig does
+    assert not torch_logger.disabled and torch_logger.isEnabledFor(logging.WARNING)
 
 
 def test_no_import_cycle_anywhere() -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -110,3 +111,67 @@ def test_every_plot_is_shown_somewhere_and_none_is_missing() -> None:
     assert drawn and drawn <= shown
     check = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plots.py"), "--check"], capture_output=True)
     assert check.returncode == 0, check.stderr.decode()
+
+
+SLIM_PAGE = """# Benchmarks
+
+## Slimming against Torch-Pruning
+
+<!-- slim -->
+| model | library | parameters | MACs | latency, batch 1 | speed-up |
+|---|---|---|---|---|---|
+| Net A | original | 1.00M (100%) | 1.00G | 60.0 ms | - |
+| Net A | prunereg | 0.30M (30%) | 0.30G | 30.0 ms | x2.00 |
+| Net B | original | 2.00M (100%) | 2.00G | 200.0 ms | - |
+
+| model | library | ratio | parameters | latency, batch 1 | speed-up |
+|---|---|---|---|---|---|
+| Net A | prunereg | 0.1 | 0.90M | 55.0 ms | x1.09 |
+| Net A | prunereg | 0.5 | 0.30M | 30.0 ms | x2.00 |
+| Net A | Torch-Pruning | 0.5 | 0.30M | 33.0 ms | x1.82 |
+| Net B | prunereg | 0.5 | 0.60M | 100.0 ms | x2.00 |
+| Net B | Torch-Pruning, hand-configured, attention left alone | 0.5 | 1.20M | 150.0 ms | x1.33 |
+| Net B | Torch-Pruning, hand-configured | 0.5 | failed: `SlimTimeout` | | |
+
+Measured on Test CPU, 2 cores, 2 threads; torch 2.13.0+cpu; Python 3.11.7; 2026-11-27 17:14 UTC. Reproduce: `x`.
+<!-- /slim -->
+"""
+
+
+def test_the_slimming_sweep_is_read_from_the_page(plots: ModuleType) -> None:
+    assert plots.slim_sweeps(plots.tables(SLIM_PAGE)) == {
+        "Net A": {
+            "base": pytest.approx(0.06),
+            "tools": {"prunereg": [(0.1, pytest.approx(0.055)), (0.5, 0.03)], "Torch-Pruning": [(0.5, 0.033)]},
+        },
+        "Net B": {
+            "base": 0.2,
+            "tools": {"prunereg": [(0.5, 0.1)], "Torch-Pruning, hand-configured, attention left alone": [(0.5, 0.15)]},
+        },
+    }
+
+
+def test_the_slimming_plot_has_one_legend_below_its_panels(
+    plots: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A legend per panel spread over the next panel (docs/images/slim-latency.svg): one legend for the figure."""
+    drawn = []
+    save = plots._save
+
+    def keep(figure: Any, path: Path) -> None:
+        figure.canvas.draw()
+        legends = [axes.get_legend() for axes in figure.axes]
+        bottom = min(axes.get_window_extent().y0 for axes in figure.axes)
+        drawn.append(
+            (len(figure.legends), legends, [legend.get_window_extent().y1 for legend in figure.legends], bottom)
+        )
+        save(figure, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.draw_slim_latency(plots.tables(SLIM_PAGE), SLIM_PAGE, tmp_path / "slim.svg")
+    [(figure_legends, panel_legends, legend_tops, panels_bottom)] = drawn
+    assert figure_legends == 1 and panel_legends == [None, None]
+    assert legend_tops[0] < panels_bottom  # below the panels, over none of them
+    svg = (tmp_path / "slim.svg").read_text()
+    assert svg.count("Torch-Pruning, hand-configured, attention left alone") == 1  # once, in the one legend
+    assert "Net A" in svg and "Net B" in svg and "Test CPU, 2 cores, 2 threads" in svg

@@ -1,8 +1,9 @@
-"""The README's figures are docs/benchmarks.md's, rounded as the README shows them.
+"""The README's figures are docs/benchmarks.md's (and docs/llm.md's), rounded as the README shows them.
 
 The benchmarks write docs/benchmarks.md (``python benchmarks/run.py``,
-``benchmarks/llm.py --write-docs``, ``benchmarks/llm_engine.py``); when a rerun
-moves a figure, these tests name the README sentence to update.
+``benchmarks/llm.py --write-docs``, ``benchmarks/llm_engine.py``) and the
+shrinking table of docs/llm.md (``benchmarks/shrink.py --write-docs``); when a
+rerun moves a figure, these tests name the README sentence to update.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ BENCHMARKS = (ROOT / "docs" / "benchmarks.md").read_text()
 
 
 MEASURED = tables(BENCHMARKS)
+SHRUNK = [row for row in tables((ROOT / "docs" / "llm.md").read_text())["Shrinking, measured"] if "ppl" in row]
 
 
 def row(section: str, **match: str) -> dict[str, str]:
@@ -47,7 +49,12 @@ def _forward(weights: str) -> float:
 
 
 def _llm_total(configuration: str) -> float:
-    return number(row("One-shot pruning of SmolLM2-135M", configuration=configuration)["total"])
+    return number(row("One-shot pruning of SmolLM2-135M-Instruct", configuration=configuration)["total"])
+
+
+def _shrunk(configuration: str, column: str) -> float:
+    [found] = [number(r[column]) for r in SHRUNK if r["configuration"] == configuration]
+    return found
 
 
 def _engine_ratios() -> list[float]:
@@ -84,6 +91,11 @@ CLAIMS: list[tuple[str, Callable[[], list[float]]]] = [
         lambda: [_llm_total("wanda-50"), _llm_total("sparsegpt-50")],
     ),
     (r"about (0\.\d) of the time the reference", lambda: _engine_ratios()),
+    (
+        r"dense (\d+\.\d\d)\): (\d+\.\d\d) with a\s+quarter of every MLP's channels removed, (\d+\.\d\d) with half",
+        lambda: [_shrunk(name, "ppl") for name in ("dense", "flap-mlp25", "flap-mlp50")],
+    ),
+    (r"which decodes\s+(\d\.\d\d)x faster in float32", lambda: [_shrunk("flap-mlp50", "decode speed-up f32")]),
 ]
 
 

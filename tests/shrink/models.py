@@ -45,6 +45,11 @@ def tiny_qwen2_moe(seed: int = 0) -> nn.Module:
     )  # fmt: skip
 
 
+def tiny_olmo2(seed: int = 0) -> nn.Module:
+    """OLMo-2 normalizes all query heads together (``q_norm`` over ``num_heads * head_dim``): heads cannot go."""
+    return _from_config("Olmo2Config", "Olmo2ForCausalLM", seed)
+
+
 def _llama(seed: int = 0) -> nn.Module:
     return tiny_llama(seed, layers=3)
 
@@ -65,6 +70,7 @@ ARCHITECTURES = {
     ),
     "mixtral": tiny_mixtral,
     "qwen2_moe": tiny_qwen2_moe,
+    "olmo2": tiny_olmo2,
 }
 
 

@@ -115,6 +115,7 @@ def test_the_command_runs_as_a_real_subprocess(folder: Path) -> None:
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr
     assert "wanda_sp:" in completed.stdout and "wrote" in completed.stdout
+    assert "wanda_sp model.layers: 2/2 done" in completed.stderr  # progress in a pipe: tests/cli/test_cli_progress.py
     assert AutoModelForCausalLM.from_pretrained(folder / "small").config.intermediate_size == 36
 
 

@@ -1,4 +1,4 @@
-"""End to end on a real model: ShortGPT's block influence on SmolLM2-135M drops the blocks a plain reference run drops.
+"""End to end on SmolLM2-135M-Instruct: ShortGPT's block influence drops the blocks a plain reference run drops.
 
 The issue's reference run of block influence (1 - cos(input, output) of each
 block, calibration on the first 64 x 256 tokens of Coriolanus, see

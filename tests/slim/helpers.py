@@ -1,4 +1,4 @@
-"""Helpers the slimming tests share: exact snapshots of a model, to prove a refusal changed nothing."""
+"""Helpers the slimming tests share: exact snapshots of a model, to prove a refusal changed nothing; odd models."""
 
 from __future__ import annotations
 
@@ -49,6 +49,31 @@ def assert_unchanged(model: nn.Module, before: dict[str, Any]) -> None:
     assert after["attributes"] == before["attributes"]
     assert after["plain"] == before["plain"]  # tensors a pruning hook keeps as plain attributes
     assert after["config"] == before["config"]
+
+
+def bitwise(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the state dict, to compare bit for bit with :func:`assert_bitwise_equal`."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def assert_bitwise_equal(model: nn.Module, before: dict[str, torch.Tensor]) -> None:
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    for name, tensor in before.items():
+        assert after[name].dtype == tensor.dtype and after[name].shape == tensor.shape, name
+        assert torch.equal(after[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
+
+
+class DataDependentBranch(nn.Module):
+    """A model ``torch.export`` cannot trace: which branch runs depends on the values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h if h.sum() > 0 else -h
 
 
 def outputs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:

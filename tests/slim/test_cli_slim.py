@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,73 @@ def test_the_installed_command_slims_a_folder(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert type(model).from_pretrained(tmp_path / "out").config.hidden_size == model.config.hidden_size // 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        (["--ratio", "0.5", "--ignore", ""], "Error: --ignore '' names the root module, and ignoring the root ignores "
+         "everything: name the modules to keep whole"),
+        (["--importance", "taylor"], "Error: --importance taylor applies to a ratio; without --ratio the masks choose "
+         "the channels: give --ratio, or leave --importance out"),
+        (["--round-to", "4"], "Error: --round-to 4 applies to a ratio; without --ratio the masks choose the channels: "
+         "give --ratio, or leave --round-to out"),
+    ],
+    ids=["ignore the root", "importance without ratio", "round-to without ratio"],
+)  # fmt: skip
+def test_slim_refuses_what_would_change_nothing_before_loading_and_writes_nothing(
+    tmp_path: Path, extra: list[str], line: str
+) -> None:
+    (tmp_path / "model").mkdir()  # no model in it: the refusal must come before any loading
+    result = CliRunner().invoke(main, ["slim", str(tmp_path / "model"), str(tmp_path / "out"), *extra])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines()[-1] == line
+    assert not (tmp_path / "out").exists()
+
+
+def test_slim_that_removes_nothing_says_why_in_a_warning_and_a_note(tmp_path: Path) -> None:
+    folder, _ = _folder(tmp_path, slim_models.hf_bert)
+    args = ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5", "--round-to", "1000000"]
+    with warnings.catch_warnings(record=True) as caught:  # the command shows them once it succeeds
+        warnings.simplefilter("always")
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert [str(w.message) for w in caught if "removed nothing" in str(w.message)] == [
+        "slimming removed nothing: round_to=1000000 keeps every group whole: the largest has 64 units"
+    ]
+    assert "0 units removed" in result.stdout and "note: slimming removed nothing" in result.stdout
+
+
+def test_the_installed_command_refuses_ignoring_the_root_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    done = subprocess.run(
+        [str(SCRIPT), "slim", str(tmp_path / "model"), str(tmp_path / "out"), "--ratio", "0.5", "--ignore", ""],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: --ignore '' names the root module")
+    assert not (tmp_path / "out").exists()
+
+
+def _hf_regnet() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """A tiny Hugging Face RegNet: grouped 3x3 convolutions of groups of 4 channels."""
+    from transformers import RegNetConfig, RegNetForImageClassification
+
+    torch.manual_seed(0)
+    config = RegNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], groups_width=4, num_labels=3)
+    return RegNetForImageClassification(config).eval(), (torch.randn(1, 3, 32, 32),)
+
+
+@pytest.mark.parametrize(("grouped", "groups", "width"), [("whole", 2, 4), ("inside", 4, 2)])
+def test_slim_grouped_says_how_grouped_convolutions_lose_channels(
+    tmp_path: Path, grouped: str, groups: int, width: int
+) -> None:
+    folder, _ = _folder(tmp_path, _hf_regnet)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["slim", str(folder), str(out), "--ratio", "0.5", "--grouped", grouped])
+    assert result.exit_code == 0, result.output
+    from transformers import RegNetForImageClassification
+
+    reloaded = prunereg.from_pretrained(RegNetForImageClassification, out)
+    convolution = reloaded.regnet.encoder.stages[0].layers[0].layer[1].convolution
+    assert (convolution.groups, convolution.weight.shape[1]) == (groups, width)  # of 4 groups of 4 channels

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import prunereg
-from tests.slim.helpers import outputs
+from tests.slim.helpers import DataDependentBranch, outputs
 from tests.support import slim_models
 
 
@@ -239,16 +239,6 @@ class DataDependentShape(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
         return h[h > 0]
-
-
-class DataDependentBranch(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
-        return h if h.sum() > 0 else -h
 
 
 @pytest.mark.parametrize(
