@@ -122,9 +122,10 @@ def removed_model(dense: Any, setting: Setting, calibration: Any, cache: Path, q
     if about.exists():
         return shrink.load_folder(folder), json.loads(about.read_text())
     model = copy.deepcopy(dense)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     removal = remove(model, setting, calibration)
     removal["seconds"] = time.perf_counter() - start
+    removal["cpu_seconds"] = time.process_time() - cpu_start
     shrink.keep_folder(model, folder)
     about.write_text(json.dumps(removal))
     return model, removal
@@ -146,26 +147,28 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
         teacher = model
         model, removal = removed_model(teacher, setting, calibration, cache, quick)
         result["remove_seconds"] = removal["seconds"]
+        result["remove_cpu_seconds"] = removal.get("cpu_seconds")
         method, method_options = METHODS[method_name]
         if method is not None:
             if method in TRAINED:
                 method_options = {**method_options, **options}
             if quick and method == "distill":
                 method_options["max_seconds"] = QUICK_DISTILL_SECONDS
-            curve: list[tuple[int, float, float]] = []
+            curve: list[tuple[int, float, float, float]] = []
             instance = _configured(method, method_options, curve, evaluation, window)
             removed = {"removed_blocks": removal.get("removed_blocks") or None}
             memory.trim()
             peak_was_reset = memory.reset_peak()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             report = prunereg.recover(model, teacher, calibration, instance, progress=False, **removed)
             result["seconds"] = time.perf_counter() - start - sum(point[2] for point in curve)
+            result["cpu_seconds"] = time.process_time() - cpu_start - sum(point[3] for point in curve)
             if peak_was_reset:
                 result["peak_rss"] = memory.peak()
             result["undone"] = len(report.undone)
             result["options"] = {key: value for key, value in method_options.items() if key != "callback"}
             if curve:
-                result["curve"] = [[tokens, ppl] for tokens, ppl, _ in curve]
+                result["curve"] = [[tokens, ppl] for tokens, ppl, _, _ in curve]
         del teacher
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=window, batch_size=1)
     result["reloads"] = reloads(model, evaluation)
@@ -173,7 +176,7 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
 
 
 def _configured(
-    method: str, options: dict[str, Any], curve: list[tuple[int, float, float]], evaluation: Any, window: int
+    method: str, options: dict[str, Any], curve: list[tuple[int, float, float, float]], evaluation: Any, window: int
 ) -> Any:
     """The configured method; ``distill`` also measures the perplexity at 4k, 8k, 16k, ... tokens seen."""
     import prunereg
@@ -186,9 +189,9 @@ def _configured(
     def measure(tokens: int, model: Any) -> None:
         if tokens < state["next"]:
             return
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         perplexity = prunereg.perplexity(model, evaluation, window=window, batch_size=1)
-        curve.append((tokens, perplexity, time.perf_counter() - start))
+        curve.append((tokens, perplexity, time.perf_counter() - start, time.process_time() - cpu_start))
         while state["next"] <= tokens:
             state["next"] = next(marks)
 
@@ -206,7 +209,7 @@ def gap_closed(row: dict[str, Any], none: dict[str, Any] | None, dense: dict[str
 def table(results: dict[str, dict[str, Any]]) -> str:
     """One row per setting and method: perplexity, gap closed, recovery time and peak memory, stock reload."""
     lines = [
-        "| setting | recovery | ppl | log gap closed | recovery time | peak RSS while recovering | stock reload |",
+        "| setting | recovery | ppl | log gap closed | recovery time (CPU time) | peak RSS while recovering | stock reload |",
         "|---|---|---|---|---|---|---|",
     ]
     dense = results.get("dense+none")
@@ -218,7 +221,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             method,
             f"{row['perplexity']:.2f}",
             f"{closed:.0%}" if closed is not None else "-",
-            f"{row['seconds']:.0f} s" if "seconds" in row else "-",
+            f"{row['seconds']:.0f} s ({row['cpu_seconds']:.0f} CPU-s)" if "cpu_seconds" in row else "-",
             f"{row['peak_rss'] / 1e9:.2f} GB" if "peak_rss" in row else "-",
             "yes" if row.get("reloads") else "**no**",
         ]
