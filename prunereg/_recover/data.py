@@ -172,6 +172,7 @@ class RecoveryBlock:
         self._mlp_adds: bool | None = None
         self._show_progress = show_progress
         self._passes: dict[WeightsKey, _Evaluation] = {}
+        self._replay: _Replay | None = None
         self._original_key = self.weights_key()
 
     # -- the data ------------------------------------------------------------------------
@@ -230,9 +231,20 @@ class RecoveryBlock:
         """:meth:`loss`, and each batch's output (they feed the next block).
 
         A pass over the calibration set on the block's current weights runs
-        once: a later call, or the engine, reuses it while the weights are unchanged.
+        once: a later call, or the engine, reuses it while the weights are
+        unchanged. After :meth:`normal_equations` for a projection whose output
+        the block adds as it is, a method that changed only that projection
+        costs no pass: the outputs are the rest of the block's output, kept
+        from the statistics' pass, plus the projection on its kept inputs
+        (equal to a forward up to float rounding).
         """
-        return self.evaluation(self.weights_key()) or self._pass()
+        key = self.weights_key()
+        found = self.evaluation(key)
+        if found is None and self._replay is not None:
+            found = self._replay.evaluate(key, self._targets)
+            if found is not None:
+                self._keep(key, found)
+        return found or self._pass()
 
     def weights_key(self) -> WeightsKey:
         """What identifies the block's weights as they are now (each tensor's storage and version counter)."""
@@ -250,7 +262,7 @@ class RecoveryBlock:
 
         Keeps the loss and outputs (:meth:`evaluation`) under the weights' key.
         """
-        total, count, outputs = 0.0, 0, []
+        outputs = []
         with torch.no_grad(), contextlib.ExitStack() as stack:
             for module, hook in hooks:
                 stack.enter_context(_hooked(module, hook))
@@ -258,14 +270,14 @@ class RecoveryBlock:
                 output = self.forward(batch)
                 if each is not None:
                     each(batch, output)
-                total += float((output.double() - self._targets[batch].double()).square().sum())
-                count += output.numel()
                 outputs.append(output)
-        result = (total / max(count, 1), outputs)
-        key = self.weights_key()
+        result = (_loss_of(outputs, self._targets), outputs)
+        self._keep(self.weights_key(), result)
+        return result
+
+    def _keep(self, key: WeightsKey, result: _Evaluation) -> None:
         self._passes = {k: v for k, v in self._passes.items() if k == self._original_key}
         self._passes[key] = result
-        return result
 
     def progress(self, items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
         """``items``, with a progress bar when the run shows one."""
@@ -362,6 +374,7 @@ class RecoveryBlock:
             raise ValueError(f"block {self.index} has no {kind} writer whose output the block adds as it is")
         seen: dict[str, Tensor] = {}
         accumulator: list[_Accumulator] = []
+        replay = _Replay(self.module, module) if fit == "mlp" else None
 
         def keep(_: nn.Module, args: Any, output: Tensor) -> None:
             seen["input"], seen["output"] = (output if fit == "mlp_output" else args[0]), output
@@ -371,14 +384,54 @@ class RecoveryBlock:
                 assert self._attention_targets is not None
                 wanted = self._attention_targets[batch] - self._inputs.hidden[batch]
             else:  # what the module must give for the block's output to be the target: the rest stays
-                wanted = self._targets[batch] - (output - seen["output"])
+                rest = output - seen["output"]
+                wanted = self._targets[batch] - rest
+                if replay is not None:
+                    replay.add(seen["input"], rest)
             inputs = _rows(seen["input"])
             if not accumulator:
                 accumulator.append(_Accumulator(inputs.shape[1], wanted.shape[-1], inputs.device))
             accumulator[0].add(inputs, _rows(wanted))
 
+        self._replay = None  # the one kept is of weights about to change
         self._pass([(module, keep)], add)
+        self._replay = replay
         return accumulator[0].result()
+
+
+def _loss_of(outputs: list[Tensor], targets: list[Tensor]) -> float:
+    """The mean squared error of ``outputs`` against ``targets``, summed in float64."""
+    total = sum(float((output.double() - target.double()).square().sum()) for output, target in zip(outputs, targets))
+    return total / max(sum(output.numel() for output in outputs), 1)
+
+
+class _Replay:
+    """A block's outputs as a linear ``writer`` changes, without running the block: ``rest + writer(inputs)``.
+
+    Kept by the statistics' pass of a writer whose output the block adds as it
+    is: per batch its inputs and the rest of the block's output. Valid while
+    every other parameter of the block is as it was then.
+    """
+
+    def __init__(self, block: nn.Module, writer: nn.Module) -> None:
+        self.writer = writer
+        own = {id(parameter) for parameter in writer.parameters(recurse=False)}
+        self.others = [i for i, parameter in enumerate(block.parameters()) if id(parameter) not in own]
+        self.key = tuple((p.data_ptr(), p._version) for p in block.parameters())
+        self.inputs: list[Tensor] = []
+        self.rests: list[Tensor] = []
+
+    def add(self, inputs: Tensor, rest: Tensor) -> None:
+        self.inputs.append(inputs)
+        self.rests.append(rest)
+
+    def evaluate(self, key: WeightsKey, targets: list[Tensor]) -> _Evaluation | None:
+        """The loss and outputs on the block's weights ``key``; None where more than the writer changed."""
+        if len(key) != len(self.key) or any(key[i] != self.key[i] for i in self.others):
+            return None
+        with torch.no_grad():
+            outputs = [rest + self.writer(inputs) for inputs, rest in zip(self.inputs, self.rests, strict=True)]
+        return _loss_of(outputs, targets), outputs
 
 
 class _Accumulator:
