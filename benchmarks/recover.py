@@ -74,12 +74,18 @@ METHODS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "blockwise3": ("blockwise", {"epochs": 3}),
     "distill": ("distill", {"epochs": 1000, "max_seconds": DISTILL_SECONDS}),
 }
+#: ``prunereg.shrink(..., recover="refit")``: refit in shrinking's own pass, timed beside a plain shrink.
+IN_SHRINK = "shrink-refit"
 ROWS = [
     f"{setting.name}+{method}"
     for setting in SETTINGS
     if setting.method is not None
     for method in METHODS
     if method != "replace" or setting.depth
+] + [
+    f"{setting.name}+{IN_SHRINK}"
+    for setting in SETTINGS
+    if setting.method not in (None, "oneshot") and not setting.depth
 ]
 QUICK_DISTILL_SECONDS = 5.0
 #: The methods ``--epochs`` and ``--lr`` apply to.
@@ -143,7 +149,9 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
     model, calibration, evaluation = shrink.quick_data() if quick else llm.load(cache)
     window = evaluation.shape[1]
     result: dict[str, Any] = {"name": name}
-    if setting.method is not None:
+    if method_name == IN_SHRINK:
+        model = _in_shrink(model, setting, calibration, result)
+    elif setting.method is not None:
         teacher = model
         model, removal = removed_model(teacher, setting, calibration, cache, quick)
         result["remove_seconds"] = removal["seconds"]
@@ -173,6 +181,23 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=window, batch_size=1)
     result["reloads"] = reloads(model, evaluation)
     return result
+
+
+def _in_shrink(dense: Any, setting: Setting, calibration: Any, result: dict[str, Any]) -> Any:
+    """A plain shrink and one with ``recover="refit"``, each timed on its own copy of ``dense``: the latter."""
+    import prunereg
+
+    for key, recover in (("remove", None), ("", "refit")):
+        model = copy.deepcopy(dense)
+        memory.trim()
+        peak_was_reset = memory.reset_peak()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        prunereg.shrink(model, setting.method, calibration, progress=False, recover=recover, **setting.removes)
+        result[f"{key}_seconds".lstrip("_")] = time.perf_counter() - start
+        result[f"{key}_cpu_seconds".lstrip("_")] = time.process_time() - cpu_start
+        if recover is not None and peak_was_reset:
+            result["peak_rss"] = memory.peak()
+    return model
 
 
 def _configured(
@@ -209,7 +234,8 @@ def gap_closed(row: dict[str, Any], none: dict[str, Any] | None, dense: dict[str
 def table(results: dict[str, dict[str, Any]]) -> str:
     """One row per setting and method: perplexity, gap closed, recovery time and peak memory, stock reload."""
     lines = [
-        "| setting | recovery | ppl | log gap closed | recovery time (CPU time) | peak RSS while recovering | stock reload |",
+        "| setting | recovery | ppl | log gap closed | recovery time (CPU time) | peak RSS while recovering "
+        "| stock reload |",
         "|---|---|---|---|---|---|---|",
     ]
     dense = results.get("dense+none")
@@ -221,7 +247,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             method,
             f"{row['perplexity']:.2f}",
             f"{closed:.0%}" if closed is not None else "-",
-            f"{row['seconds']:.0f} s ({row['cpu_seconds']:.0f} CPU-s)" if "cpu_seconds" in row else "-",
+            _time(row, method),
             f"{row['peak_rss'] / 1e9:.2f} GB" if "peak_rss" in row else "-",
             "yes" if row.get("reloads") else "**no**",
         ]
@@ -232,6 +258,16 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         if row.get("curve")
     ]
     return "\n".join(lines + ([("\nTokens to perplexity (distill):"), *curves] if curves else []))
+
+
+def _time(row: dict[str, Any], method: str) -> str:
+    """The recovery's wall and CPU time; in shrinking's pass, the whole shrink's beside a plain shrink's."""
+    if "cpu_seconds" not in row:
+        return "-"
+    cell = f"{row['seconds']:.0f} s ({row['cpu_seconds']:.0f} CPU-s)"
+    if method == IN_SHRINK:
+        cell += f" with shrink, which alone took {row['remove_seconds']:.0f} s ({row['remove_cpu_seconds']:.0f} CPU-s)"
+    return cell
 
 
 def in_subprocess(name: str, cache: Path, threads: int, quick: bool, options: dict[str, Any]) -> dict[str, Any]:

@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     from prunereg._recover.distillation import ZeroKeeper, distillation_loss, keep_zeros
     from prunereg._recover.engine import recover
     from prunereg._recover.report import BlockRecovery, RecoverReport
+    from prunereg._recover.shrinking import shrink
     from prunereg._recover.trainer import DistillationTrainer
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
-    from prunereg._shrink.engine import shrink
     from prunereg._shrink.report import ShrinkReport
     from prunereg._shrink.streaming import shrink_folder
     from prunereg._slim.engine import slim
@@ -197,7 +197,7 @@ _LAZY = {
     "register_width_rule": "prunereg._slim.rules",
     "save_pretrained": "prunereg._models.huggingface",
     "schedule": "prunereg._gradual.schedules",
-    "shrink": "prunereg._shrink.engine",
+    "shrink": "prunereg._recover.shrinking",
     "shrink_folder": "prunereg._shrink.streaming",
     "slim": "prunereg._slim.engine",
     "slimmed_shapes": "prunereg._models.slimmed",

@@ -54,8 +54,8 @@ def _runs_with(kind: str, cls: type) -> list[str]:
         return ["oneshot", "prune"] if getattr(cls, "runs_without_calibration", lambda: False)() else ["oneshot"]
     if kind == "shrink":
         return ["shrink"]
-    if kind == "recovery":
-        return []  # prunereg.recover, from Python
+    if kind == "recovery":  # all from Python (prunereg.recover); those that work block by block in shrink's pass
+        return ["shrink --recover"] if getattr(cls, "SCOPE", None) == "block" else []
     return ["prune", "prune --global"] if kind == "unstructured" else ["prune"]
 
 

@@ -102,8 +102,9 @@ declare_kind(
 declare_kind(
     "recovery",
     "prunereg._recover.contract:RecoveryMethod",
-    "`prunereg.recover(model, teacher, calibration, method=name)`",
-    commands="Python only (prunereg.recover)",
+    "`prunereg.recover(model, teacher, calibration, method=name)`, `prunereg.shrink(..., recover=name)`, "
+    "`prunereg shrink --recover`",
+    commands="prunereg.recover; shrink --recover (block by block)",
 )
 declare_kind(
     "importance",

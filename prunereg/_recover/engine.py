@@ -162,12 +162,12 @@ class RecoverJob:
         config_before = dict(vars(config)) if config is not None else {}
         precision = matmul_precision(self.options.matmul_precision)
         with calibration_mode(self.model), calibration_mode(self.teacher), precision:
-            added = self._switch_on_biases()
+            added = switch_on_biases(config, self.bias_flags)
             if self.method.SCOPE == "model":
                 report.steps.append(recover_model(self.method, self._whole_model()))
             else:
                 self._recover_blocks(report)
-            _switch_off_unused(added, config, config_before)
+            switch_off_unused(added, config, config_before)
         if config is not None:
             report.config = {
                 key: [config_before.get(key), value]
@@ -176,20 +176,6 @@ class RecoverJob:
             }
         report.seconds = time.perf_counter() - start
         return report
-
-    def _switch_on_biases(self) -> dict[str, list[nn.Linear]]:
-        """Give each writer a method asked a bias for a zero one, and set the config flag that builds it.
-
-        Returns, per flag, the layers that got a bias (the flag builds one in every Linear of the owner).
-        """
-        added: dict[str, list[nn.Linear]] = {}
-        for flag, owners in self.bias_flags.items():
-            layers = _linears_without_bias(owners)
-            for owner in owners:
-                add_zero_biases(owner, _NO_JOURNAL)
-            setattr(self.model.config, flag, True)
-            added[flag] = layers
-        return added
 
     def _whole_model(self) -> RecoveryModel:
         student = self.model
@@ -264,6 +250,24 @@ class _NoJournal:
 _NO_JOURNAL: Any = _NoJournal()
 
 
+def switch_on_biases(
+    config: Any, flags: dict[str, list[nn.Module]], journal: Any = _NO_JOURNAL
+) -> dict[str, list[nn.Linear]]:
+    """Give the Linears of each flag's owners a zero bias, and set the config flag that builds them.
+
+    Returns, per flag, the layers that got a bias (the flag builds one in every
+    Linear of the owner). ``journal`` keeps what is replaced (shrinking's, to put back on a failure).
+    """
+    added: dict[str, list[nn.Linear]] = {}
+    for flag, owners in flags.items():
+        layers = _linears_without_bias(owners)
+        for owner in owners:
+            add_zero_biases(owner, journal)
+        setattr(config, flag, True)
+        added[flag] = layers
+    return added
+
+
 def _linears_without_bias(owners: list[nn.Module]) -> list[nn.Linear]:
     """The ``nn.Linear`` children of ``owners`` that have no bias (those a bias flag gives one)."""
     found: list[nn.Linear] = []
@@ -274,7 +278,7 @@ def _linears_without_bias(owners: list[nn.Module]) -> list[nn.Linear]:
     return found
 
 
-def _switch_off_unused(added: dict[str, list[nn.Linear]], config: Any, config_before: dict[str, Any]) -> None:
+def switch_off_unused(added: dict[str, list[nn.Linear]], config: Any, config_before: dict[str, Any]) -> None:
     """Take back the biases of a flag whose biases all stayed zero (no block used them), and the flag."""
     for flag, layers in added.items():
         if all(not bool(layer.bias.detach().any()) for layer in layers if layer.bias is not None):
