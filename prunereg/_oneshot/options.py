@@ -203,10 +203,10 @@ class OneShotOptions(Options):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-        if not (self.owl_threshold > 0 and self.owl_lambda >= 0):
-            raise ValueError(
-                f"owl_threshold must be > 0 and owl_lambda >= 0, got {self.owl_threshold!r} and {self.owl_lambda!r}"
-            )
+        if not self.owl_threshold > 0:
+            raise ValueError(f"owl_threshold must be > 0, got {self.owl_threshold!r}")
+        if not 0 <= self.owl_lambda < 0.5:
+            raise ValueError(f"owl_lambda must be in [0, 0.5), got {self.owl_lambda!r}")
         for name in ("layers", "ignore"):
             globs = getattr(self, name)
             if globs is not None and not all(isinstance(glob, str) for glob in globs):
