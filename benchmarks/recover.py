@@ -3,6 +3,7 @@
     python benchmarks/recover.py                              # every row, a table on stdout
     python benchmarks/recover.py --only flap-mlp50+refit      # one row (its setting's "none" row comes along)
     python benchmarks/recover.py --only flap-mlp50+blockwise --epochs 3 --lr 3e-3   # a method's options
+    python benchmarks/recover.py --only flap-mlp70+shrink-refit flap-mlp70+shrink-refit-3steps   # rounds or one
     python benchmarks/recover.py --quick                      # a tiny Llama from a config: checks the script runs
 
 The protocol is ``benchmarks/shrink.py``'s (SmolLM2-135M as float32, calibration
@@ -16,7 +17,10 @@ perplexity, the share of the log-perplexity gap to the dense model closed
 peak resident memory of the recovery alone, and whether the saved model
 reloads with stock ``transformers`` to the same logits. ``distill`` trains for
 a budget of seconds and records the perplexity along the way: its
-tokens-to-perplexity curve.
+tokens-to-perplexity curve. The ``shrink-refit`` rows time ``prunereg.shrink(...,
+recover="refit", steps=k)`` from the dense model beside a plain shrink of
+another copy (both in their CPU-seconds): refit in shrinking's own pass, in one
+round or several.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ SETTINGS = [
     Setting("dense", None),
     Setting("flap-mlp25", "flap", {"mlp": 0.25}),
     Setting("flap-mlp50", "flap", {"mlp": 0.5}),
+    Setting("flap-mlp70", "flap", {"mlp": 0.7}),
     Setting("flap-heads1of3", "flap", {"heads": 1 / 3}),
     Setting("block_influence-layers4", "block_influence", {"layers": 4}),
     Setting("block_influence-layers6", "block_influence", {"layers": 6}),
@@ -74,8 +79,9 @@ METHODS: dict[str, tuple[str | None, dict[str, Any]]] = {
     "blockwise3": ("blockwise", {"epochs": 3}),
     "distill": ("distill", {"epochs": 1000, "max_seconds": DISTILL_SECONDS}),
 }
-#: ``prunereg.shrink(..., recover="refit")``: refit in shrinking's own pass, timed beside a plain shrink.
-IN_SHRINK = "shrink-refit"
+#: ``prunereg.shrink(..., recover="refit", steps=k)``: refit in shrinking's own pass (in k rounds), timed beside a
+#: plain shrink.
+IN_SHRINK = {"shrink-refit": 1, "shrink-refit-2steps": 2, "shrink-refit-3steps": 3}
 ROWS = [
     f"{setting.name}+{method}"
     for setting in SETTINGS
@@ -83,9 +89,10 @@ ROWS = [
     for method in METHODS
     if method != "replace" or setting.depth
 ] + [
-    f"{setting.name}+{IN_SHRINK}"
+    f"{setting.name}+{method}"
     for setting in SETTINGS
     if setting.method not in (None, "oneshot") and not setting.depth
+    for method in IN_SHRINK
 ]
 QUICK_DISTILL_SECONDS = 5.0
 #: The methods ``--epochs`` and ``--lr`` apply to.
@@ -149,8 +156,8 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
     model, calibration, evaluation = shrink.quick_data() if quick else llm.load(cache)
     window = evaluation.shape[1]
     result: dict[str, Any] = {"name": name}
-    if method_name == IN_SHRINK:
-        model = _in_shrink(model, setting, calibration, result)
+    if method_name in IN_SHRINK:
+        model = _in_shrink(model, setting, calibration, IN_SHRINK[method_name], result)
     elif setting.method is not None:
         teacher = model
         model, removal = removed_model(teacher, setting, calibration, cache, quick)
@@ -183,16 +190,21 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
     return result
 
 
-def _in_shrink(dense: Any, setting: Setting, calibration: Any, result: dict[str, Any]) -> Any:
-    """A plain shrink and one with ``recover="refit"``, each timed on its own copy of ``dense``: the latter."""
+def _in_shrink(dense: Any, setting: Setting, calibration: Any, steps: int, result: dict[str, Any]) -> Any:
+    """A plain shrink and one with ``recover="refit"`` in ``steps`` rounds, each timed on its own copy of ``dense``.
+
+    Returns the latter.
+    """
     import prunereg
 
-    for key, recover in (("remove", None), ("", "refit")):
+    for key, recover, rounds in (("remove", None, 1), ("", "refit", steps)):
         model = copy.deepcopy(dense)
         memory.trim()
         peak_was_reset = memory.reset_peak()
         start, cpu_start = time.perf_counter(), time.process_time()
-        prunereg.shrink(model, setting.method, calibration, progress=False, recover=recover, **setting.removes)
+        prunereg.shrink(
+            model, setting.method, calibration, progress=False, recover=recover, steps=rounds, **setting.removes
+        )
         result[f"{key}_seconds".lstrip("_")] = time.perf_counter() - start
         result[f"{key}_cpu_seconds".lstrip("_")] = time.process_time() - cpu_start
         if recover is not None and peak_was_reset:
@@ -265,7 +277,7 @@ def _time(row: dict[str, Any], method: str) -> str:
     if "cpu_seconds" not in row:
         return "-"
     cell = f"{row['seconds']:.0f} s ({row['cpu_seconds']:.0f} CPU-s)"
-    if method == IN_SHRINK:
+    if method in IN_SHRINK:
         cell += f" with shrink, which alone took {row['remove_seconds']:.0f} s ({row['remove_cpu_seconds']:.0f} CPU-s)"
     return cell
 

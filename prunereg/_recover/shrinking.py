@@ -35,7 +35,7 @@ from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import BlockInputs, calibration_ids, find_blocks, find_experts, find_heads, find_mlp
 from prunereg._recover.step import recover_block
 from prunereg._shrink.contract import BlockFollower, ShrinkMethod
-from prunereg._shrink.engine import shrink_model
+from prunereg._shrink.engine import ShrinkJob, shrink_model
 from prunereg._shrink.options import ShrinkOptions
 from prunereg._shrink.report import ShrinkReport
 
@@ -258,16 +258,14 @@ def _in_rounds(
         )
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    # Every refusal of the whole request, in the engine's words, before the first round changes anything.
+    ShrinkJob.prepare(model, method, calibration, dataclasses.replace(settings, steps=1), method_options)
     config = getattr(model, "config", None)
     widths = _widths(model, settings, config)
     config_before = dict(vars(config)) if config is not None else {}
     reports: list[ShrinkReport] = []
     for step in range(1, settings.steps + 1):
-        shares = {
-            kind: (_kept(n, share, step - 1, settings.steps) - _kept(n, share, step, settings.steps))
-            / _kept(n, share, step - 1, settings.steps)
-            for kind, (n, share) in widths.items()
-        }
+        shares = {kind: round_share(n, share, step, settings.steps) for kind, (n, share) in widths.items()}
         if not any(shares.values()):
             continue
         round_settings = dataclasses.replace(settings, steps=1, **shares)  # type: ignore[arg-type]
@@ -294,6 +292,12 @@ def _widths(model: nn.Module, settings: ShrinkOptions, config: Any) -> dict[str,
         else:  # the first round refuses it, in its own words
             widths[kind] = (1, share)
     return widths
+
+
+def round_share(n_units: int, share: float, step: int, steps: int) -> float:
+    """The share removed in round ``step`` (from 1) of ``steps``, of the units a block has when the round starts."""
+    before = _kept(n_units, share, step - 1, steps)
+    return (before - _kept(n_units, share, step, steps)) / before
 
 
 def _kept(n_units: int, share: float, step: int, steps: int) -> int:

@@ -18,7 +18,7 @@ def test_the_quick_recovery_benchmark_prints_its_table(tmp_path: Path) -> None:
         "flap-mlp50+refit",
         "block_influence-layers4+replace",
         "oneshot-wanda-50+distill",
-        "flap-mlp50+shrink-refit",
+        "flap-mlp50+shrink-refit-2steps",
     ]
     completed = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "recover.py"), "--quick", "--threads", "1", "--cache",
@@ -29,7 +29,7 @@ def test_the_quick_recovery_benchmark_prints_its_table(tmp_path: Path) -> None:
     assert lines[0].startswith("| setting | recovery | ppl | log gap closed")
     for name in ("flap-mlp50 | none", "flap-mlp50 | refit", "block_influence-layers4 | replace"):
         assert any(line.startswith(f"| {name} |") and line.endswith("| yes |") for line in lines), name
-    in_shrink = next(line for line in lines if line.startswith("| flap-mlp50 | shrink-refit |"))
+    in_shrink = next(line for line in lines if line.startswith("| flap-mlp50 | shrink-refit-2steps |"))
     assert "CPU-s) with shrink, which alone took" in in_shrink and in_shrink.endswith("| yes |")
     runs = json.loads((tmp_path / "runs.json").read_text())
     assert set(runs) == {"dense+none", *rows, *(row.partition("+")[0] + "+none" for row in rows)}

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import prunereg
 from tests.recover.models import assert_unchanged, logits, snapshot
@@ -73,6 +75,8 @@ def test_with_a_method_that_observes_the_shrunk_model_each_block_is_better_and_s
         ({"mlp": 0.5, "recover": 3}, TypeError, r"^recover must be a recovery method's name"),
         ({"mlp": 0.5, "steps": 0}, ValueError, r"^steps must be a number of rounds"),
         ({"layers": 1, "method": "block_influence", "recover": None, "steps": 2}, ValueError, r"^steps=2 splits"),
+        ({"mlp": 0.999, "steps": 3}, ValueError, r"^mlp=0.999 would leave no channel of the 48 in model.layers.0$"),
+        ({"mlp": 0.5, "steps": 2, "calibration": None}, ValueError, r"^flap needs calibration data"),
     ],
 )
 def test_refusals_are_one_line_and_leave_the_model_as_it_was(
@@ -159,3 +163,22 @@ def test_in_shrinking_a_block_made_worse_is_put_back_and_the_report_says_so(monk
     assert report.recovery.undone == [1] and "1 left as they were" in str(report)
     weight = "model.layers.1.mlp.down_proj.weight"
     assert torch.equal(model.state_dict()[weight], expected.state_dict()[weight])  # as the cut left it
+
+
+@settings(deadline=None)  # a loaded machine's first import is slow
+@given(
+    n_units=st.integers(1, 5000),
+    share=st.floats(0, 0.999, allow_nan=False),
+    steps=st.integers(1, 8),
+)
+def test_the_rounds_shares_remove_exactly_what_one_step_removes(n_units: int, share: float, steps: int) -> None:
+    """Each round's share, rounded as shrink rounds a share, leaves the units planned; the last, one step's."""
+    from prunereg._recover.shrinking import round_share
+
+    assume(round(share * n_units) < n_units)  # one step would leave no unit: refused before any round
+    units = n_units
+    for step in range(1, steps + 1):
+        removed = round(round_share(n_units, share, step, steps) * units)  # shrink's own rounding
+        assert 0 <= removed <= units
+        units -= removed
+    assert units == n_units - round(share * n_units)
