@@ -17,7 +17,6 @@ widths, else ``prunereg.from_pretrained``). Needs the ``hf`` extra.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,10 @@ from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.shared import force_option, json_option, output_folder
 from prunereg._cli.values import Number
+from prunereg._disk.input_file import copy_regular
+from prunereg._disk.model_dir import replace_hint
 from prunereg._disk.signals import cleanup_on_signals
+from prunereg._progress import library_bars
 from prunereg._text import printable
 
 _BESIDE_THE_WEIGHTS = (
@@ -111,7 +113,7 @@ def slim_command(
         round_to=round_to,
         grouped=grouped,
     )
-    with cleanup_on_signals(), output as staging:
+    with cleanup_on_signals(), output as staging, library_bars():  # transformers' bar for the weights it writes
         if prunereg.is_pruned(model):
             prunereg.save_pretrained(model, staging)
         else:
@@ -119,7 +121,7 @@ def slim_command(
         for name in _BESIDE_THE_WEIGHTS:
             source = model_dir / name
             if source.is_file() and not source.is_symlink():
-                shutil.copyfile(source, Path(staging) / name)
+                copy_regular(source, Path(staging) / name, "file of a model folder", replace_hint(name))
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")
@@ -127,7 +129,7 @@ def slim_command(
 
 def _load(model_dir: Path, *, masked: bool) -> Any:
     """MODEL_DIR's model; with ``masked``, pruned again with the folder's masks (which must exist)."""
-    from prunereg._models.hf_folder import load_config, load_model, model_class
+    from prunereg._models.hf_folder import checked_model_class, load_model
     from prunereg._models.huggingface import MASKS_FILE, from_pretrained
 
     if not masked:
@@ -137,8 +139,8 @@ def _load(model_dir: Path, *, masked: bool) -> Any:
             f"MODEL_DIR has no {MASKS_FILE}, so no channel is pruned yet: give --ratio, or prune it first "
             "(prunereg oneshot --masks, prunereg.save_pretrained of a pruned model)"
         )
-    config = load_config(model_dir)
-    return from_pretrained(model_class(config), model_dir, config=config).eval()
+    config, cls = checked_model_class(model_dir)
+    return from_pretrained(cls, model_dir, config=config).eval()
 
 
 def _example_inputs(model: Any) -> dict[str, Any]:

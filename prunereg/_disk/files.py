@@ -12,6 +12,8 @@ allows works), and put in place once every file is written:
 A reader sees no file or the complete new one. On any error, and on
 ``KeyboardInterrupt`` or :mod:`prunereg._disk.signals`'s signals, every
 temporary file is removed, and every target this run created is taken back.
+A signal that comes while a temporary file is made, the files are put in
+place or the temporary files are removed is acted on once that is done.
 :func:`prunereg.prune_file` and the ``prunereg`` commands write through it.
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from prunereg._disk.errors import CheckpointError
 from prunereg._disk.paths import TEMPORARY_PREFIX, TEMPORARY_SUFFIX, identity, umask, write_failure
+from prunereg._disk.signals import signals_held
 from prunereg._text import quoted
 
 # Hard links refused by the file system itself (FAT, some network and FUSE mounts), not by a name clash.
@@ -61,10 +64,11 @@ class AtomicOutputs:
     def stage(self, label: str, target: Path, write: Callable[[str], object]) -> None:
         """Run ``write(temporary_path)`` for the file that will become ``target`` (called ``label`` in errors)."""
         try:
-            fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+            with signals_held():  # a signal between making the file and holding its name would leave it behind
+                fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY_PREFIX, suffix=TEMPORARY_SUFFIX)
+                self._staged.append(_Staged(label, target, temporary))
         except OSError as error:  # a read-only or full directory
             raise CheckpointError(f"cannot write {label} {quoted(target)}: {write_failure(error)}") from error
-        self._staged.append(_Staged(label, target, temporary))
         os.close(fd)
         try:
             write(temporary)
@@ -77,15 +81,16 @@ class AtomicOutputs:
         return self
 
     def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
-        try:
-            if error_type is None:
-                self._place_all()
-        except BaseException:
-            self._take_back()
-            raise
-        finally:
-            for staged in self._staged:
-                _remove(staged.temporary)
+        with signals_held():  # placing and removing must not stop halfway: a signal is acted on once they are done
+            try:
+                if error_type is None:
+                    self._place_all()
+            except BaseException:
+                self._take_back()
+                raise
+            finally:
+                for staged in self._staged:
+                    _remove(staged.temporary)
 
     def _place_all(self) -> None:
         default_mode = 0o666 & ~umask()

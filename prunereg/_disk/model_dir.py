@@ -36,6 +36,8 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH = "pytorch_model.bin"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
 CONFIG_NAME = "config.json"
+_TOKENIZER_CONFIG = "tokenizer_config.json"
+_FAST_TOKENIZER_FILES = "fast_tokenizer_files"  # its key naming tokenizer files by the transformers version they need
 CHAT_TEMPLATES = "additional_chat_templates"
 """The subfolder whose ``*.jinja`` files transformers reads as chat templates."""
 
@@ -82,27 +84,56 @@ def check_model_folder(folder: str | os.PathLike[str], label: str = "MODEL_DIR")
     :func:`check_links` for the folder and its :data:`CHAT_TEMPLATES`; then
     :class:`CheckpointError` for an entry that is neither a regular file nor a
     folder (a FIFO, a socket, a device), a folder where transformers reads a
-    file, and a file larger than :data:`LIMITS` allows its kind.
+    file, and a file larger than :data:`LIMITS` allows its kind. The same for
+    the tokenizer files ``tokenizer_config.json`` names (``fast_tokenizer_files``),
+    and :class:`UnsafeFolderError` for one of them that leads out of the folder.
     """
     roots = _allowed_roots(Path(folder))
     templates = os.path.join(roots[0], CHAT_TEMPLATES)
     subfolders = [""] + [CHAT_TEMPLATES + "/"] * os.path.isdir(templates)
     _refuse_links_out(folder, roots, subfolders, label)
     for name, path in _entries(roots[0], subfolders):
-        try:
-            status = os.stat(path)
-        except OSError:
-            continue  # a dangling link or a loop: transformers takes it for a missing file, as prunereg does
         kind = kind_of(name) or ("weight file" if name.endswith(_WEIGHT_SUFFIXES) else None)
-        if kind is None and stat.S_ISDIR(status.st_mode):
-            continue  # a subfolder transformers does not read
-        hint = replace_hint(name) if kind else "a model folder holds files and folders only: remove it"
-        refuse_unless_regular(Path(path), status, kind or "file of a model folder", hint)
-        if kind in LIMITS and status.st_size > LIMITS[kind]:
-            raise CheckpointError(
-                f"{quoted(path)} holds {size_text(status.st_size)}, more than a {kind} can "
-                f"({size_text(LIMITS[kind])}); {hint}"
-            )
+        _refuse_unreadable(name, Path(path), kind)
+    for name in _fast_tokenizer_files(Path(folder), label):
+        _refuse_unreadable(name, _inside(Path(folder), name, label), TOKENIZER_FILE)
+
+
+def _refuse_unreadable(name: str, path: Path, kind: str | None) -> None:
+    """Refuse the folder's entry ``name`` at ``path`` unless it is a regular file within its ``kind``'s limit.
+
+    A folder transformers reads no file at (``kind`` None) passes, and so does a
+    missing file, a dangling link or a loop: transformers takes them for a
+    missing file, as prunereg does.
+    """
+    try:
+        status = os.stat(path)
+    except OSError:
+        return
+    if kind is None and stat.S_ISDIR(status.st_mode):
+        return
+    hint = replace_hint(name) if kind else "a model folder holds files and folders only: remove it"
+    refuse_unless_regular(path, status, kind or "file of a model folder", hint)
+    if kind in LIMITS and status.st_size > LIMITS[kind]:
+        raise CheckpointError(
+            f"{quoted(path)} holds {size_text(status.st_size)}, more than a {kind} can ({size_text(LIMITS[kind])}); "
+            f"{hint}"
+        )
+
+
+def _fast_tokenizer_files(folder: Path, label: str) -> list[str]:
+    """The files ``tokenizer_config.json``'s ``fast_tokenizer_files`` names: transformers reads one of them.
+
+    They may lie in a subfolder, or name a path out of the folder (``../x/tokenizer.5.0.json``), which
+    transformers would read; a ``tokenizer_config.json`` that is not JSON is named when the tokenizer loads.
+    """
+    if not os.path.lexists(folder / _TOKENIZER_CONFIG):
+        return []
+    try:
+        names = _mapping(read_json(folder, _TOKENIZER_CONFIG, label)).get(_FAST_TOKENIZER_FILES)
+    except ValueError:
+        return []
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
 
 def kind_of(name: str) -> str | None:
@@ -263,7 +294,9 @@ def _entries(root: Path, subfolders: list[str]) -> Iterator[tuple[str, str]]:
 
 
 def _inside(root: Path, name: str, label: str) -> Path:
-    """``root / name``, refused if the name or a link on the way leads out of ``root``."""
+    """``root / name``, refused if the name or a link on the way leads out of ``root``, or if it holds a NUL."""
+    if "\0" in name:  # os.path would raise "embedded null byte", naming neither the folder nor the name
+        raise ValueError(f"{label} {quoted(root)} names {name!r}, which is no file name (it holds a NUL character)")
     path = root / name
     if os.path.isabs(name) or not _is_inside(Path(os.path.realpath(path)), _allowed_roots(root)):
         raise UnsafeFolderError(

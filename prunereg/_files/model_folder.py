@@ -14,7 +14,6 @@ every other file of the folder (config, tokenizer, ...).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +22,8 @@ from pathlib import Path
 import torch
 
 from prunereg._disk.errors import CheckpointError, quoted
-from prunereg._disk.model_dir import UnsafeFolderError, check_links, weight_files
+from prunereg._disk.input_file import copy_regular
+from prunereg._disk.model_dir import UnsafeFolderError, check_links, read_json, weight_files
 from prunereg._files import checkpoint as _checkpoint
 
 
@@ -65,7 +65,7 @@ class FolderCheckpoint:
                 if entry.name in written:
                     continue
                 if stat.S_ISREG(os.stat(entry.path).st_mode):  # links were checked to stay inside
-                    shutil.copyfile(entry.path, staging / entry.name)
+                    copy_regular(Path(entry.path), staging / entry.name, "file of a model folder", "remove it")
                 else:
                     left_out.append(entry.name)
         return left_out
@@ -108,9 +108,7 @@ def read_folder(path: Path, label: str = "INPUT") -> FolderCheckpoint:
 
 
 def _check_index(folder: Path, index: Path, found: Mapping[str, Path], label: str) -> None:
-    import json
-
-    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]  # checked by weight_files
+    weight_map = read_json(folder, index.relative_to(folder).as_posix(), label)["weight_map"]  # checked already
     for name, file_name in weight_map.items():
         holder = found.get(name)
         if holder is None or os.path.realpath(holder) != os.path.realpath(folder / file_name):

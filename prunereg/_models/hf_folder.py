@@ -48,6 +48,7 @@ from prunereg._disk.model_dir import (
     weight_headers,
 )
 from prunereg._models.config_check import check_config, check_model
+from prunereg._models.slimmed import CONFIG_KEY, apply_slimmed_shapes
 from prunereg._progress import library_bars
 from prunereg._text import quoted
 
@@ -87,7 +88,7 @@ class _CheckedConfig:
 def _checked_config(folder: str | os.PathLike[str], label: str) -> _CheckedConfig:
     from transformers import AutoConfig
 
-    raw, headers = _checked_json(folder, label)
+    raw, headers = check_folder(folder, label)
     with _no_folder_code(folder, label):
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
     marker = getattr(config, "quantization_config", None)
@@ -103,7 +104,7 @@ def _checked_config(folder: str | os.PathLike[str], label: str) -> _CheckedConfi
     return _CheckedConfig(config, raw, headers)
 
 
-def _checked_json(
+def check_folder(
     folder: str | os.PathLike[str], label: str, *, config_required: bool = True
 ) -> tuple[Mapping[str, Any], WeightHeaders | None]:
     """The folder checked (its entries, then ``config.json`` against the weights' headers): the JSON and headers.
@@ -168,10 +169,25 @@ def load_model(folder: str | os.PathLike[str], *, dtype: Any = "auto", label: st
 
     The checks of :func:`load_causal_lm`: no folder code, nothing outside the folder, no weight made up.
     """
+    config, cls = checked_model_class(folder, label)
+    return _loaded(cls, config, folder, dtype, label)
+
+
+def checked_model_class(folder: str | os.PathLike[str], label: str = "MODEL_DIR") -> tuple[Any, Any]:
+    """The folder's config and the class it names, once the model built from them on the meta device fits the weights.
+
+    A folder ``prunereg.slim`` wrote is built with the shapes its config records. So a config unlike its weights
+    is refused in prunereg's words before transformers loads anything (and reports the mismatch in a table).
+    """
     checked = _checked_config(folder, label)
     cls = model_class(checked.config, label)
-    checked.check_on_meta(cls, folder, label)
-    return _loaded(cls, checked.config, folder, dtype, label)
+    record = getattr(checked.config, CONFIG_KEY, None)
+
+    def build(config: Any) -> nn.Module:
+        return apply_slimmed_shapes(cls(config), record) if record else cls(config)
+
+    checked.check_on_meta(build, folder, label)
+    return checked.config, cls
 
 
 def _loaded(cls: Any, config: Any, folder: str | os.PathLike[str], dtype: Any, label: str) -> nn.Module:
@@ -191,7 +207,7 @@ def load_tokenizer(folder: str | os.PathLike[str], label: str = "MODEL_DIR") -> 
     """The folder's tokenizer, built by transformers' own classes; a missing or broken one named in one line."""
     from transformers import AutoTokenizer
 
-    _checked_json(folder, label, config_required=False)
+    check_folder(folder, label, config_required=False)
     try:
         with _no_folder_code(folder, label):
             return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)

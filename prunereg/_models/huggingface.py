@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import safetensors
 import safetensors.torch
 import torch
 from torch import nn
@@ -39,7 +38,16 @@ from prunereg._core import reparam
 from prunereg._core import tied as _tied
 from prunereg._core.compact import require_binary
 from prunereg._core.custom import CustomFromMask
-from prunereg._disk.model_dir import check_links, safetensors_weight_map, weight_files
+from prunereg._disk.model_dir import (
+    CONFIG_NAME,
+    check_model_folder,
+    read_json,
+    replace_hint,
+    safetensors_weight_map,
+    weight_files,
+)
+from prunereg._disk.safetensors_file import open_safetensors
+from prunereg._models.hf_folder import check_folder
 from prunereg._models.slimmed import CONFIG_KEY, apply_slimmed_shapes
 from prunereg._progress import library_bars
 from prunereg._text import quoted
@@ -83,16 +91,19 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     differ: a model was saved over the folder since) is refused with a
     ``ValueError`` naming a tensor that differs, as are masks holding values
     other than 0 and 1. The folder is read as untrusted input: no code of its
-    own runs (``trust_remote_code=False`` unless you pass it) and no link out
-    of it is followed.
+    own runs (``trust_remote_code=False`` unless you pass it), no link out of
+    it is followed, and anything in it but a regular file no larger than its
+    kind (a FIFO as the weights or the masks) is refused before anything is
+    read, as ``prunereg oneshot`` refuses it (``CheckpointError``); so is a
+    ``config.json`` giving a count or width its weights cannot hold
+    (``ValueError``), before any model is built.
     """
     folder = Path(pretrained)
     kwargs.setdefault("trust_remote_code", False)
     local = folder.is_dir()
-    if local:
-        check_links(folder, "pretrained")
+    slimmed = local and _checked_is_slimmed(folder, kwargs.get("config"))
     masks: dict[str, torch.Tensor] = {}
-    if local and _is_slimmed(folder, kwargs.get("config")):
+    if slimmed:
         config = kwargs.get("config") or model_class.config_class.from_pretrained(
             pretrained, trust_remote_code=kwargs["trust_remote_code"]
         )
@@ -100,7 +111,8 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     elif local and _has_pruned_keys(folder):
         state = {}
         for file in weight_files(folder, "pretrained").files:
-            state.update(safetensors.torch.load_file(str(file)))
+            with open_safetensors(file, replace_hint(file.name)) as handle:
+                state.update({key: handle.get_tensor(key) for key in handle.keys()})  # noqa: SIM118
         state, masks = _split_pruned(state)
         # transformers takes a state dict only in place of a folder, so the config comes separately.
         config = kwargs.pop("config", None) or model_class.config_class.from_pretrained(
@@ -111,7 +123,7 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     else:
         with library_bars():
             model = model_class.from_pretrained(pretrained, **kwargs)
-    if local and (folder / MASKS_FILE).is_file():
+    if local and os.path.lexists(folder / MASKS_FILE):
         masks.update(_checked_masks_file(folder, model))
     for name, mask in masks.items():
         site = _tied.resolve(model, name)
@@ -120,15 +132,30 @@ def from_pretrained(model_class: Any, pretrained: str | os.PathLike[str], **kwar
     return model
 
 
+def _checked_is_slimmed(folder: Path, config: Any) -> bool:
+    """The folder checked as the commands check it, and whether its model records shapes ``prunereg.slim`` made.
+
+    ``config.json`` is checked against the weights' headers too, unless a ``config`` is given (transformers then
+    does not read it) or it records slimmed shapes (its sizes are the model's before slimming).
+    """
+    slimmed = _is_slimmed(folder, config)
+    if config is None and not slimmed:
+        check_folder(folder, "pretrained")
+    else:
+        check_model_folder(folder, "pretrained")
+    return slimmed
+
+
 def _is_slimmed(folder: Path, config: Any) -> bool:
     """Whether the config (given, or the folder's ``config.json``) records shapes ``prunereg.slim`` made."""
     if config is not None:
         return bool(getattr(config, CONFIG_KEY, None))
-    path = folder / "config.json"
+    if not os.path.lexists(folder / CONFIG_NAME):
+        return False
     try:
-        return bool(json.loads(path.read_text(encoding="utf-8")).get(CONFIG_KEY)) if path.is_file() else False
-    except (OSError, ValueError, AttributeError):
-        return False  # transformers reports an unreadable config itself
+        return bool(read_json(folder, CONFIG_NAME, "pretrained").get(CONFIG_KEY))
+    except (ValueError, AttributeError):
+        return False  # transformers reports a config that is not JSON, or not an object, itself
 
 
 def _slimmed_from_folder(model_class: Any, folder: Path, config: Any, kwargs: dict[str, Any]) -> nn.Module:
@@ -217,10 +244,9 @@ def _checked_masks_file(folder: Path, model: nn.Module) -> dict[str, torch.Tenso
     another dtype may round small weights to zero); one stored under another
     name (a tied head) is taken from ``model``.
     """
-    path = folder / MASKS_FILE
-    with safetensors.safe_open(str(path), "pt") as handle:
+    with open_safetensors(folder / MASKS_FILE, replace_hint(MASKS_FILE)) as handle:
         metadata = handle.metadata() or {}
-    masks = safetensors.torch.load_file(str(path))
+        masks = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
     for name, mask in masks.items():
         require_binary(name, mask)
     recorded = json.loads(metadata[WEIGHT_ZEROS_KEY]) if WEIGHT_ZEROS_KEY in metadata else None
@@ -260,7 +286,7 @@ def _saved_weights(folder: Path, masks: dict[str, torch.Tensor]) -> dict[str, to
     for name in masks:
         key = next((k for k in (name, name.partition(".")[2]) if k in files), None)
         if key is not None:
-            with safetensors.safe_open(str(files[key]), "pt") as handle:
+            with open_safetensors(files[key], replace_hint(files[key].name)) as handle:
                 found[name] = handle.get_tensor(key)
     return found
 
@@ -269,7 +295,7 @@ def _has_pruned_keys(folder: Path) -> bool:
     for file in weight_files(folder, "pretrained").files:
         if file.suffix != ".safetensors":
             continue
-        with safetensors.safe_open(str(file), "pt") as handle:
+        with open_safetensors(file, replace_hint(file.name)) as handle:
             if any(key.endswith("_orig") for key in handle.keys()):  # noqa: SIM118  # safe_open has no __iter__
                 return True
     return False

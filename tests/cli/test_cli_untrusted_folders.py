@@ -161,6 +161,48 @@ def test_python_folder_functions_refuse_a_fifo_too(folder: Path) -> None:
     _left_alone(folder)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "prunereg_masks.safetensors", "generation_config.json"])
+def test_prunereg_from_pretrained_checks_the_folder_as_the_commands_do(folder: Path, name: str) -> None:
+    """It checked links only: a FIFO of weights was "no weights", one of masks was passed over (masks lost)."""
+    from transformers import AutoModelForCausalLM
+
+    fifo = folder / "model" / name
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    with fifo_unblocker(fifo), pytest.raises(prunereg.CheckpointError) as refused:
+        prunereg.from_pretrained(AutoModelForCausalLM, folder / "model")
+    assert str(refused.value) == (
+        f"'{fifo}' is a FIFO (named pipe), not a regular file; replace it with the model's own {name}"
+    )
+
+
+def test_prunereg_from_pretrained_refuses_a_file_larger_than_its_kind_unread(folder: Path) -> None:
+    """transformers read any generation_config.json whole, however large."""
+    from transformers import AutoModelForCausalLM
+
+    with open(folder / "model" / "generation_config.json", "r+b") as file:
+        file.truncate(16_000_001)  # sparse: nothing is written
+    with pytest.raises(prunereg.CheckpointError, match=r"generation_config.json' holds 16.0 MB, more than a config"):
+        prunereg.from_pretrained(AutoModelForCausalLM, folder / "model")
+
+
+@pytest.mark.parametrize("command", ["oneshot", "oneshot --stream", "shrink"])
+def test_a_tokenizer_file_the_tokenizer_config_names_out_of_the_folder_is_refused(folder: Path, command: str) -> None:
+    """``fast_tokenizer_files`` led transformers to read a tokenizer file outside MODEL_DIR, and the run went on."""
+    (folder / "elsewhere").mkdir()
+    shutil.copy(folder / "model" / "tokenizer.json", folder / "elsewhere" / "tokenizer.1.0.json")
+    config = json.loads((folder / "model" / "tokenizer_config.json").read_text())
+    config["fast_tokenizer_files"] = ["../elsewhere/tokenizer.1.0.json"]
+    (folder / "model" / "tokenizer_config.json").write_text(json.dumps(config))
+    result = _invoke(folder, command)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"Error: MODEL_DIR '{folder / 'model'}' names '../elsewhere/tokenizer.1.0.json', which leads out of it; "
+        "prunereg reads nothing outside the model folder\n"
+    )
+    assert sorted(os.listdir(folder)) == ["calibration.txt", "elsewhere", "model"]
+
+
 @pytest.mark.parametrize("command", ["oneshot --stream", "shrink --stream"])
 def test_a_streamed_run_never_blocks_on_a_fifo_and_sigterm_leaves_nothing(folder: Path, command: str) -> None:
     """A real process, sent SIGTERM if it ever opens the FIFO, ends by the refusal or the signal and leaves nothing.
@@ -295,3 +337,13 @@ def test_python_calibration_texts_name_a_missing_tokenizer_too(folder: Path) -> 
     with pytest.raises(ValueError, match=rf"^model_dir '{model}' holds no tokenizer \(no tokenizer.json"):
         prunereg.oneshot_folder(model, folder / "out", "magnitude", calibration="w1 w2 w3 w4 w5")
     _left_alone(folder)
+
+
+def test_prunereg_from_pretrained_checks_the_config_against_the_weights_before_building(folder: Path) -> None:
+    """transformers built the model the config asked for first: here it tried to allocate 2**40 wide layers."""
+    from transformers import AutoModelForCausalLM
+
+    edit_config(folder / "model", hidden_size=2**40)
+    with pytest.raises(ValueError) as refused:
+        prunereg.from_pretrained(AutoModelForCausalLM, folder / "model")
+    assert str(refused.value) == "pretrained's config.json " + BEYOND_THE_WEIGHTS[1][1] + FIX

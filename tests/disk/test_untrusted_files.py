@@ -154,6 +154,60 @@ def test_a_link_out_of_the_chat_templates_folder_is_refused(folder: Path, tmp_pa
         check_model_folder(folder)
 
 
+def _naming_fast_tokenizer_file(folder: Path, name: str) -> None:
+    """``tokenizer_config.json`` naming ``name`` as a fast tokenizer file, which transformers then reads."""
+    (folder / "tokenizer_config.json").write_text(json.dumps({"fast_tokenizer_files": [name]}))
+
+
+def test_a_tokenizer_file_the_tokenizer_config_names_is_checked_as_the_folders_own(
+    folder: Path, tmp_path: Path
+) -> None:
+    """transformers read ``fast_tokenizer_files`` wherever it led: out of the folder, through a link, unbounded."""
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "tokenizer.1.0.json").write_text("{}")
+    _naming_fast_tokenizer_file(folder, "../outside/tokenizer.1.0.json")
+    with pytest.raises(UnsafeFolderError, match=r"names '../outside/tokenizer.1.0.json', which leads out of it"):
+        check_model_folder(folder)
+    (folder / "sub").mkdir()
+    (folder / "sub" / "tokenizer.1.0.json").symlink_to(tmp_path / "outside" / "tokenizer.1.0.json")
+    _naming_fast_tokenizer_file(folder, "sub/tokenizer.1.0.json")
+    with pytest.raises(UnsafeFolderError, match=r"names 'sub/tokenizer.1.0.json', which leads out of it"):
+        check_model_folder(folder)
+    (folder / "sub" / "tokenizer.1.0.json").unlink()
+    with open(folder / "sub" / "tokenizer.1.0.json", "wb") as file:
+        file.truncate(LIMITS["tokenizer file"] + 1)  # sparse: nothing is written, and nothing may be read
+    with pytest.raises(CheckpointError, match=r"tokenizer.1.0.json' holds .*, more than a tokenizer file can"):
+        check_model_folder(folder)
+    (folder / "sub" / "tokenizer.1.0.json").unlink()
+    _as_fifo(folder / "sub" / "tokenizer.1.0.json")
+    with pytest.raises(CheckpointError) as refused:
+        check_model_folder(folder)
+    assert str(refused.value) == _fifo_refusal(folder / "sub" / "tokenizer.1.0.json", "sub/tokenizer.1.0.json")
+    (folder / "sub" / "tokenizer.1.0.json").unlink()
+    (folder / "sub" / "tokenizer.1.0.json").write_text("{}")
+    check_model_folder(folder)  # a file of its own, in a subfolder, is read as transformers reads it
+
+
+@pytest.mark.parametrize("where", ["fast_tokenizer_files", "an index", "transformers_weights"])
+def test_a_name_holding_a_nul_the_folder_gives_is_refused_naming_it(folder: Path, where: str) -> None:
+    """os.path raised "embedded null byte", naming neither the folder nor the file that gave the name."""
+    name = "model-00002\0.safetensors"
+    if where == "fast_tokenizer_files":
+        _naming_fast_tokenizer_file(folder, name)
+    elif where == "an index":
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        index["weight_map"]["b.weight"] = name
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        _named_weights(folder, name)
+    with pytest.raises(ValueError) as refused:
+        check_model_folder(folder)
+        weight_headers(folder)
+    assert str(refused.value) == (
+        f"MODEL_DIR '{folder}' names {name!r}, which is no file name (it holds a NUL character)"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "kind"),
     [("tokenizer_config.json", "config file"), ("model.safetensors.index.json", "weight index"),

@@ -23,6 +23,7 @@ from prunereg._files import checkpoint as _checkpoint
 
 transformers = pytest.importorskip("transformers")
 
+from tests.support.fifos import fifo_unblocker  # noqa: E402
 from tests.support.tiny_lm import calibration_ids, save_tiny_llama_folder, tiny_llama  # noqa: E402
 
 
@@ -188,6 +189,29 @@ def test_an_index_that_misplaces_a_tensor_is_refused(sharded: Path) -> None:
     assert (
         "model.safetensors.index.json puts tensor 'model.norm.weight' in model-00001-of-00005.safetensors"
         in result.stderr
+    )
+
+
+def test_an_index_swapped_for_a_fifo_while_the_shards_are_read_is_refused(
+    sharded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index was read again by name, not through the checked opener: a FIFO swapped in meanwhile blocked it."""
+    index = sharded / "model.safetensors.index.json"
+    read = _checkpoint.read
+
+    def read_then_swap(path: Path) -> _checkpoint.Checkpoint:
+        if index.is_file():
+            index.unlink()
+            os.mkfifo(index)
+        return read(path)
+
+    monkeypatch.setattr(_checkpoint, "read", read_then_swap)
+    with fifo_unblocker(index):
+        result = _invoke("report", sharded)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: '{index}' is a FIFO (named pipe), not a regular file; "
+        "replace it with the model's own model.safetensors.index.json\n"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -16,6 +17,7 @@ import prunereg
 from prunereg._cli import main
 from tests.slim.helpers import outputs
 from tests.support import slim_models
+from tests.support.fifos import fifo_unblocker
 
 pytest.importorskip("transformers")
 
@@ -37,6 +39,14 @@ def test_slim_writes_a_folder_stock_from_pretrained_loads_and_prints_the_report(
     reloaded = type(model).from_pretrained(tmp_path / "out")
     assert reloaded.config.num_attention_heads == 2
     assert sum(p.numel() for p in reloaded.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+def test_off_a_terminal_slim_draws_no_bar_for_the_weights_it_writes(tmp_path: Path) -> None:
+    """transformers' "Writing model shards" bar went to a log or a pipe as a line of carriage returns."""
+    folder, _ = _folder(tmp_path)
+    result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
 
 
 def test_slim_json_gives_the_report_as_data(tmp_path: Path) -> None:
@@ -166,3 +176,64 @@ def test_slim_grouped_says_how_grouped_convolutions_lose_channels(
     reloaded = prunereg.from_pretrained(RegNetForImageClassification, out)
     convolution = reloaded.regnet.encoder.stages[0].layers[0].layer[1].convolution
     assert (convolution.groups, convolution.weight.shape[1]) == (groups, width)  # of 4 groups of 4 channels
+
+
+def test_a_file_copied_beside_the_weights_is_opened_only_as_a_regular_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slim copied the folder's other files by name after a look: one swapped for a FIFO then was not refused."""
+    folder, _ = _folder(tmp_path)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("a\nb\n")
+    is_file = Path.is_file
+
+    def is_file_then_swap(path: Path) -> bool:
+        found = is_file(path)
+        if found and path == vocab:
+            vocab.unlink()
+            os.mkfifo(vocab)  # right after slim looked
+        return found
+
+    monkeypatch.setattr(Path, "is_file", is_file_then_swap)
+    with fifo_unblocker(vocab):
+        result = CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "out"), "--ratio", "0.5"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: '{vocab}' is a FIFO (named pipe), not a regular file; replace it with the model's own vocab.txt\n"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+@pytest.mark.parametrize(("key", "gives"), [("num_hidden_layers", "num_hidden_layers"), ("hidden_size", "hidden_size")])
+def test_slim_by_masks_refuses_a_config_unlike_its_weights_in_one_line(tmp_path: Path, key: str, gives: str) -> None:
+    """Loading by the masks skipped the check: transformers' table and ignore_mismatched_sizes, or a block made up."""
+    model, _ = slim_models.hf_smollm2_llama()
+    mlp = model.model.layers[0].mlp
+    prunereg.get("custom_from_mask").apply(mlp.up_proj, "weight", mask=torch.ones_like(mlp.up_proj.weight))
+    prunereg.save_pretrained(model, tmp_path / "pruned")
+    config = json.loads((tmp_path / "pruned" / "config.json").read_text())
+    config[key] += config["num_attention_heads"] if key == "hidden_size" else 1
+    (tmp_path / "pruned" / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["slim", str(tmp_path / "pruned"), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: MODEL_DIR's config.json gives {gives} {config[key]}")
+    assert result.stderr.endswith("use the config.json that came with these weights\n")
+    assert len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_slim_by_masks_takes_a_folder_slim_wrote(tmp_path: Path) -> None:
+    """The check builds the model with the shapes a slimmed folder's config records, as loading it does."""
+    folder, model = _folder(tmp_path)
+    assert CliRunner().invoke(main, ["slim", str(folder), str(tmp_path / "slim"), "--ratio", "0.25"]).exit_code == 0
+    slimmed = prunereg.from_pretrained(type(model), tmp_path / "slim")
+    mlp = slimmed.model.layers[0].mlp
+    rows = torch.ones(mlp.up_proj.out_features, 1)
+    rows[::2] = 0
+    for layer in (mlp.gate_proj, mlp.up_proj):
+        prunereg.get("custom_from_mask").apply(layer, "weight", mask=rows.expand_as(layer.weight).clone())
+    prunereg.save_pretrained(slimmed, tmp_path / "masked")
+    result = CliRunner().invoke(main, ["slim", str(tmp_path / "masked"), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    reloaded = prunereg.from_pretrained(type(model), tmp_path / "out")
+    assert reloaded.model.layers[0].mlp.up_proj.out_features == mlp.up_proj.out_features // 2
