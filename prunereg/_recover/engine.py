@@ -168,12 +168,7 @@ class RecoverJob:
             else:
                 self._recover_blocks(report)
             switch_off_unused(added, config, config_before)
-        if config is not None:
-            report.config = {
-                key: [config_before.get(key), value]
-                for key, value in vars(config).items()
-                if config_before.get(key) != value
-            }
+        report.config = config_changes(config, config_before)
         report.seconds = time.perf_counter() - start
         return report
 
@@ -248,6 +243,13 @@ class _NoJournal:
 
 
 _NO_JOURNAL: Any = _NoJournal()
+
+
+def config_changes(config: Any, before: dict[str, Any]) -> dict[str, list[Any]]:
+    """Each key of ``config`` whose value is not the one in ``before``, as ``[before, now]``."""
+    if config is None:
+        return {}
+    return {key: [before.get(key), value] for key, value in vars(config).items() if before.get(key) != value}
 
 
 def switch_on_biases(

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from prunereg._oneshot.options import with_options_signature
 from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, zero_masks
-from prunereg._recover.engine import build_method, switch_off_unused, switch_on_biases
+from prunereg._recover.engine import build_method, config_changes, switch_off_unused, switch_on_biases
 from prunereg._recover.parts import BlockParts, bias_flags, block_parts
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import BlockInputs, calibration_ids, find_blocks, find_experts, find_heads, find_mlp
@@ -221,12 +221,7 @@ class Recovering(BlockFollower):
         for flag in self._added:  # (each cut block ran with the config of its widths, then the config was put back)
             setattr(self._config, flag, True)
         switch_off_unused(self._added, self._config, self._config_before)
-        if self._config is not None:
-            self.report.config = {
-                key: [self._config_before.get(key), value]
-                for key, value in vars(self._config).items()
-                if self._config_before.get(key) != value
-            }
+        self.report.config = config_changes(self._config, self._config_before)
         self.report.seconds = time.perf_counter() - self._start
 
 
