@@ -27,8 +27,16 @@ from prunereg._plugins.kinds import kind_names
 from prunereg._plugins.registry import constructor_parameters
 from prunereg._recover.conformance import check_recovery_method
 from prunereg._shrink.conformance import check_shrink_method
+from prunereg._slim.conformance import check_importance
+from prunereg._slim.conformance import step as _step
 
-__all__ = ["check_calibrated_method", "check_pruning_method", "check_recovery_method", "check_shrink_method"]
+__all__ = [
+    "check_calibrated_method",
+    "check_importance",
+    "check_pruning_method",
+    "check_recovery_method",
+    "check_shrink_method",
+]
 
 DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _SEED = 1234
@@ -101,17 +109,6 @@ def _method_class(method: str | type) -> tuple[type[prunereg.BasePruningMethod],
 
 def _default_devices() -> list[str]:
     return ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-@contextlib.contextmanager
-def _step(label: str, what: str) -> Iterator[None]:
-    """Turn an exception raised by the method into an AssertionError that says what was being done."""
-    try:
-        yield
-    except AssertionError:
-        raise
-    except Exception as error:
-        raise AssertionError(f"{label}: failed while {what}: {type(error).__name__}: {error}") from error
 
 
 @contextlib.contextmanager

@@ -11,6 +11,11 @@ helpers (``lowest_per_row``, ``lowest_n_of_m``, ``lowest_overall``,
 ``keep_highest_per_row``: plain tensors, as a one-shot pass holds them) takes
 plain tensors and DTensors alike (sharded models are pruned shard by shard), so
 a method written with them never asks which one it holds.
+
+For importance authors (:class:`prunereg.Importance`, what ``prunereg.slim``
+ranks channels by): :class:`Group`, the units a ratio is taken of and the
+tensor positions each holds, and :func:`unit_sums`, any per-entry measure
+added up per unit.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ from prunereg._selection.amount import validate_structured as check_structured
 from prunereg._selection.scopes import lowest_n_of_m, lowest_overall, lowest_per_row
 from prunereg._selection.select import clear_selected as prune_where
 from prunereg._selection.select import keep_highest_per_row, top_indices
+from prunereg._slim.importance import unit_sums
+from prunereg._slim.units import Group
 
 __all__ = [
     "CustomFromMask",
+    "Group",
     "all_or_nothing",
     "channel_mask",
     "channel_norms",
@@ -50,6 +58,7 @@ __all__ = [
     "select_k",
     "to_layout_of",
     "top_indices",
+    "unit_sums",
 ]
 
 

@@ -121,11 +121,11 @@ def info_command(name: str, as_json: bool) -> None:
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--kind",
-    type=click.Choice(["unstructured", "calibrated", "shrink", "recovery"]),
+    type=click.Choice(["unstructured", "calibrated", "shrink", "recovery", "importance"]),
     default="unstructured",
     show_default=True,
     help="A mask method like torch's, a calibrated method for prunereg.oneshot, a shrink method for prunereg.shrink, "
-    "a recovery method for prunereg.recover.",
+    "a recovery method for prunereg.recover, an importance for prunereg.slim.",
 )
 def new_plugin_command(name: str, directory: Path | None, kind: str) -> None:
     """Write a complete plugin package prunereg-NAME into DIRECTORY (default ./prunereg-NAME).
@@ -134,12 +134,10 @@ def new_plugin_command(name: str, directory: Path | None, kind: str) -> None:
     prunereg.testing and a README; `pip install DIRECTORY && pytest
     DIRECTORY` passes as written.
     """
-    from dataclasses import replace
-
-    from prunereg._cli.scaffold import PluginNames, write_plugin
+    from prunereg._cli.scaffold import PluginNames, of_kind, write_plugin
 
     try:
-        names = replace(PluginNames.from_name(name), kind=kind)
+        names = of_kind(PluginNames.from_name(name), kind)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="NAME") from error
     directory = directory if directory is not None else Path(names.distribution)

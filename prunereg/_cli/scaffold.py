@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +25,7 @@ TEMPLATES = {
     "calibrated": ("template", "template_calibrated"),
     "shrink": ("template", "template_shrink"),
     "recovery": ("template", "template_recovery"),
+    "importance": ("template", "template_importance"),
 }
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -39,7 +40,7 @@ class PluginNames:
     module: str  # prunereg_foo_bar
     class_name: str  # FooBarPruning
     prunereg_version: str
-    kind: str = "unstructured"  # "calibrated", "shrink", "recovery": from template_<kind>/ over template/
+    kind: str = "unstructured"  # or "calibrated", "shrink", "recovery", "importance": template_<kind>/ over template/
 
     @classmethod
     def from_name(cls, name: str) -> PluginNames:
@@ -58,6 +59,12 @@ class PluginNames:
             class_name="".join(part.capitalize() for part in method.split("_")) + "Pruning",
             prunereg_version=__version__,
         )
+
+
+def of_kind(names: PluginNames, kind: str) -> PluginNames:
+    """``names`` for a plugin of ``kind``: an importance class is ``FooBarImportance``, else ``FooBarPruning``."""
+    suffix = "Importance" if kind == "importance" else "Pruning"
+    return replace(names, kind=kind, class_name=names.class_name.removesuffix("Pruning") + suffix)
 
 
 def render(names: PluginNames) -> dict[Path, str]:

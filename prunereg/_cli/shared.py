@@ -90,7 +90,7 @@ dtype_option = click.option(
     type=click.Choice(DTYPES),
     default="auto",
     show_default=True,
-    help="Load the model as (not with --stream).",
+    help="The dtype to load the model in (auto: the checkpoint's own, which --stream always keeps).",
 )
 
 stream_option = click.option(
@@ -106,7 +106,13 @@ eval_options = _stacked(
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
         help="Text file: print perplexity before and after (loads the whole model, also with --stream).",
     ),
-    click.option("--eval-window", type=Number(int, 2), default=512, show_default=True),
+    click.option(
+        "--eval-window",
+        type=Number(int, 2),
+        default=512,
+        show_default=True,
+        help="Tokens per window of --eval: the text is scored in non-overlapping windows of N tokens.",
+    ),
     click.option("--eval-tokens", type=Number(int, 2), help="Evaluate only the first N tokens of --eval."),
 )
 

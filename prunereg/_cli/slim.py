@@ -16,20 +16,18 @@ widths, else ``prunereg.from_pretrained``). Needs the ``hf`` extra.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
 
+from prunereg._cli import shared
 from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
-from prunereg._cli.shared import force_option, json_option, output_folder
 from prunereg._cli.values import Number
 from prunereg._disk.input_file import copy_regular
 from prunereg._disk.model_dir import replace_hint
 from prunereg._disk.signals import cleanup_on_signals
-from prunereg._progress import library_bars
 from prunereg._text import printable
 
 _BESIDE_THE_WEIGHTS = (
@@ -37,6 +35,20 @@ _BESIDE_THE_WEIGHTS = (
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "preprocessor_config.json",
 )  # fmt: skip
 """Files a model folder holds besides its config and weights, copied as they are."""
+
+
+EXAMPLES = (
+    "prunereg slim ./resnet-50 ./resnet-50-slim --ratio 0.5",
+    "prunereg slim ./vit-base ./vit-base-slim --ratio 0.3 --importance taylor --json",
+    "prunereg slim ./pruned ./pruned-slim        # the channels the folder's masks pruned",
+)
+"""``--help``'s examples, the same lines as docs/cli.md's (a test holds them equal)."""
+
+_SHRINK_HINT = (
+    "note: MODEL_DIR holds a causal language model ({name}). slim removes channels of its residual stream too "
+    "(the hidden size), which costs most of its quality; prunereg shrink removes MLP channels, heads and blocks "
+    "and keeps the residual width: it is the tool for language models (docs/shrinking.md)"
+)
 
 
 @main.command("slim", epilog=EXIT_CODES)
@@ -53,6 +65,11 @@ _BESIDE_THE_WEIGHTS = (
     help="How channels are ranked, with --ratio: magnitude, random, taylor, or a registered importance "
     "[default: magnitude].",
 )
+@shared.calibration_options(
+    required=False,
+    help="Text file whose first tokens give --importance taylor its gradient (a language model's loss on them); "
+    "without it, the gradient of the output's sum on a made-up input.",
+)
 @click.option("--ignore", multiple=True, metavar="MODULE", help="A module to keep whole (its name). Repeatable.")
 @click.option(
     "--round-to", type=Number(int, 1), default=1, show_default=True, help="With --ratio, keep a multiple of N."
@@ -64,32 +81,45 @@ _BESIDE_THE_WEIGHTS = (
     show_default=True,
     help="How a grouped convolution loses channels: whole groups, or the same channels inside every group.",
 )
-@force_option
-@json_option
+@shared.dtype_option
+@shared.eval_options
+@shared.force_option
+@shared.json_option
+@shared.quiet_option
 def slim_command(
     model_dir: Path,
     output_dir: Path,
     ratio: float | None,
     importance: str | None,
+    calibration: Path | None,
+    samples: int,
+    seq_len: int,
     ignore: tuple[str, ...],
     round_to: int,
     grouped: str,
+    dtype: str,
+    eval_file: Path | None,
+    eval_window: int,
+    eval_tokens: int | None,
     force: bool,
     as_json: bool,
+    quiet: bool,
 ) -> None:
     """Remove channels and heads from the model in MODEL_DIR and write the smaller model to OUTPUT_DIR.
 
     MODEL_DIR is untrusted: none of its code runs, no link out of it is
     followed, and weights it lacks or the model does not know are refused.
     OUTPUT_DIR is built beside its place and appears only when complete; one
-    that holds files is replaced only with --force.
+    that holds files is replaced only with --force. Every argument is checked
+    before the model loads; any error is one line (--debug: the traceback).
+    For a language model, prunereg shrink is the tool (it keeps the residual width).
 
     \b
-    prunereg slim ./resnet-50 ./resnet-50-slim --ratio 0.5
-    prunereg slim ./SmolLM2 ./SmolLM2-slim --ratio 0.3 --ignore lm_head --json
-    prunereg slim ./pruned-with-masks ./slim        # the channels its masks pruned
+    {examples}
     """
-    output = output_folder(output_dir, model_dir, force)
+    if calibration is not None and (importance or "magnitude") != "taylor":
+        raise click.UsageError("--calibration gives --importance taylor its gradient; the other importances need none")
+    output = shared.output_folder(output_dir, model_dir, force)
     try:
         import transformers  # noqa: F401
     except ImportError as error:
@@ -97,50 +127,80 @@ def slim_command(
             "prunereg slim needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
         ) from error
     import prunereg
+    from prunereg._models.hf_folder import is_causal_lm, load_config, load_tokenizer, model_class
+    from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._slim.engine import ArgumentError, check_arguments
 
     try:  # before the model loads; an unknown importance is an error of status 1, as an unknown method
         check_arguments(ratio, importance, list(ignore), round_to, grouped)
     except ArgumentError as error:
         raise click.UsageError(error.command_line_message) from None
-    model = _load(model_dir, masked=ratio is None)
-    report = prunereg.slim(
-        model,
-        _example_inputs(model),
-        ratio=ratio,
-        importance=importance,
-        ignore=list(ignore),
-        round_to=round_to,
-        grouped=grouped,
-    )
-    with cleanup_on_signals(), output as staging, library_bars():  # transformers' bar for the weights it writes
-        if prunereg.is_pruned(model):
-            prunereg.save_pretrained(model, staging)
-        else:
-            model.save_pretrained(staging)
-        for name in _BESIDE_THE_WEIGHTS:
-            source = model_dir / name
-            if source.is_file() and not source.is_symlink():
-                copy_regular(source, Path(staging) / name, "file of a model folder", replace_hint(name))
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else str(report))
+    config = load_config(model_dir)
+    cls = model_class(config)
+    causal = is_causal_lm(config, cls)
+    if not causal and (calibration is not None or eval_file is not None):
+        flag = "--calibration" if calibration is not None else "--eval"
+        raise click.UsageError(f"{flag} is a text for a language model, and MODEL_DIR holds a {cls.__name__}")
+    results = shared.Results(eval_file.name if eval_file is not None else None)
+    with results.shown_on_failure(as_json), shared.library_bars_unless(quiet):
+        tokenizer = load_tokenizer(model_dir) if calibration is not None or eval_file is not None else None
+        ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING) if calibration else None
+        eval_ids = shared.read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+        model = _load(model_dir, masked=ratio is None, dtype=dtype)
+        if causal:  # once the folder has passed its checks, before the minutes slimming takes
+            click.echo(_SHRINK_HINT.format(name=cls.__name__), err=True)
+        if eval_ids is not None:
+            results.measure("before", model, eval_ids, eval_window, not quiet)
+        results.report = prunereg.slim(
+            model,
+            _example_inputs(model),
+            ratio=ratio,
+            importance=_taylor_on(ids) if ids is not None else importance,
+            ignore=list(ignore),
+            round_to=round_to,
+            grouped=grouped,
+        )
+        if eval_ids is not None:
+            results.measure("after", model, eval_ids, eval_window, not quiet)
+        with cleanup_on_signals(), output as staging:
+            if prunereg.is_pruned(model):
+                prunereg.save_pretrained(model, staging)
+            else:
+                model.save_pretrained(staging)
+            for name in _BESIDE_THE_WEIGHTS:
+                source = model_dir / name
+                if source.is_file() and not source.is_symlink():
+                    copy_regular(source, Path(staging) / name, "file of a model folder", replace_hint(name))
+    results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")
 
 
-def _load(model_dir: Path, *, masked: bool) -> Any:
-    """MODEL_DIR's model; with ``masked``, pruned again with the folder's masks (which must exist)."""
+slim_command.help = (slim_command.help or "").replace("{examples}", "\n    ".join(EXAMPLES))
+
+
+def _taylor_on(ids: Any) -> Any:
+    """``taylor`` with the gradient of the language model's loss on the calibration samples, eight at a time."""
+    from prunereg._slim.importance import TaylorImportance
+
+    batches = [{"input_ids": batch, "labels": batch, "use_cache": False} for batch in ids.split(8)]
+    return TaylorImportance(loss=lambda output: output.loss, batches=batches)
+
+
+def _load(model_dir: Path, *, masked: bool, dtype: str) -> Any:
+    """MODEL_DIR's model in ``--dtype``; with ``masked``, pruned again with the folder's masks (which must exist)."""
     from prunereg._models.hf_folder import checked_model_class, load_model
     from prunereg._models.huggingface import MASKS_FILE, from_pretrained
 
     if not masked:
-        return load_model(model_dir)
+        return load_model(model_dir, dtype=shared.torch_dtype(dtype))
     if not (model_dir / MASKS_FILE).is_file():
         raise click.ClickException(
             f"MODEL_DIR has no {MASKS_FILE}, so no channel is pruned yet: give --ratio, or prune it first "
             "(prunereg oneshot --masks, prunereg.save_pretrained of a pruned model)"
         )
     config, cls = checked_model_class(model_dir)
-    return from_pretrained(cls, model_dir, config=config).eval()
+    return from_pretrained(cls, model_dir, config=config, dtype=shared.torch_dtype(dtype)).eval()
 
 
 def _example_inputs(model: Any) -> dict[str, Any]:

@@ -153,15 +153,32 @@ def load_causal_lm(folder: str | os.PathLike[str], *, dtype: Any = "auto", label
 
 
 def model_class(config: Any, label: str = "MODEL_DIR") -> Any:
-    """The transformers class the config's ``architectures`` names (transformers' own, never the folder's code)."""
+    """The transformers class the config's ``architectures`` names (transformers' own, never the folder's code).
+
+    A config that names none is a causal language model's where its
+    ``model_type`` has one (as ``prunereg oneshot`` and ``shrink`` load it).
+    """
     import transformers
 
     names = getattr(config, "architectures", None) or []
+    if not names and type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        return transformers.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     found = getattr(transformers, names[0], None) if names else None
     if not (isinstance(found, type) and issubclass(found, nn.Module)):
         named = f"names {names[0]!r}, which transformers does not have" if names else "names no architecture"
-        raise ValueError(f"{label}'s config.json {named}")
+        raise ValueError(
+            f'{label}\'s config.json {named}: set "architectures" to the transformers class of its model '
+            '("ResNetForImageClassification", "BertModel", ...)'
+        )
     return found
+
+
+def is_causal_lm(config: Any, cls: Any) -> bool:
+    """Whether ``cls`` (:func:`model_class` of ``config``) is a causal language model (``prunereg shrink``'s kind)."""
+    import transformers
+
+    mapping = transformers.MODEL_FOR_CAUSAL_LM_MAPPING
+    return type(config) in mapping and mapping[type(config)] is cls
 
 
 def load_model(folder: str | os.PathLike[str], *, dtype: Any = "auto", label: str = "MODEL_DIR") -> nn.Module:

@@ -131,7 +131,9 @@ class Registry:
     Two registrations of one name are never resolved silently: the first one
     wins, and the later one is reported as a conflict on its plugin. A
     registration with ``replace=True`` takes the name over on purpose, once: a
-    second ``replace=True`` for the same name is a conflict again.
+    second ``replace=True`` for the same name is a conflict again. Every kind
+    shares one name space, and ``replace=True`` never takes a name from another
+    kind (a ``magnitude`` importance would evict the calibrated ``magnitude``).
     ``plugin:name`` always reaches one plugin's own registration.
     """
 
@@ -208,6 +210,8 @@ class Registry:
         info = self._method_info(LOCAL_PLUGIN, name, cls, kind, summary)
         _check_method_class(cls, info)
         holder = self.methods.get(name)
+        if holder is not None and holder.plugin != LOCAL_PLUGIN and holder.kind != kind:
+            raise ValueError(other_kind(holder, kind))
         if holder is not None and holder.plugin != LOCAL_PLUGIN and not replace:
             raise ValueError(
                 f"a pruning method named {name!r} is already registered by {holder.label}; "
@@ -306,6 +310,8 @@ class Registry:
                 f"{info.name!r} stays {holder.plugin!r}'s; reach this one as {key!r}"
                 + ("" if replace else ", or register it with replace=True to take the name over")
             )
+        if holder is not None and holder.plugin != info.plugin and holder.kind != info.kind:
+            return f"{other_kind(holder, info.kind)}; reach this one as {key!r}"
         if holder is not None and replace and holder.plugin != info.plugin:
             self._replaced.add(info.name)
         self.methods[info.name] = info
@@ -360,6 +366,14 @@ class Registry:
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         known = self.names() if known is None else known
         return f"no pruning method named {name!r}{hint} (known: {', '.join(known) or 'none'})"
+
+
+def other_kind(holder: MethodInfo, kind: str) -> str:
+    """Why a name held by a method of another kind is refused: one name space for every kind, never an eviction."""
+    return (
+        f"{holder.name!r} is the {holder.kind} method of {holder.label}, and one name serves every kind: "
+        f"kind {kind!r} cannot take it, replace=True or not; choose another name"
+    )
 
 
 def import_target(target: str) -> Any:

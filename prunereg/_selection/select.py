@@ -390,6 +390,18 @@ def nan_lowest(scores: torch.Tensor, *, nonnegative: bool = False, overwrite: bo
     return order_keys(scores).view(scores.shape)
 
 
+def removal_order(scores: torch.Tensor) -> torch.Tensor:
+    """The indices of 1-D ``scores`` (one per unit) in the order units are removed: prunereg's rule for removal.
+
+    The lowest score goes first and NaN below every number (:func:`nan_lowest`,
+    the rule masks follow); of equal scores the later unit goes first, so
+    keeping the ``k`` highest keeps the earlier of a tie. :func:`prunereg.slim`
+    and :func:`prunereg.shrink` both choose what to remove through this one order.
+    """
+    ranks = nan_lowest(scores.detach().to(device="cpu", dtype=torch.float64))
+    return torch.sort(ranks, descending=True, stable=True).indices.flip(0)
+
+
 def _holds_nan(scores: torch.Tensor) -> bool:
     """Whether floating ``scores`` holds a NaN.
 

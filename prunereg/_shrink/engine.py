@@ -45,6 +45,7 @@ from prunereg._oneshot.engine import (
 )
 from prunereg._oneshot.precision import matmul_precision
 from prunereg._progress import progress as progress_bar
+from prunereg._selection.select import removal_order
 from prunereg._shrink.architecture import (
     Experts,
     Journal,
@@ -236,8 +237,8 @@ class ShrinkJob:
                         self.follower.finish(self.model)
             if self.layers:
                 scores = [block.score for block in report.blocks]
-                order = sorted(range(len(scores)), key=lambda i: (scores[i], i))
-                report.removed_blocks = sorted(order[: self.layers])
+                order = removal_order(torch.tensor(scores, dtype=torch.float64))
+                report.removed_blocks = sorted(order[: self.layers].tolist())
                 for index in report.removed_blocks:
                     report.blocks[index].removed = True
                 remove_blocks(self.blocks, report.removed_blocks, journal)
@@ -392,7 +393,8 @@ class ShrinkJob:
         kept and the next lowest unit elsewhere goes instead). Sets each plan's ``keep``.
         """
         for kind in ("mlp", "heads"):
-            ranked: list[tuple[float, int, int]] = []
+            blocks: list[int] = []  # the block of each unit, in block order: ties remove the later unit first
+            standards: list[Tensor] = []
             units: dict[int, int] = {}
             to_remove = 0
             for index, plan in enumerate(self.plans):
@@ -401,10 +403,11 @@ class ShrinkJob:
                 group = plan.groups[kind]
                 units[index] = group.n_units
                 to_remove += group.n_units - plan.keep[kind]
-                standard = _standardized(self._unit_scores(group, observations[index]))
-                ranked += [(float(z), index, unit) for unit, z in enumerate(standard.tolist())]
+                standards.append(_standardized(self._unit_scores(group, observations[index])))
+                blocks += [index] * group.n_units
             removed = dict.fromkeys(units, 0)
-            for _, index, _ in sorted(ranked):
+            order = removal_order(torch.cat(standards)).tolist() if standards else []
+            for index in (blocks[position] for position in order):
                 if not to_remove:
                     break
                 if units[index] - removed[index] > 1:
@@ -516,12 +519,16 @@ def _check_global(method: ShrinkMethod, name: str, wanted: list[str]) -> None:
 
 
 def _standardized(scores: Tensor) -> Tensor:
-    """``scores`` less their mean, over their standard deviation (all zero when they do not vary)."""
+    """``scores`` less their mean, over their standard deviation (zero when they do not vary), of the numbers.
+
+    A NaN score stays NaN (removed first, as everywhere) and is left out of the mean and the spread.
+    """
     scores = scores.double()
-    spread = scores.std() if scores.numel() > 1 else scores.new_zeros(())
+    numbers = scores[~scores.isnan()]
+    spread = numbers.std() if numbers.numel() > 1 else scores.new_zeros(())
     if not bool(spread > 0):
-        return torch.zeros_like(scores)
-    return (scores - scores.mean()) / spread
+        return torch.where(scores.isnan(), scores, 0.0)
+    return (scores - numbers.mean()) / spread
 
 
 def _outside_blocks(shapes: slimmed.Record, blocks_path: str) -> slimmed.Record:
@@ -632,16 +639,14 @@ def _checked_scores(scores: object, size: int, what: str) -> Tensor:
     if not isinstance(scores, Tensor) or tuple(scores.shape) != (size,):
         shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(f"{what} must return a tensor of shape ({size},), got {shape}")
-    scores = scores.detach().float().cpu()
-    if not bool(torch.isfinite(scores).all()):
-        raise ValueError(f"{what} returned scores that are not finite")
-    return scores
+    return scores.detach().float().cpu()
 
 
 def _split(scores: Tensor, keep: int) -> tuple[Tensor, Tensor]:
-    """The indices of the ``keep`` highest scores and of the others, each sorted; ties keep the earlier unit."""
-    order = torch.sort(scores, descending=True, stable=True).indices
-    return order[:keep].sort().values, order[keep:].sort().values
+    """The indices of the ``keep`` units kept and of the others, each sorted, by :func:`removal_order` (NaN first)."""
+    order = removal_order(scores)
+    gone = len(order) - keep
+    return order[gone:].sort().values, order[:gone].sort().values
 
 
 def _n_params(model: nn.Module) -> int:

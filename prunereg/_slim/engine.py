@@ -22,6 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._models import slimmed as shapes
+from prunereg._selection.amount import count_for
+from prunereg._selection.select import removal_order
 from prunereg._slim.attempt import Chooser, Fallback, Slimmed, attempt, forward, pruning_masks, tensors
 from prunereg._slim.cut import Snapshot
 from prunereg._slim.graph import GROUPED, DependencyGraph, SlimError, export_model
@@ -329,25 +331,28 @@ def _no_values(name: str) -> SlimError:
 def _lowest_units(
     groups: list[Group], score: Callable[[Group], Tensor], ratio: float, round_to: int
 ) -> dict[int, set[int]]:
+    """Per group, the units removed: the lowest-ranked removable ones, in :func:`removal_order` (NaN first)."""
     removed: dict[int, set[int]] = {}
     for g, group in enumerate(groups):
         count = min(group.size - _units_kept(group.size, ratio, round_to), len(group.removable))
         if count <= 0:
             continue
-        scores = score(group)
-        candidates = torch.tensor(group.removable, dtype=torch.long)
-        order = torch.argsort(scores[candidates].to(torch.float64), stable=True)
-        gone = set(candidates[order[:count]].tolist())
+        order = removal_order(score(group))
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))  # a unit's place in the removal order: higher stays longer
+        candidates = set(group.removable)
+        gone = set([unit for unit in order.tolist() if unit in candidates][:count])
         for unit_index in group.members.values():  # every tensor dimension keeps a position
             units = set(unit_index.unique().tolist())
             if units <= gone:
-                gone.discard(max(units, key=lambda k: float(scores[k])))
+                gone.discard(max(units, key=lambda k: int(rank[k])))
         removed[g] = gone
     return removed
 
 
 def _units_kept(size: int, ratio: float, round_to: int) -> int:
-    keep = size - math.floor(size * ratio + 1e-9)
+    """How many of ``size`` units a ``ratio`` keeps: the mask rule's count (half to even), then up to ``round_to``."""
+    keep = size - count_for(ratio, size)
     return min(size, max(1, math.ceil(keep / round_to) * round_to))
 
 
@@ -358,11 +363,14 @@ def _largest(groups: list[Group]) -> int:
 def _nothing_removed(groups: list[Group], ratio: float | None, round_to: int, notes: list[str]) -> None:
     """Warn (and note) that slimming removed nothing, and why, rather than write an unchanged model in silence."""
     if ratio is None:
-        why = "no channel is pruned whole (its rows or filters at zero in every layer that makes it)"
+        why = (
+            "no channel is pruned whole (its rows or filters at zero in every layer that makes it); "
+            "pass ratio= (say ratio=0.3) to remove that share of every group's channels, the lowest by importance"
+        )
     elif not groups:
         why = "every channel is kept whole (an ignored module, a model input or output, an operation not followed)"
     elif all(_units_kept(group.size, ratio, 1) == group.size for group in groups):
-        why = f"ratio {ratio:g} of a group is less than one unit (the largest group has {_largest(groups)})"
+        why = f"ratio {ratio:g} of a group rounds to no unit (the largest group has {_largest(groups)})"
     else:
         why = f"round_to={round_to} keeps every group whole: the largest has {_largest(groups)} units"
     message = f"slimming removed nothing: {why}"

@@ -1060,10 +1060,11 @@ def _conv(b: _Builder, node: Node) -> Any:
         kind = "the depthwise convolution" if per_in == 1 else "the grouped convolution"
         b.ids.coupling = coupling(kind, b.module_name(node))
         b.ids.pin(weight[1], "a grouped convolution keeps its channels per group")
-        for g in range(groups):
-            b.ids.union_all(
-                torch.cat([channels[g * per_in : (g + 1) * per_in], weight[0][g * per_out : (g + 1) * per_out]])
-            )
+        # per group, its input and output channels in one class: the first coupled with each of the others,
+        # every group in one call (a depthwise convolution has as many groups as channels)
+        members = torch.cat([channels.reshape(groups, per_in), weight[0].reshape(groups, per_out)], dim=1)
+        if members.shape[1] > 1:
+            b.ids.union_arrays(members[:, :1].expand(-1, members.shape[1] - 1), members[:, 1:])
         out_channels = weight[0]
         _mark_producer(b, _a(node)[1], 0)
         b.graph.conv_groups[_module_path(node)] = per_out

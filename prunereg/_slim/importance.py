@@ -13,13 +13,14 @@ importance is a subclass of :class:`Importance` with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from prunereg._slim.groups import Group, TensorDim
+from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._slim.units import Group, TensorDim
 
 _Class = TypeVar("_Class", bound=type)
 
@@ -36,6 +37,11 @@ class Importance:
 
     PRUNING_TYPE: ClassVar[str] = "importance"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A third party's importance runs as plugin code: sys.exit() or its own Ctrl-C fails like any error.
+        guard_plugin_methods(cls, ("__init__", "prepare", "__call__"))
+
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Look at the model before scoring (nothing by default)."""
 
@@ -46,10 +52,16 @@ class Importance:
 def unit_sums(group: Group, values: Mapping[str, Tensor], measure: Callable[[Tensor], Tensor]) -> Tensor:
     """Per unit of ``group``: the sum of ``measure(tensor)`` over every entry the unit holds, in float64.
 
-    ``measure`` sees each tensor in float32 (or float64; a half-precision tensor is
-    widened first, exactly); the per-unit sums are float64.
+    ``measure`` is per entry: it sees each tensor (a large one a slice of rows at a time)
+    in float32 (or float64; a half-precision tensor is widened first, exactly); the
+    per-unit sums are float64.
     """
     return DimensionSums(measure).unit_sums(group, values)
+
+
+MEASURED_AT_ONCE = 1 << 24
+"""Most entries measured at once: a larger tensor (a large vocabulary's embedding) is measured a slice of rows at a
+time, so that its widened float32 copy and its measure never take more than 16 MiB each, not twice its own bytes."""
 
 
 class DimensionSums:
@@ -72,9 +84,20 @@ class DimensionSums:
         self._sums, self._measured = {}, {}
 
     def add(self, name: str, tensor: Tensor) -> None:
-        """Measure ``tensor`` as ``name``'s values now."""
-        entries = self.measure(_widened(tensor))
-        self._sums[name] = [_sum_along(entries, dim) for dim in range(entries.dim())]
+        """Measure ``tensor`` as ``name``'s values now, a slice of rows at a time (see :data:`MEASURED_AT_ONCE`)."""
+        if tensor.dim() <= 1 or tensor.numel() <= MEASURED_AT_ONCE:
+            entries = self.measure(_widened(tensor))
+            self._sums[name] = [_sum_along(entries, dim) for dim in range(entries.dim())]
+            return
+        rows = max(1, MEASURED_AT_ONCE // (tensor.numel() // tensor.shape[0]))
+        firsts: list[Tensor] = []
+        others: list[Tensor] = []
+        for start in range(0, tensor.shape[0], rows):
+            entries = self.measure(_widened(tensor[start : start + rows]))
+            firsts.append(_sum_along(entries, 0))
+            sums = [_sum_along(entries, dim).double() for dim in range(1, entries.dim())]
+            others = sums if not others else [total + part for total, part in zip(others, sums, strict=True)]
+        self._sums[name] = [torch.cat(firsts), *others]
 
     def unit_sums(self, group: Group, values: Mapping[str, Tensor] | None = None) -> Tensor:
         """Per unit of ``group``: the measure summed over the unit's entries (float64).
@@ -139,25 +162,31 @@ class TaylorImportance(Importance):
     """First-order Taylor: ``|weight x gradient|`` summed over a unit.
 
     The gradient is of ``loss(output)`` on the example inputs, ``loss``
-    defaulting to the sum of every floating-point tensor in the output. The
-    model's own ``.grad`` and ``requires_grad`` are left as they were.
+    defaulting to the sum of every floating-point tensor in the output; with
+    ``batches`` (inputs as ``example_inputs`` takes them: a tensor, a tuple or a
+    dict of keyword inputs, such as calibration text with its labels), of the
+    sum of the losses on them instead, one backward per batch. The model's own
+    ``.grad`` and ``requires_grad`` are left as they were.
     """
 
-    def __init__(self, loss: Callable[[Any], Tensor] | None = None) -> None:
+    def __init__(self, loss: Callable[[Any], Tensor] | None = None, batches: Iterable[Any] | None = None) -> None:
         self.loss = loss
+        self.batches = None if batches is None else list(batches)
         self._products = DimensionSums(torch.abs)
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         parameters = dict(model.named_parameters(remove_duplicate=False))
         saved = {name: (p.grad, p.requires_grad) for name, p in parameters.items()}
+        inputs = [(args, kwargs)] if self.batches is None else [_as_call(batch) for batch in self.batches]
         try:
             for p in parameters.values():
                 p.grad = None
                 p.requires_grad_(True)
             with torch.enable_grad():
-                output = model(*args, **kwargs)
-                loss = self.loss(output) if self.loss is not None else _output_sum(output)
-                loss.backward()
+                for batch_args, batch_kwargs in inputs:  # gradients add up over the batches
+                    output = model(*batch_args, **batch_kwargs)
+                    loss = self.loss(output) if self.loss is not None else _output_sum(output)
+                    loss.backward()
             self._products.clear()
             for name, p in parameters.items():
                 if p.grad is not None:  # widened first: a half-precision product would round
@@ -169,6 +198,15 @@ class TaylorImportance(Importance):
 
     def __call__(self, group: Group, values: Mapping[str, Tensor]) -> Tensor:
         return self._products.unit_sums(group)
+
+
+def _as_call(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A batch as positional and keyword inputs: a tensor, a tuple of inputs or a dict of keyword inputs."""
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}
+    return (batch,), {}
 
 
 def _output_sum(output: Any) -> Tensor:
@@ -205,7 +243,9 @@ def register_importance(name: str, *, replace: bool = False) -> Callable[[_Class
     --kind importance`` shows it), in this process, or for the plugin whose
     import is running. Taking a built-in importance's name needs
     ``replace=True``, else ``ValueError``; the registry refuses a name another
-    method or importance holds, as it does for methods.
+    plugin's importance holds, as it does for methods, and a name of another
+    kind even with ``replace=True`` (``magnitude`` is also the calibrated
+    method: pass an instance, ``importance=MyMagnitude()``, instead).
     """
 
     def decorate(cls: _Class) -> _Class:

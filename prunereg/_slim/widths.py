@@ -218,6 +218,23 @@ def _input_embedding(model: nn.Module) -> tuple[str, int] | None:
     return (name, embedding.embedding_dim) if name is not None else None
 
 
+def _saveable(candidate: Any) -> bool:
+    """Whether transformers would save and load ``candidate``: a model builds from a config its checks refuse.
+
+    ``setattr`` skips a config's validation (a hidden size that is no multiple
+    of the head count, say), which ``save_pretrained`` and ``from_pretrained``
+    then run; such a config is not stated, the shapes are recorded instead.
+    """
+    validate = getattr(candidate, "validate", None)
+    try:
+        if callable(validate):
+            validate()
+        type(candidate).from_dict(candidate.to_dict())
+    except Exception:  # whatever transformers' checks raise, the config cannot be saved as it is
+        return False
+    return True
+
+
 def _is_this_model(
     model: nn.Module, candidate: Any, run: Callable[[nn.Module], list[Tensor]], expected: list[Tensor]
 ) -> bool:
@@ -233,6 +250,8 @@ def _is_this_model(
         empty, runnable = torch.device("meta"), False
     else:
         empty, runnable = init_empty_weights(include_buffers=False), True
+    if not _saveable(candidate):
+        return False
     try:
         with empty:
             fresh = type(model)(candidate)

@@ -32,6 +32,21 @@ def test_oneshot_and_shrink_declare_their_common_flags_alike() -> None:
         )
 
 
+FOLDER_FLAGS = ["--dtype", "--eval", "--eval-window", "--eval-tokens", "--force", "--json", "--quiet", "--debug"]
+
+
+def _help_of(command: str, flag: str) -> str:
+    [option] = [param for param in main.commands[command].params if flag in getattr(param, "opts", ())]
+    return f"{option.help} {getattr(option, 'default', None)}"
+
+
+@pytest.mark.parametrize("flag", FOLDER_FLAGS)
+def test_the_three_folder_commands_share_their_common_flags_word_for_word(flag: str) -> None:
+    helps = {command: _help_of(command, flag) for command in ("oneshot", "shrink", "slim")}
+    assert len(set(helps.values())) == 1, helps
+    assert not helps["slim"].startswith("None"), f"{flag} has no help text"
+
+
 @pytest.mark.parametrize(
     ("command", "flag"),
     [

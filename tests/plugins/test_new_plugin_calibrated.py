@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from prunereg._cli import main
-from tests.support.generated_plugins import install_generated_plugin
+from tests.support.generated_plugin import install_and_test
 
 
 def test_the_calibrated_template_replaces_the_method_files_and_keeps_the_packaging(tmp_path: Path) -> None:
@@ -25,7 +25,7 @@ def test_the_calibrated_template_replaces_the_method_files_and_keeps_the_packagi
 
 @pytest.mark.slow
 def test_a_generated_calibrated_plugin_installs_registers_and_passes_its_own_tests(tmp_path: Path) -> None:
-    rows, tests = install_generated_plugin("demo-calibrated", "calibrated", tmp_path)
+    rows, output = install_and_test(tmp_path, "demo-calibrated", "calibrated")
     assert rows["demo_calibrated"]["package"] == "prunereg-demo-calibrated"
     assert rows["demo_calibrated"]["target"] == "prunereg_demo_calibrated.method:DemoCalibratedPruning"
-    assert "4 passed" in tests
+    assert "4 passed" in output

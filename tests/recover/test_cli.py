@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from prunereg._cli import main
-from tests.support.generated_plugins import install_generated_plugin
+from tests.support.generated_plugin import install_and_test
 
 BUILT_INS = {"refit", "replace", "blockwise", "distill"}
 
@@ -46,7 +46,7 @@ def test_the_recovery_template_writes_a_recovery_method_with_the_packaging(tmp_p
 
 @pytest.mark.slow
 def test_a_generated_recovery_plugin_installs_registers_and_passes_its_own_tests(tmp_path: Path) -> None:
-    rows, tests = install_generated_plugin("demo-recovery", "recovery", tmp_path)
+    rows, tests = install_and_test(tmp_path, "demo-recovery", "recovery")
     assert rows["demo_recovery"]["package"] == "prunereg-demo-recovery"
     assert rows["demo_recovery"]["target"] == "prunereg_demo_recovery.method:DemoRecoveryPruning"
     assert "3 passed" in tests

@@ -36,7 +36,10 @@ def _mlp_widths(model: torch.nn.Module) -> list[int]:
 
 
 def _reference_keep(scores: list[torch.Tensor], share: float) -> list[int]:
-    """A float64 transcription: z-score each block, remove the globally lowest, every block keeping one unit."""
+    """A float64 transcription: z-score each block, remove the globally lowest, every block keeping one unit.
+
+    Of equal scores the later unit goes first (the later block's, then the later channel's), as everywhere.
+    """
     ranked = []
     for index, block in enumerate(scores):
         block = block.double()
@@ -45,7 +48,7 @@ def _reference_keep(scores: list[torch.Tensor], share: float) -> list[int]:
         ranked += [(float(value), index, unit) for unit, value in enumerate(z)]
     left = [len(block) for block in scores]
     to_remove = sum(round(share * len(block)) for block in scores)
-    for _, index, _ in sorted(ranked):
+    for _, index, _ in sorted(ranked, key=lambda entry: (entry[0], -entry[1], -entry[2])):
         if to_remove and left[index] > 1:
             left[index] -= 1
             to_remove -= 1
@@ -57,18 +60,18 @@ def test_the_lowest_standardized_scores_go_across_blocks_and_every_block_keeps_o
     width = model.config.intermediate_size
     rows = [
         torch.tensor([-1.0, 1.0] * (width // 2)),  # z = -1 or +1
-        torch.ones(width),  # no spread: z = 0, all of it goes but one (the clamp)
+        torch.ones(width),  # no spread: z = 0, as the next block's, which goes first (the later): all of it but one
         torch.ones(width),
     ]
     with torch.no_grad():
         for block, row in zip(model.model.layers, rows):
             block.mlp.down_proj.weight[0] = row
     report = prunereg.shrink(model, _FirstRow(), mlp=0.5, allocation="global")
-    assert _mlp_widths(model) == [width // 2, 1, width - 1] == _reference_keep(rows, 0.5)
-    assert [block.kept["mlp"] for block in report.blocks] == [width // 2, 1, width - 1]
+    assert _mlp_widths(model) == [width // 2, width - 1, 1] == _reference_keep(rows, 0.5)
+    assert [block.kept["mlp"] for block in report.blocks] == [width // 2, width - 1, 1]
     assert report.needs_prunereg_loader and "prunereg.from_pretrained" in str(report)
     assert model.config.intermediate_size == width  # the config cannot state it: the record does
-    assert getattr(model.config, CONFIG_KEY)["tensors"]["model.layers.1.mlp.down_proj.weight"] == [32, 1]
+    assert getattr(model.config, CONFIG_KEY)["tensors"]["model.layers.2.mlp.down_proj.weight"] == [32, 1]
 
 
 def test_flap_global_removes_the_uniform_total_and_reloads_with_prunereg_from_pretrained(tmp_path: Path) -> None:

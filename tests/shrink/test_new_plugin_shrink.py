@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from prunereg._cli import main
-from tests.support.generated_plugins import install_generated_plugin
+from tests.support.generated_plugin import install_and_test
 
 
 def test_the_shrink_template_writes_a_shrink_method_with_the_packaging(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_the_info_command_says_shrink_runs_a_shrink_method() -> None:
 
 @pytest.mark.slow
 def test_a_generated_shrink_plugin_installs_registers_and_passes_its_own_tests(tmp_path: Path) -> None:
-    rows, tests = install_generated_plugin("demo-shrink", "shrink", tmp_path)
+    rows, output = install_and_test(tmp_path, "demo-shrink", "shrink")
     assert rows["demo_shrink"]["package"] == "prunereg-demo-shrink"
     assert rows["demo_shrink"]["target"] == "prunereg_demo_shrink.method:DemoShrinkPruning"
-    assert "4 passed" in tests
+    assert "4 passed" in output

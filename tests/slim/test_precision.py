@@ -3,7 +3,7 @@
 Values are small integers, which float32, float16 and bfloat16 all hold exactly,
 and so are the activations and gradients of :func:`_exact_mlp` (below 256 in every
 layer), so each dtype must score every unit bit for bit alike. Equal scores are
-broken by position (the earlier unit goes first), the same way in every dtype.
+broken by position (the later unit goes first), the same way in every dtype.
 """
 
 from __future__ import annotations

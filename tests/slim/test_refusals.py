@@ -135,10 +135,11 @@ class Bottleneck(nn.Module):
     ("arguments", "why"),
     [
         ({"ratio": 0.5, "round_to": 10**6}, "round_to=1000000 keeps every group whole: the largest has 16 units"),
-        ({"ratio": 0.05}, "ratio 0.05 of a group is less than one unit (the largest group has 16)"),
+        ({"ratio": 0.03}, "ratio 0.03 of a group rounds to no unit (the largest group has 16)"),
         ({"ratio": 0.5, "ignore": ["embed", "up"]},
          "every channel is kept whole (an ignored module, a model input or output, an operation not followed)"),
-        ({}, "no channel is pruned whole (its rows or filters at zero in every layer that makes it)"),
+        ({}, "no channel is pruned whole (its rows or filters at zero in every layer that makes it); pass ratio= "
+             "(say ratio=0.3) to remove that share of every group's channels, the lowest by importance"),
     ],
     ids=["round_to beyond every group", "ratio below one unit", "everything ignored", "no masks"],
 )  # fmt: skip

@@ -1,4 +1,4 @@
-"""A plugin written by `prunereg new-plugin`, installed (non-editable) and its own tests run, in subprocesses."""
+"""A plugin written by ``prunereg new-plugin``, installed for real (non-editable) and run against its own tests."""
 
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ from typing import Any
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run a command; its output, or an assertion error showing both streams."""
+    """Run ``args`` with ``env`` added, asserting that it succeeds."""
     result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
     assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
 
-def install_generated_plugin(name: str, kind: str, tmp_path: Path) -> tuple[dict[str, dict[str, Any]], str]:
-    """Write plugin ``name`` of ``kind``, install it into a folder of its own, list its kind and run its tests.
-
-    Returns ``prunereg list --json --kind KIND``'s rows by method name, and the plugin's pytest output.
-    """
+def install_and_test(tmp_path: Path, name: str, kind: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """``new-plugin NAME --kind KIND``, installed: ``prunereg list --kind KIND`` by name, and pytest's output."""
     bin_dir = Path(sys.executable).parent
     source, site = tmp_path / "source", tmp_path / "site"
     run([str(bin_dir / "prunereg"), "new-plugin", name, str(source), "--kind", kind], tmp_path)
