@@ -279,7 +279,7 @@ def play_ids(tokenizer: Any, text: str, rows: int, length: int) -> Any:
     """
     import torch
 
-    from prunereg._oneshot.calibration import first_token_ids
+    from prunereg._runtime.calibration import first_token_ids
 
     ids = first_token_ids(tokenizer, text, rows * length, add_special_tokens=False)
     return torch.tensor(ids, dtype=torch.long).reshape(rows, length).contiguous()

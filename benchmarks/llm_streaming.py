@@ -30,7 +30,7 @@ GB = 1e9
 _CHILD = r"""
 import json, resource, sys, time
 # Everything the run imports, and torch's thread pool, exist before the cap: it bounds the work only.
-import accelerate, torch, transformers, prunereg, prunereg._oneshot.streaming, prunereg_llm.wanda
+import accelerate, torch, transformers, prunereg, prunereg._oneshot.folder, prunereg_llm.wanda
 from transformers.models.llama import modeling_llama
 torch.set_num_threads(int(sys.argv[5]))
 torch.ones(256, 256) @ torch.ones(256, 256)

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from prunereg._models.summary import Summary, TensorSummary, summary
     from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight
     from prunereg._oneshot.engine import oneshot
+    from prunereg._oneshot.folder import oneshot_folder
     from prunereg._oneshot.perplexity import perplexity
     from prunereg._oneshot.report import OneShotReport
-    from prunereg._oneshot.streaming import oneshot_folder
     from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.isolation import PluginCodeError
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
@@ -186,7 +186,7 @@ _LAZY = {
     "load_state_dict": "prunereg._models.state_dict",
     "make_pruning_permanent": "prunereg._core.tied",
     "oneshot": "prunereg._oneshot.engine",
-    "oneshot_folder": "prunereg._oneshot.streaming",
+    "oneshot_folder": "prunereg._oneshot.folder",
     "parameters_to_prune": "prunereg._files.selection",
     "perplexity": "prunereg._oneshot.perplexity",
     "prune_file": "prunereg._files.file_pruning",

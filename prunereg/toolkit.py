@@ -12,6 +12,13 @@ helpers (``lowest_per_row``, ``lowest_n_of_m``, ``lowest_overall``,
 plain tensors and DTensors alike (sharded models are pruned shard by shard), so
 a method written with them never asks which one it holds.
 
+Methods of the block-by-block engines (``calibrated``, ``shrink``) read
+statistics of calibration activations; a statistic of one's own is a
+:class:`Statistic` subclass made known with :func:`register_statistic`, which
+a method then names in its ``STATISTICS`` (``docs/plugins.md``, "Statistics");
+the built-in ones (:class:`InputSqNorms`, :class:`Hessian`, :class:`ChannelMoments`,
+:class:`BlockCosine`, :class:`ExpertRouting`) are public classes of the same kind.
+
 For importance authors (:class:`prunereg.Importance`, what ``prunereg.slim``
 ranks channels by): :class:`Group`, the units a ratio is taken of and the
 tensor positions each holds, and :func:`unit_sums`, any per-entry measure
@@ -28,6 +35,17 @@ from prunereg._distributed.channels import channel_mask, channel_norms
 from prunereg._distributed.draws import rand_like
 from prunereg._distributed.layout import to_layout_of
 from prunereg._distributed.select import prune_lowest, select_k
+from prunereg._runtime.registry import register_statistic, statistic_names
+from prunereg._runtime.standard import (
+    BlockCosine,
+    ChannelMoments,
+    ExpertRouting,
+    Hessian,
+    InputSqNorms,
+    Moments,
+    Routing,
+)
+from prunereg._runtime.statistics import Observation, Statistic
 from prunereg._selection.amount import count_for, nparams_to_prune, validate_amount, validate_amount_init
 from prunereg._selection.amount import validate_dim as check_dim
 from prunereg._selection.amount import validate_structured as check_structured
@@ -38,8 +56,17 @@ from prunereg._slim.importance import unit_sums
 from prunereg._slim.units import Group
 
 __all__ = [
+    "BlockCosine",
+    "ChannelMoments",
     "CustomFromMask",
+    "ExpertRouting",
     "Group",
+    "Hessian",
+    "InputSqNorms",
+    "Moments",
+    "Observation",
+    "Routing",
+    "Statistic",
     "all_or_nothing",
     "channel_mask",
     "channel_norms",
@@ -55,7 +82,9 @@ __all__ = [
     "prune_lowest",
     "prune_where",
     "rand_like",
+    "register_statistic",
     "select_k",
+    "statistic_names",
     "to_layout_of",
     "top_indices",
     "unit_sums",

@@ -42,17 +42,18 @@ def kinds_table() -> str:
 
 def oneshot_options_table() -> str:
     """The settings of ``prunereg.oneshot`` and ``prunereg oneshot``, from the one object that defines them."""
-    from prunereg._oneshot.options import options_table
+    from prunereg._oneshot.settings import OneShotOptions
+    from prunereg._runtime.options import options_table
 
-    return options_table()
+    return options_table(OneShotOptions)
 
 
 def shrink_options_table() -> str:
     """The settings of ``prunereg.shrink`` and ``prunereg shrink``, from the one object that defines them."""
-    from prunereg._oneshot.options import options_table
+    from prunereg._runtime.options import options_table
     from prunereg._shrink.options import ShrinkOptions
 
-    return options_table(options=ShrinkOptions)
+    return options_table(ShrinkOptions)
 
 
 def _cell(text: str) -> str:

@@ -4,7 +4,7 @@ The model and its tokenizer come from MODEL_DIR (``from_pretrained``), read as
 untrusted input (:mod:`prunereg._models.hf_folder`: none of its code runs,
 nothing outside it is read, no weight is made up); the calibration text's
 first ``--samples`` x ``--seq-len`` tokens become the calibration set, read
-and tokenised no further than needed (:mod:`prunereg._oneshot.calibration`).
+and tokenised no further than needed (:mod:`prunereg._runtime.calibration`).
 The pruned model, its config and tokenizer (and with ``--masks`` the masks)
 are written to OUTPUT_DIR, which ``from_pretrained`` loads, through
 :class:`~prunereg._disk.folder.AtomicFolder`: whole or not at all. Needs the ``hf`` extra (transformers, accelerate).
@@ -39,7 +39,8 @@ from prunereg._cli.shared import (
 )
 from prunereg._cli.values import key_values
 from prunereg._disk.signals import cleanup_on_signals
-from prunereg._oneshot.options import OneShotOptions, cli_flag
+from prunereg._oneshot.settings import OneShotOptions
+from prunereg._runtime.options import cli_flag
 from prunereg._text import describe, printable
 
 if TYPE_CHECKING:
@@ -127,9 +128,9 @@ def oneshot_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
-    from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._oneshot.engine import build_method
-    from prunereg._oneshot.streaming import prune_folder_into
+    from prunereg._oneshot.folder import prune_folder_into
+    from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
 
     build_method(method, settings.sparsity, settings.pattern, options)  # the method and its -o, before any loading
     results = Results(eval_file.name if eval_file is not None else None)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import click
 
 from prunereg._cli.values import Number
-from prunereg._oneshot.options import Options, cli_flag, value_type
+from prunereg._runtime.options import Options, cli_flag, value_type
 from prunereg._text import printable
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def torch_dtype(name: str) -> Any:
 
 def read_eval_ids(tokenizer: Any, path: Path, limit: int | None) -> Any:
     """The evaluation text's first ``--eval-tokens`` tokens (all without it), read no further than needed."""
-    from prunereg._oneshot.calibration import text_file_ids
+    from prunereg._runtime.calibration import text_file_ids
 
     tokens = text_file_ids(tokenizer, path, limit)
     if tokens.numel() < 2:

@@ -122,7 +122,7 @@ def shrink_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
-    from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
+    from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._shrink.streaming import shrink_folder_into
 
     results = Results(eval_file.name if eval_file is not None else None)

@@ -128,7 +128,7 @@ def slim_command(
         ) from error
     import prunereg
     from prunereg._models.hf_folder import is_causal_lm, load_config, load_tokenizer, model_class
-    from prunereg._oneshot.calibration import CLI_SPELLING, samples_from_text_file
+    from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._slim.engine import ArgumentError, check_arguments
 
     try:  # before the model loads; an unknown importance is an error of status 1, as an unknown method

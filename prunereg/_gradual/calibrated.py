@@ -2,7 +2,7 @@
 
 At each pruning step the calibration batches run through the model with hooks
 on the pruned Linear layers that gather the statistics the method asks for
-(one-shot pruning's recorder), then each layer is pruned by the method at the
+(the runtime's recorder, as in one-shot pruning), then each layer is pruned by the method at the
 scheduled sparsity, as one-shot pruning prunes it. Weights pruned earlier are
 handed over as NaN, which every calibrated method prunes first (prunereg's NaN
 rule), so they stay pruned; a method that ignores that rule is caught.
@@ -20,9 +20,10 @@ from torch import nn
 
 from prunereg._distributed.counts import pruned_entries
 from prunereg._gradual.masks import Target
-from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics
-from prunereg._oneshot.engine import _calibration_mode  # one-shot pruning's run: eval, no autograd, modes restored
-from prunereg._oneshot.statistics import GroupRecorder
+from prunereg._oneshot.contract import SITE, CalibratedMethod, LayerStatistics, layer_statistics
+from prunereg._runtime.mode import calibration_mode
+from prunereg._runtime.recorder import Recorder
+from prunereg._runtime.registry import at_site
 
 
 class CalibratedPlan:
@@ -101,12 +102,16 @@ class CalibratedPlan:
     def _statistics(self, found: Sequence[Target]) -> dict[str, LayerStatistics]:
         assert self.model is not None and self.calibration is not None  # checked when built
         layers = {target.label: target.module for target in found}
-        with GroupRecorder(layers, self.method.STATISTICS) as recorder, _calibration_mode(self.model):
-            for batch in self.calibration:
-                with recorder.batch():
+        recorder = Recorder(at_site(self.method.STATISTICS, SITE), layers=layers)
+        with recorder, calibration_mode(self.model):
+            for index, batch in enumerate(self.calibration):
+                with recorder.batch(index):
                     _run(self.model, batch)
-            gathered = recorder.group_statistics()
-        return {name: stats for names, stats in gathered for name in names}
+        return {
+            name: layer_statistics(n_tokens, results)
+            for names, n_tokens, results in recorder.group_results()
+            for name in names
+        }
 
 
 def _run(model: nn.Module, batch: Any) -> None:

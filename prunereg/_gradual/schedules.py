@@ -23,7 +23,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from prunereg._oneshot.contract import check_sparsity
+from prunereg._runtime.options import check_sparsity
 
 KINDS = ("constant", "linear", "cubic", "exponential")
 

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from prunereg._oneshot.contract import LayerStatistics, check_sparsity
-from prunereg._oneshot.options import OWL_LAMBDA, OWL_THRESHOLD
+from prunereg._oneshot.contract import LayerStatistics
+from prunereg._oneshot.settings import OWL_LAMBDA, OWL_THRESHOLD
+from prunereg._runtime.options import check_sparsity
 
 
 def outlier_ratio(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 
-from prunereg._oneshot.contract import STATISTIC_NAMES, CalibratedMethod, LayerStatistics
+from prunereg._oneshot.contract import FIELDS, SITE, CalibratedMethod, LayerStatistics
+from prunereg._runtime.conformance import default_devices, sampled, step
+from prunereg._runtime.registry import at_site, statistic_names
+from prunereg._runtime.statistics import Observation
 
 _SEED = 1234
 _IN_FEATURES = 16
@@ -25,7 +27,8 @@ def check_calibrated_method(method: str | type, /, *, devices: Sequence[str] | N
     cpu, and cuda when present), for a group of two layers reading one input:
 
     - the class: a ``CalibratedMethod`` of kind ``calibrated`` (the registered kind,
-      for a name) whose ``STATISTICS`` are ones the engine gathers;
+      for a name) whose ``STATISTICS`` are registered statistics of a layer's input
+      (one a plugin registered is gathered over the check's random tokens);
     - the constructor: ``sparsity`` outside [0, 1) is a ``ValueError``, a
       non-number a ``TypeError``, and a pattern whose N/M differs from the sparsity
       a ``ValueError``;
@@ -39,13 +42,13 @@ def check_calibrated_method(method: str | type, /, *, devices: Sequence[str] | N
     Raises ``AssertionError`` naming the method, the check and the device.
     """
     cls, label = _method_class(method)
-    with _step(label, "constructor argument checks"):
+    with step(label, "constructor argument checks"):
         _check_constructor(cls, kwargs)
-    for device in devices if devices is not None else _default_devices():
-        weights, statistics = _group(device)
-        with _step(label, f"unstructured pruning on {device}"):
+    for device in devices if devices is not None else default_devices():
+        weights, statistics = _group(device, cls.STATISTICS)
+        with step(label, f"unstructured pruning on {device}"):
             _check_unstructured(cls, kwargs, weights, statistics)
-        with _step(label, f"2:4 pruning on {device}"):
+        with step(label, f"2:4 pruning on {device}"):
             _check_two_of_four(cls, kwargs, weights, statistics)
 
 
@@ -64,21 +67,10 @@ def _method_class(method: str | type) -> tuple[type[CalibratedMethod], str]:
         raise AssertionError(f"{label}: not a prunereg.CalibratedMethod subclass")
     if cls.PRUNING_TYPE != "calibrated":
         raise AssertionError(f"{label}: PRUNING_TYPE must be 'calibrated', not {cls.PRUNING_TYPE!r}")
-    if not set(cls.STATISTICS) <= STATISTIC_NAMES:
-        raise AssertionError(f"{label}: STATISTICS must be a subset of {sorted(STATISTIC_NAMES)}")
+    gathered = at_site(set(cls.STATISTICS) & statistic_names(), SITE)
+    if set(gathered) != set(cls.STATISTICS):
+        raise AssertionError(f"{label}: STATISTICS must name registered statistics observed at {SITE!r}")
     return cls, label
-
-
-@contextlib.contextmanager
-def _step(label: str, what: str) -> Iterator[None]:
-    try:
-        yield
-    except AssertionError as error:
-        raise AssertionError(f"{label}, {what}: {error}") from None
-
-
-def _default_devices() -> list[str]:
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _check_constructor(cls: type[CalibratedMethod], kwargs: dict[str, Any]) -> None:
@@ -98,8 +90,8 @@ def _check_constructor(cls: type[CalibratedMethod], kwargs: dict[str, Any]) -> N
     raise AssertionError("pattern='2:4' with sparsity=0.3 was accepted; expected ValueError")
 
 
-def _group(device: str) -> tuple[list[torch.Tensor], LayerStatistics]:
-    """Two random layers reading one input, and that input's statistics from 64 random tokens."""
+def _group(device: str, names: Collection[str]) -> tuple[list[torch.Tensor], LayerStatistics]:
+    """Two random layers reading one input, and that input's statistics (``names`` too) from 64 random tokens."""
     generator = torch.Generator().manual_seed(_SEED)
     tokens = torch.randn(64, _IN_FEATURES, generator=generator) * torch.linspace(0.2, 3.0, _IN_FEATURES)
     weights = [torch.randn(out, _IN_FEATURES, generator=generator).to(device) for out in _OUT_FEATURES]
@@ -107,6 +99,7 @@ def _group(device: str) -> tuple[list[torch.Tensor], LayerStatistics]:
         n_tokens=tokens.shape[0],
         input_sq_norms=tokens.square().sum(0).to(device),
         hessian=(2 / tokens.shape[0] * tokens.T @ tokens).to(device),
+        extra=sampled(names, SITE, Observation(0, tokens.to(device)), leave_out=FIELDS),
     )
     return weights, statistics
 

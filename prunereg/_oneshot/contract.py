@@ -3,8 +3,9 @@
 A calibrated method (Wanda, SparseGPT, a magnitude baseline) prunes the Linear
 layers of one decoder block at a time. The one-shot engine runs the calibration
 set through the block, gathers the :class:`LayerStatistics` the method asks for
-(``STATISTICS``) for each group of layers that read the same input (q/k/v,
-gate/up), and hands each group to :meth:`CalibratedMethod.prune_group`, which
+(``STATISTICS``: registered statistics observed at ``layer_input``, see
+:mod:`prunereg._runtime.statistics`) for each group of layers that read the same
+input (q/k/v, gate/up), and hands each group to :meth:`CalibratedMethod.prune_group`, which
 returns every layer's new weight and mask. A group is pruned together so that
 shared work (one Hessian inverse, one sweep over the stacked rows) is done once.
 A method that asks for no statistics gets no forwards at all: each layer is a
@@ -14,35 +15,48 @@ group of its own, with ``n_tokens`` 0.
 from __future__ import annotations
 
 import math
-import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
 from prunereg._core.method import BasePruningMethod
 from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._runtime.options import check_sparsity
+from prunereg._runtime.registry import check_statistics
+from prunereg._runtime.statistics import ReadByName
 
 KIND = "calibrated"
 
-#: The statistics an engine knows how to gather; ``STATISTICS`` is a subset.
-STATISTIC_NAMES = frozenset({"input_sq_norms", "hessian"})
+#: Where the statistics of a calibrated method are observed: the input its group of layers reads.
+SITE = "layer_input"
+#: The statistics :class:`LayerStatistics` holds in fields of their own; any other comes in ``extra``.
+FIELDS = ("input_sq_norms", "hessian")
 
 
 @dataclass(frozen=True)
-class LayerStatistics:
+class LayerStatistics(ReadByName):
     """What the calibration activations say about the input shared by one group of Linear layers.
 
     ``input_sq_norms[j]`` is the sum over tokens of ``x_j ** 2`` (Wanda scores with its
     square root); ``hessian`` is ``(2 / n_tokens) * sum over tokens of x x^T`` (SparseGPT's
     layer Hessian). Both are float32; a statistic the method did not ask for may be None.
+    Any other statistic the method asked for (one a plugin registered) is in
+    ``extra`` by name: ``statistics["name"]``.
     """
 
     n_tokens: int
     input_sq_norms: torch.Tensor | None = None
     hessian: torch.Tensor | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def layer_statistics(n_tokens: int, results: Mapping[str, Any]) -> LayerStatistics:
+    """The statistics a recorder gathered for one group (results by name), as a method reads them."""
+    extra = {name: value for name, value in results.items() if name not in FIELDS}
+    return LayerStatistics(n_tokens, results.get("input_sq_norms"), results.get("hessian"), extra)
 
 
 class PrunedWeight(NamedTuple):
@@ -68,16 +82,6 @@ def parse_pattern(pattern: str) -> tuple[int, int]:
 
 def _ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
-
-
-def check_sparsity(sparsity: object, what: str = "sparsity") -> float:
-    """``sparsity`` as a float in [0, 1): a TypeError for a non-number, a ValueError outside the range."""
-    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
-        raise TypeError(f"{what} must be a number in [0, 1), not {type(sparsity).__name__}")
-    value = float(sparsity)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{what} must be in [0, 1), got {sparsity!r}")
-    return value
 
 
 class CalibratedMethod(ABC):
@@ -106,9 +110,7 @@ class CalibratedMethod(ABC):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        unknown = set(cls.STATISTICS) - STATISTIC_NAMES
-        if unknown:
-            raise TypeError(f"{cls.__name__}.STATISTICS names unknown statistics: {', '.join(sorted(unknown))}")
+        check_statistics(cls.__name__, cls.STATISTICS, sites=(SITE,))
         # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
         guard_plugin_methods(cls, ("__init__", "prune_group"))
 
@@ -191,10 +193,10 @@ class CalibratedMethod(ABC):
             )
         expected = {"input_sq_norms": (in_features,), "hessian": (in_features, in_features)}
         for name in sorted(self.STATISTICS):
-            value = getattr(statistics, name)
+            value = getattr(statistics, name) if name in FIELDS else statistics.extra.get(name)
             if value is None:
                 raise ValueError(f"{type(self).__name__} needs the statistic {name!r}, which is missing")
-            if tuple(value.shape) != expected[name]:
+            if name in expected and tuple(value.shape) != expected[name]:
                 raise ValueError(f"statistic {name!r} has shape {tuple(value.shape)}, expected {expected[name]}")
 
 

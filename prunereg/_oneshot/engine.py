@@ -6,54 +6,46 @@ gather the statistics its layers need (forward hooks, once per input group),
 prune the layers, and run the block again on its pruned weights to produce the
 next block's inputs. Memory: the weights plus one block's calibration
 activations. Where the weights live is a :class:`BlockWeights` (in memory here;
-streamed from a safetensors folder by :mod:`prunereg._oneshot.streaming`).
+streamed from a safetensors folder by :mod:`prunereg._runtime.streamed`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from prunereg._core import reparam
-from prunereg._oneshot.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
-from prunereg._oneshot.calibration import calibration_ids, check_fits_model, load_model, model_folder
-from prunereg._oneshot.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
-from prunereg._oneshot.contract import CalibratedMethod, LayerStatistics, PrunedWeight, check_sparsity, parse_pattern
-from prunereg._oneshot.options import OneShotOptions, check_allocation, with_options_signature
-from prunereg._oneshot.precision import matmul_precision
+from prunereg._oneshot.contract import (
+    SITE,
+    CalibratedMethod,
+    LayerStatistics,
+    PrunedWeight,
+    layer_statistics,
+    parse_pattern,
+)
 from prunereg._oneshot.report import LayerReport, OneShotReport, Timings
-from prunereg._oneshot.statistics import GroupRecorder
+from prunereg._oneshot.settings import OneShotOptions, check_allocation
 from prunereg._progress import progress as progress_bar
+from prunereg._runtime.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
+from prunereg._runtime.calibration import calibration_ids, check_fits_model, load_model, model_folder
+from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
+from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, copy_fits, input_device
+from prunereg._runtime.options import check_sparsity, with_options_signature
+from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.recorder import Recorder, gather
+from prunereg._runtime.registry import at_site
+from prunereg._runtime.weights import BlockWeights, InMemory
 
 
-class BlockWeights(Protocol):
-    """Where the blocks' weights are: :meth:`fetch` fills block ``index`` before it runs, :meth:`done` after."""
-
-    def fetch(self, index: int, block: nn.Module) -> None: ...
-
-    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None: ...
-
-
-class InMemory:
-    """The whole model is in memory already: nothing to fetch, nothing to write."""
-
-    def fetch(self, index: int, block: nn.Module) -> None:
-        pass
-
-    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
-        pass
-
-
-@with_options_signature()
+@with_options_signature(OneShotOptions)
 def oneshot(
     model: nn.Module | str | os.PathLike[str],
     method: str | CalibratedMethod,
@@ -74,14 +66,14 @@ def oneshot(
     a list of texts, a tokenizer's output or a ``datasets.Dataset`` with a
     ``text`` column, tokenised with ``tokenizer`` and cut into ``num_samples`` x
     ``seq_len`` (default 64 x 256) as ``prunereg oneshot`` cuts its text
-    (:mod:`prunereg._oneshot.calibration`). Token ids the model has no embedding
+    (:mod:`prunereg._runtime.calibration`). Token ids the model has no embedding
     for and samples longer than its config allows are refused before anything
     changes. ``model`` may be a Hugging Face folder's path, loaded as
     ``prunereg oneshot`` loads MODEL_DIR (none of its code runs) with its own
     tokenizer for texts; the pruned model is then the report's ``model``.
 
     The keyword arguments are the run's settings (the table in
-    ``docs/llm.md``; :class:`prunereg._oneshot.options.OneShotOptions` holds
+    ``docs/llm.md``; :class:`prunereg._oneshot.settings.OneShotOptions` holds
     their defaults and checks); any other keyword is an option of the method,
     passed to its constructor (``blocksize=64``), and one it does not take is a
     TypeError naming those it does.
@@ -95,7 +87,7 @@ def oneshot(
     those whose full name matches one of the ``layers`` glob patterns, less those
     matching an ``ignore`` glob; embeddings and the output head never. ``blocks``
     names the ``nn.ModuleList`` of decoder blocks for an architecture prunereg
-    does not know (see ``prunereg._oneshot.blocks``).
+    does not know (see ``prunereg._runtime.blocks``).
 
     ``permanent=True`` (the default) leaves plain weights with exact zeros, ready
     for ``save_pretrained``; ``permanent=False`` also installs prunereg's
@@ -131,7 +123,7 @@ def oneshot(
     job = OneShotJob.prepare(model, method, calibration=calibration, options=settings, method_options=method_options)
     restore_on_error = settings.restore_on_error
     if restore_on_error is None:
-        restore_on_error = _copy_fits(job.weight_bytes())
+        restore_on_error = copy_fits(job.weight_bytes())
     report = job.run(InMemory(), progress=settings.progress, restore_on_error=restore_on_error)
     if folder is not None:
         report.model = model
@@ -170,8 +162,8 @@ class OneShotJob:
         _check_ignore_matches(model, options.ignore)
         layer_names = _select_layers(blocks_path, block_list, options.layers, options.ignore)
         _check_layers(block_list, layer_names, instance)
-        _check_not_reparametrized(model)
-        device = _input_device(model)
+        check_not_reparametrized(model)
+        device = input_device(model)
         batches = list(batches_of(calibration, options.batch_size, device))
         if not batches:
             raise ValueError("calibration holds no token ids")
@@ -233,7 +225,7 @@ class OneShotJob:
             matmul_precision=self.options.matmul_precision,
         )
         # The forwards run at the requested precision; statistics and pruning step up to "highest" themselves.
-        with _calibration_mode(self.model), matmul_precision(self.options.matmul_precision):
+        with calibration_mode(self.model), matmul_precision(self.options.matmul_precision):
             sparsities = [self.method.sparsity] * len(self.blocks)
             if self.options.allocation == "owl":
                 outlier_start = time.perf_counter()
@@ -363,13 +355,11 @@ class OneShotJob:
     ) -> list[tuple[list[str], LayerStatistics]]:
         """Run the calibration batches through ``block`` and return each input group's statistics."""
         start = time.perf_counter()
-        with GroupRecorder({name: block.get_submodule(name) for name in names}, needs) as recorder:
-            for batch in range(len(inputs)):
-                with recorder.batch():
-                    call_block(block, inputs, batch)
+        recorder = Recorder(at_site(needs, SITE), layers={name: block.get_submodule(name) for name in names})
+        gather(block, inputs, recorder)
         timings.statistics += recorder.seconds
         timings.forward += time.perf_counter() - start - recorder.seconds
-        return recorder.group_statistics()
+        return [(group, layer_statistics(n_tokens, results)) for group, n_tokens, results in recorder.group_results()]
 
     def _advance(self, block: nn.Module, inputs: BlockInputs, timings: Timings) -> None:
         """Replace ``inputs`` by ``block``'s outputs on them."""
@@ -494,41 +484,6 @@ def _check_finite(names: list[str], weights: list[Tensor], statistics: LayerStat
             )
 
 
-def _check_not_reparametrized(model: nn.Module) -> None:
-    from prunereg._core.reparam import is_pruned
-
-    if is_pruned(model):
-        raise ValueError("the model is already pruned (reparametrized); make that permanent with prunereg.remove first")
-
-
-def _input_device(model: nn.Module) -> torch.device:
-    get_input_embeddings = getattr(model, "get_input_embeddings", None)
-    embeddings = get_input_embeddings() if callable(get_input_embeddings) else None
-    if isinstance(embeddings, nn.Module):
-        for parameter in embeddings.parameters():
-            return parameter.device
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
-
-
-def _copy_fits(n_bytes: int) -> bool:
-    """Whether a copy of ``n_bytes`` takes at most half the host memory available now (``True`` if unknown)."""
-    available = _available_memory()
-    return available is None or n_bytes <= available // 2
-
-
-def _available_memory() -> int | None:
-    """The host memory available to new allocations, in bytes, where the system says."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            line = next(line for line in meminfo if line.startswith("MemAvailable:"))
-        return int(line.split()[1]) * 1024
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None
-
-
 def _say_which_blocks_were_pruned(error: BaseException, blocks_path: str, touched: list[int]) -> None:
     """Tell the caller of a run that failed without restoring which blocks it pruned before the error."""
     if not touched:
@@ -563,16 +518,3 @@ def _write_back(layer: nn.Module, result: PrunedWeight, *, permanent: bool) -> N
         from prunereg._core.custom import CustomFromMask
 
         CustomFromMask.apply(layer, "weight", mask)
-
-
-@contextlib.contextmanager
-def _calibration_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode and no autograd for the run; each module's own train/eval flag restored after."""
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for module, training in modes.items():
-            module.training = training

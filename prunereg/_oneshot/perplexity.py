@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from prunereg._oneshot.calibration import check_fits_model
+from prunereg._runtime.calibration import check_fits_model
+from prunereg._runtime.mode import calibration_mode
 
 #: Positions whose loss is computed in one step (a ``POSITIONS_PER_STEP x vocabulary`` buffer).
 POSITIONS_PER_STEP = 128
@@ -41,17 +42,12 @@ def perplexity(model: nn.Module, ids: Tensor, *, window: int = 512, batch_size: 
     check_fits_model(model, windows, what="the windows of ids", hint="pass a smaller window")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     total_nll, predicted = 0.0, 0
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(windows), batch_size):
-                for batch in _same_length_batches(windows[start : start + batch_size]):
-                    nll, count = _window_nll(model, batch.to(device))
-                    total_nll += nll
-                    predicted += count
-    finally:
-        model.train(training)
+    with calibration_mode(model):  # eval mode without autograd, each module's own flag restored after
+        for start in range(0, len(windows), batch_size):
+            for batch in _same_length_batches(windows[start : start + batch_size]):
+                nll, count = _window_nll(model, batch.to(device))
+                total_nll += nll
+                predicted += count
     try:
         return math.exp(total_nll / predicted)
     except OverflowError:  # a mean loss above ~709 nats: larger than any float

@@ -25,7 +25,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunereg._oneshot.options import with_options_signature
 from prunereg._progress import progress as progress_bar
 from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, RecoveryModel, zero_masks
@@ -48,6 +47,7 @@ from prunereg._recover.runtime import (
 )
 from prunereg._recover.step import recover_block, recover_model
 from prunereg._recover.teacher import TeacherTrajectory
+from prunereg._runtime.options import with_options_signature
 
 
 @with_options_signature(RecoverOptions)

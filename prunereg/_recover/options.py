@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prunereg._oneshot.options import Options, blocks_setting, matmul_precision_setting, progress_setting, setting
+from prunereg._runtime.options import Options, blocks_setting, matmul_precision_setting, progress_setting, setting
 
 
 @dataclass(frozen=True)

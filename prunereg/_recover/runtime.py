@@ -1,23 +1,21 @@
-"""The block-by-block runtime recovery runs on, borrowed in one place from the engines below it.
+"""The block-by-block runtime recovery runs on: the public names of :mod:`prunereg._runtime` it uses, in one place.
 
-Calibration ids, finding the decoder blocks, capturing their inputs and running
-them come from the one-shot engine; the parts of a block (its MLP, attention,
-experts, and their writer projections) from shrinking. Recovery imports them
-from here only, so that moving the runtime into a package of its own changes
-this module alone.
+Calibration ids, finding the decoder blocks and their parts (MLP, attention,
+experts, their writer projections), capturing the blocks' inputs and running
+them, the run's mode and precision: the same runtime one-shot pruning and
+shrinking run on.
 """
 
 from __future__ import annotations
 
-from prunereg._oneshot.blocks import BlocksNotFoundError, find_blocks
-from prunereg._oneshot.calibration import calibration_ids, check_fits_model
-from prunereg._oneshot.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
-from prunereg._oneshot.conformance import _default_devices as default_devices
-from prunereg._oneshot.engine import _calibration_mode as calibration_mode
-from prunereg._oneshot.engine import _check_not_reparametrized as check_not_reparametrized
-from prunereg._oneshot.engine import _input_device as input_device
-from prunereg._oneshot.precision import matmul_precision
-from prunereg._shrink.architecture import Journal, UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
+from prunereg._runtime.blocks import BlocksNotFoundError, find_blocks
+from prunereg._runtime.calibration import calibration_ids, check_fits_model
+from prunereg._runtime.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
+from prunereg._runtime.conformance import default_devices
+from prunereg._runtime.journal import Journal
+from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
+from prunereg._runtime.parts import UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
+from prunereg._runtime.precision import matmul_precision
 
 __all__ = [
     "BlockInputs",

@@ -26,7 +26,6 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from prunereg._oneshot.options import with_options_signature
 from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, zero_masks
 from prunereg._recover.engine import build_method, config_changes, switch_off_unused, switch_on_biases
@@ -34,6 +33,7 @@ from prunereg._recover.parts import BlockParts, bias_flags, block_parts
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import BlockInputs, calibration_ids, find_blocks, find_experts, find_heads, find_mlp
 from prunereg._recover.step import recover_block
+from prunereg._runtime.options import with_options_signature
 from prunereg._shrink.contract import BlockFollower, ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob, shrink_model
 from prunereg._shrink.options import ShrinkOptions

@@ -16,75 +16,92 @@ influence, REAP) scores three kinds of *units*, each optional (``TARGETS``):
   :class:`ExpertStatistics` of the routing (:meth:`ShrinkMethod.expert_scores`).
 
 The engine removes the lowest-scored units. ``STATISTICS`` names what the engine
-must gather from the calibration set; a method that asks for none runs without one.
+must gather from the calibration set (registered statistics, see
+:mod:`prunereg._runtime.statistics`): those observed at a layer's input are
+gathered at the output projections for ``channels``, those of the block's hidden
+states for ``blocks``, those of a module's calls at the experts for ``experts``.
+A method that asks for none runs without calibration data.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from prunereg._plugins.isolation import guard_plugin_methods
+from prunereg._runtime.registry import check_statistics, statistic
+from prunereg._runtime.statistics import ReadByName
 
 if TYPE_CHECKING:
-    from prunereg._oneshot.capture import BlockInputs
+    from prunereg._runtime.capture import BlockInputs
 
 KIND = "shrink"
 
 #: What a method can score.
 TARGET_NAMES = frozenset({"channels", "blocks", "experts"})
 
-#: The statistics an engine gathers: the moments of each projection input, the block cosine, the routing.
-STATISTIC_NAMES = frozenset({"channel_moments", "block_cosine", "expert_routing"})
+#: Where the statistics for each target are observed (the sites of :mod:`prunereg._runtime.statistics`).
+SITE_OF = {"channels": "layer_input", "blocks": "block", "experts": "module_call"}
 
 
 @dataclass(frozen=True)
-class ChannelStatistics:
+class ChannelStatistics(ReadByName):
     """What the calibration set says about each input channel of an output projection.
 
     Over ``n_tokens`` tokens: ``sq_norms[j]`` is the sum of ``x_j ** 2``, ``mean[j]``
     the mean of ``x_j`` and ``variance[j]`` its sample variance (divided by
-    ``n_tokens - 1``), all float32. Empty (``n_tokens`` 0, tensors None) for a
-    method that asked for no statistics.
+    ``n_tokens - 1``), all float32 (``channel_moments``). Empty (``n_tokens`` 0,
+    tensors None) for a method that asked for no statistics. Any other statistic
+    of the projection's input the method asked for is in ``extra``: ``statistics["name"]``.
     """
 
     n_tokens: int
     sq_norms: torch.Tensor | None = None
     mean: torch.Tensor | None = None
     variance: torch.Tensor | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class BlockStatistics:
-    """How much one decoder block changes its input: ``cosine_sum`` is the sum over tokens of cos(input, output)."""
+class BlockStatistics(ReadByName):
+    """How much one decoder block changes its input: ``cosine_sum`` is the sum over tokens of cos(input, output).
+
+    Any other statistic of the block's hidden states the method asked for is in ``extra``: ``statistics["name"]``.
+    """
 
     n_tokens: int
     cosine_sum: float
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class ExpertStatistics:
+class ExpertStatistics(ReadByName):
     """The routing of one mixture-of-experts layer over the calibration tokens, per expert (float32 ``[experts]``).
 
     ``routed[e]`` counts the tokens routed to expert e, ``gate_sum[e]`` sums their
     routing weights, ``output_norm_sum[e]`` the norms of the expert's outputs on
-    them and ``weighted_norm_sum[e]`` the routing weight times that norm.
+    them and ``weighted_norm_sum[e]`` the routing weight times that norm
+    (``expert_routing``). Any other statistic of the experts' calls the method
+    asked for is in ``extra``: ``statistics["name"]``.
     """
 
     routed: torch.Tensor
     gate_sum: torch.Tensor
     output_norm_sum: torch.Tensor
     weighted_norm_sum: torch.Tensor
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ShrinkMethod:
     """A method that scores channels, decoder blocks or experts, the lowest of which ``prunereg.shrink`` removes.
 
     Subclasses set ``TARGETS`` (which units they score), ``STATISTICS`` (what the
-    engine gathers for them) and implement the matching ``*_scores`` method. A
+    engine gathers for them: registered statistics by name) and implement the
+    matching ``*_scores`` method. A
     method with ``compensates_bias`` true asks the engine to add the mean
     contribution of each removed channel to its projection's bias (FLAP): the
     engine then gathers ``channel_moments`` as well.
@@ -101,13 +118,10 @@ class ShrinkMethod:
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        for what, names, known in (
-            ("TARGETS", cls.TARGETS, TARGET_NAMES),
-            ("STATISTICS", cls.STATISTICS, STATISTIC_NAMES),
-        ):
-            unknown = set(names) - known
-            if unknown:
-                raise TypeError(f"{cls.__name__}.{what} names unknown entries: {', '.join(sorted(unknown))}")
+        unknown = set(cls.TARGETS) - TARGET_NAMES
+        if unknown:
+            raise TypeError(f"{cls.__name__}.TARGETS names unknown entries: {', '.join(sorted(unknown))}")
+        check_statistics(cls.__name__, cls.STATISTICS)
         # A third-party method runs as plugin code: sys.exit() in it is an error, its prints go to stderr.
         guard_plugin_methods(cls, ("__init__", "channel_scores", "unit_scores", "block_score", "expert_scores"))
 
@@ -143,9 +157,8 @@ class ShrinkMethod:
         raise NotImplementedError(f"{type(self).__name__} does not score experts")
 
     def needs(self, target: str) -> frozenset[str]:
-        """The statistics this method needs to score ``target`` units (all of ``STATISTICS`` that apply)."""
-        wanted = {"channels": {"channel_moments"}, "blocks": {"block_cosine"}, "experts": {"expert_routing"}}[target]
-        needed = set(self.STATISTICS) & wanted
+        """The statistics this method needs to score ``target`` units (those of ``STATISTICS`` observed there)."""
+        needed = {name for name in self.STATISTICS if SITE_OF[target] == statistic(name).SITE}
         if target == "channels" and self.compensates_bias:
             needed.add("channel_moments")
         return frozenset(needed)

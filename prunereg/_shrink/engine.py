@@ -1,6 +1,6 @@
 """``prunereg.shrink``: remove MLP channels, attention heads, decoder blocks and experts, the config rewritten to match.
 
-The calibration loop is the one-shot engine's (:mod:`prunereg._oneshot.capture`):
+The calibration loop is the runtime's (:mod:`prunereg._runtime.capture`), as one-shot pruning's:
 the calibration set is run up to the first block once, then each block in turn
 is observed (the statistics its method asks for), shrunk, and run again to feed
 the next block, so memory is the weights plus one block's activations. Blocks
@@ -33,32 +33,17 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._models import slimmed
-from prunereg._oneshot.blocks import find_blocks
-from prunereg._oneshot.calibration import check_fits_model
-from prunereg._oneshot.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
-from prunereg._oneshot.engine import (
-    BlockWeights,
-    InMemory,
-    _calibration_mode,
-    _check_not_reparametrized,
-    _input_device,
-)
-from prunereg._oneshot.precision import matmul_precision
 from prunereg._progress import progress as progress_bar
+from prunereg._runtime.blocks import find_blocks
+from prunereg._runtime.calibration import check_fits_model
+from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
+from prunereg._runtime.journal import Journal
+from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
+from prunereg._runtime.parts import Experts, UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
+from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.recorder import Called
+from prunereg._runtime.weights import BlockWeights, InMemory
 from prunereg._selection.select import removal_order
-from prunereg._shrink.architecture import (
-    Experts,
-    Journal,
-    UnitGroup,
-    add_zero_biases,
-    compensate_bias,
-    find_experts,
-    find_heads,
-    find_mlp,
-    remove_blocks,
-    remove_experts,
-    remove_units,
-)
 from prunereg._shrink.checks import failures_named, refuse_meta, refuse_sharing
 from prunereg._shrink.contract import (
     BlockFollower,
@@ -69,6 +54,7 @@ from prunereg._shrink.contract import (
 )
 from prunereg._shrink.gather import BlockObservation, observe_block
 from prunereg._shrink.options import ShrinkOptions
+from prunereg._shrink.removal import compensate_bias, remove_blocks, remove_experts, remove_units
 from prunereg._shrink.report import BlockShrink, ShrinkReport
 
 #: Each argument of :func:`shrink` and the kind of unit its method must score.
@@ -164,7 +150,7 @@ class ShrinkJob:
                 scores = ", ".join(sorted(instance.TARGETS)) or "nothing"
                 raise ValueError(f"{what}=... needs a method that scores {TARGET_OF[what]}; {name} scores {scores}")
         blocks_path, block_list = find_blocks(model, options.blocks)
-        _check_not_reparametrized(model)
+        check_not_reparametrized(model)
         if layers >= len(block_list):
             raise ValueError(f"layers={layers} would leave none of the {len(block_list)} blocks of {blocks_path}")
         plans = [_plan_block(f"{blocks_path}.{i}", b, config, shares, instance, name) for i, b in enumerate(block_list)]
@@ -180,7 +166,7 @@ class ShrinkJob:
         if needs or follower is not None:
             if calibration is None:
                 raise ValueError(f"{name} needs calibration data (token ids) for {', '.join(sorted(needs))}")
-            batches = list(batches_of(calibration, options.batch_size, _input_device(model)))
+            batches = list(batches_of(calibration, options.batch_size, input_device(model)))
             if not batches:
                 raise ValueError("calibration holds no token ids")
             check_fits_model(model, batches)
@@ -211,7 +197,7 @@ class ShrinkJob:
         across = self.allocation == "global"
         shapes_before = _outside_blocks(slimmed.snapshot(self.model), self.blocks_path) if across else None
         try:
-            with _calibration_mode(self.model), matmul_precision(self.matmul_precision):
+            with calibration_mode(self.model), matmul_precision(self.matmul_precision):
                 calibrated = bool(self.needs) or self.follower is not None
                 inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if calibrated else None
                 probe = self._probe(inputs) if self.follower is None else None
@@ -356,17 +342,15 @@ class ShrinkJob:
     def _observe(self, index: int, inputs: BlockInputs, *, keep_outputs: bool) -> BlockObservation:
         """One calibration pass over block ``index``: the statistics the method needs (and its outputs if kept)."""
         block, plan = self.blocks[index], self.plans[index]
-        writers = {kind: group.writer for kind, group in plan.groups.items() if "channel_moments" in self.needs}
-        routed = plan.experts.experts if plan.experts is not None and "expert_routing" in self.needs else None
-        n_experts = plan.experts.n_experts if plan.experts is not None else 0
-        cosine = "block_cosine" in self.needs
+        writers = {kind: group.writer for kind, group in plan.groups.items()}
+        experts = Called(plan.experts.experts, plan.experts.n_experts) if plan.experts is not None else None
         where = f"{self.blocks_path}.{index}"
 
         def message(module: str, error: str) -> str:
             return f"{where} fails its forward on the calibration data before its cut: {module} raised {error}"
 
         with failures_named(block, where, message):
-            return observe_block(block, inputs, writers, routed, n_experts, cosine=cosine, keep_outputs=keep_outputs)
+            return observe_block(block, inputs, writers, experts, self.needs, keep_outputs=keep_outputs)
 
     def _observe_all(
         self, inputs: BlockInputs | None, progress: bool | None, label: str
@@ -595,7 +579,7 @@ def _refuse_sharing(
 
 def _check_batch(model: nn.Module, calibration: Tensor | Iterable[Tensor] | None, batch_size: int) -> Tensor:
     """The token ids that check the cuts where no statistics are gathered: the first batch, or a short made-up one."""
-    device = _input_device(model)
+    device = input_device(model)
     for batch in batches_of(calibration, batch_size, device) if calibration is not None else ():
         check_fits_model(model, [batch])
         return batch

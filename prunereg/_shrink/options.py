@@ -2,8 +2,8 @@
 
 :func:`prunereg.shrink`, :func:`prunereg.shrink_folder`, the engine's
 :meth:`~prunereg._shrink.engine.ShrinkJob.prepare` and ``prunereg shrink`` all
-take these settings, as :class:`~prunereg._oneshot.options.OneShotOptions` is
-taken by one-shot pruning: the Python signatures, the command's flags and their
+take these settings, as :class:`~prunereg._oneshot.settings.OneShotOptions` is
+taken by one-shot pruning (:mod:`prunereg._runtime.options`): the Python signatures, the command's flags and their
 help, and the docs' table (``docs/_ext/generated.py``) are read from here. Every
 other keyword of the Python functions is an option of the method
 (``compensate=False``).
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prunereg._oneshot.options import (
+from prunereg._runtime.options import (
     Options,
     batch_size_setting,
     blocks_setting,
+    check_sparsity,
     matmul_precision_setting,
     progress_setting,
     setting,
@@ -70,8 +71,6 @@ class ShrinkOptions(Options):
 
     def check(self) -> None:
         """Refuse a setting of the wrong type or out of range; nothing about the model is needed."""
-        from prunereg._oneshot.contract import check_sparsity  # torch: imported when a run is checked
-
         for name in ("mlp", "heads", "experts"):
             object.__setattr__(self, name, check_sparsity(getattr(self, name), name))
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:

@@ -1,6 +1,6 @@
 """Shrinking a Hugging Face model folder one decoder block at a time, for models larger than memory.
 
-The streaming of :mod:`prunereg._oneshot.streaming`: the model is built empty,
+The streaming of :mod:`prunereg._runtime.streamed`: the model is built empty,
 the weights outside the blocks are loaded, and each block is read from the
 folder's safetensors files, shrunk, written as its own shard and emptied again.
 What differs is the output's shape: a block's shard holds its cut tensors (and
@@ -21,12 +21,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunereg._disk.folder import AtomicFolder
-from prunereg._disk.model_dir import check_model_folder
-from prunereg._models.hf_folder import CONFIG_NAME, empty_causal_lm, is_gguf_marker
-from prunereg._oneshot.blocks import find_blocks
-from prunereg._oneshot.calibration import calibration_ids
-from prunereg._oneshot.options import with_options_signature
-from prunereg._oneshot.streaming import CheckpointReader, StreamedBlocks, _empty, _refuse_incomplete
+from prunereg._models.hf_folder import CONFIG_NAME, is_gguf_marker
+from prunereg._runtime.calibration import calibration_ids
+from prunereg._runtime.options import with_options_signature
+from prunereg._runtime.streamed import StreamedBlocks, empty_block, open_folder, output_folder
 from prunereg._shrink.contract import ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob
 from prunereg._shrink.options import ShrinkOptions
@@ -45,7 +43,7 @@ class ShrunkBlocks(StreamedBlocks):
             if prefix + name in self.names or name in parameters  # a bias the compensation created is new
         }
         self._write(index, tensors)
-        _empty(block)
+        empty_block(block)
 
     def key_of(self, name: str) -> str:
         """The checkpoint key of model name ``name``, also for a tensor the checkpoint did not have."""
@@ -124,12 +122,7 @@ def shrink_folder(
     """
     settings, method_options = ShrinkOptions.split(options, refused=FOLDER_REFUSES)
     refuse_global_streaming(settings)
-    folder = AtomicFolder(
-        output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
-        keep={"model_dir": model_dir},
-    )  # fmt: skip
-    folder.check()
-    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
+    folder = output_folder(output_dir, model_dir, replace=replace)
     if calibration is not None:
         calibration = calibration_ids(
             calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
@@ -167,27 +160,15 @@ def shrink_folder_into(
     (``options.restore_on_error`` is not read: the staging folder is discarded).
     """
     refuse_global_streaming(options)
-    check_model_folder(source, label)
-    reader = CheckpointReader(source, label)
-    folder.require_free_space(reader.size())
-    model = empty_causal_lm(source, label)
-    blocks_path, block_list = find_blocks(model, options.blocks)
-    n_blocks = len(block_list)
-    streamed = ShrunkBlocks(model, reader, blocks_path, staging, n_blocks)
-    rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
-    tensors = reader.read(rest.values())
-    model.load_state_dict({name: tensors[key] for name, key in rest.items()}, strict=False, assign=True)
-    del tensors
-    tie_weights = getattr(model, "tie_weights", None)
-    if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
-        tie_weights()
-    _refuse_incomplete(model, streamed.names, reader.files, source, label)
-    options = dataclasses.replace(options, blocks=blocks_path)
-    job = ShrinkJob.prepare(model, method, calibration, options, method_options)
+    opened = open_folder(source, folder, staging, label, blocks=options.blocks, streamed=ShrunkBlocks)
+    streamed = opened.blocks
+    assert isinstance(streamed, ShrunkBlocks)
+    options = dataclasses.replace(options, blocks=opened.blocks_path)
+    job = ShrinkJob.prepare(opened.model, method, calibration, options, method_options)
     report = job.run(options.progress, streamed, restore_on_error=False)
-    streamed.drop_and_renumber(n_blocks, report.removed_blocks)
-    streamed.finish(list(rest.values()), source)
-    shrunk_config: Any = model.config
+    streamed.drop_and_renumber(opened.n_blocks, report.removed_blocks)
+    streamed.finish(opened.rest, source)
+    shrunk_config: Any = opened.model.config
     config = json.loads(shrunk_config.to_json_string(use_diff=False))
     if is_gguf_marker(config.get("quantization_config")):
         del config["quantization_config"]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._models import slimmed as shapes
+from prunereg._runtime.mode import eval_mode
 from prunereg._selection.amount import count_for
 from prunereg._selection.select import removal_order
 from prunereg._slim.attempt import Chooser, Fallback, Slimmed, attempt, forward, pruning_masks, tensors
@@ -81,7 +82,7 @@ def slim(
     pinned = _module_names(model, ignored)
     on_meta = _refuse_meta(model, args, kwargs, masked=ratio is None)
     name = _importance_name(importance or "magnitude")
-    with _eval_mode(model), Snapshot(model) as snapshot:  # any failure, from planning to the config: as it was
+    with eval_mode(model), Snapshot(model) as snapshot:  # any failure, from planning to the config: as it was
         exported = export_model(model, args, kwargs)
         if scorer is not None:
             with _values_needed(name, on_meta):
@@ -278,18 +279,6 @@ def _refuse_meta(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 def _importance_name(importance: str | Importance) -> str:
     return importance if isinstance(importance, str) else type(importance).__name__
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode while slimming (dropout off, norms on their running statistics); the modes restored after."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
 
 
 # -- choosing ---------------------------------------------------------------------------------------------------

@@ -16,8 +16,10 @@ from click.testing import CliRunner, Result
 import prunereg
 from prunereg._cli import main
 from prunereg._cli.values import parse_value
-from prunereg._oneshot import allocation, options
-from prunereg._oneshot.options import OneShotOptions, Options, cli_flag
+from prunereg._oneshot import allocation
+from prunereg._oneshot import settings as options
+from prunereg._oneshot.settings import OneShotOptions
+from prunereg._runtime.options import Options, cli_flag
 from prunereg._shrink.options import ShrinkOptions
 
 pytest.importorskip("transformers")
@@ -84,7 +86,7 @@ def test_owls_defaults_are_defined_once() -> None:
     assert (OneShotOptions().owl_threshold, OneShotOptions().owl_lambda) == (options.OWL_THRESHOLD, options.OWL_LAMBDA)
     assert allocation.OWL_THRESHOLD is options.OWL_THRESHOLD and allocation.OWL_LAMBDA is options.OWL_LAMBDA
     source = Path(inspect.getfile(prunereg.oneshot)).parent
-    for module in ("engine.py", "streaming.py", "allocation.py"):
+    for module in ("engine.py", "folder.py", "allocation.py"):
         assert "0.08" not in (source / module).read_text()
     assert "0.08" not in Path(inspect.getfile(main.commands["oneshot"].callback)).read_text()  # type: ignore[arg-type]
 
@@ -150,7 +152,7 @@ def test_blocks_errors_name_the_flag_not_the_python_keyword(folder: Path, monkey
         "Error: --blocks model.nothing does not name a non-empty nn.ModuleList of LlamaForCausalLM"
     )
     assert _invoke(folder, "--blocks", "model.layers").exit_code == 0
-    from prunereg._oneshot import blocks
+    from prunereg._runtime import blocks
 
     monkeypatch.setitem(blocks.BLOCK_PATHS, "llama", "model.elsewhere")  # an architecture prunereg does not know
     line = _one_error_line(_invoke(folder, "--force"))

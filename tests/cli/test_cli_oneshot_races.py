@@ -28,7 +28,7 @@ SCRIPT = Path(sys.executable).with_name("prunereg")
 DEFAULT_CTRL_C = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
 GATED_PRUNEREG = """
 import os, time
-from prunereg._oneshot import engine, streaming
+from prunereg._runtime import streamed, weights
 from prunereg._cli import main
 
 def gated(real):
@@ -40,8 +40,8 @@ def gated(real):
                 time.sleep(0.01)
     return done_then_wait
 
-engine.InMemory.done = gated(engine.InMemory.done)
-streaming.StreamedBlocks.done = gated(streaming.StreamedBlocks.done)
+weights.InMemory.done = gated(weights.InMemory.done)
+streamed.StreamedBlocks.done = gated(streamed.StreamedBlocks.done)
 main(prog_name="prunereg")
 """
 

@@ -85,7 +85,7 @@ def test_a_fifo_where_prunereg_opens_a_folders_file_is_refused_without_blocking(
 
 
 def test_the_streamed_reader_opens_each_shard_through_the_checked_opener(folder: Path) -> None:
-    from prunereg._oneshot.streaming import CheckpointReader
+    from prunereg._runtime.streamed import CheckpointReader
 
     reader = CheckpointReader(folder)
     assert torch.equal(reader.read(["a.weight"])["a.weight"], torch.ones(2, 3))

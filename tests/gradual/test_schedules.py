@@ -123,3 +123,18 @@ def test_a_step_that_is_no_step_number_is_a_one_line_error(step, error):
     schedule = prunereg.schedule("linear", final=0.5, end=4)
     with pytest.raises(error, match="schedule step must be"):
         schedule(step)
+
+
+def test_a_schedule_is_built_and_read_without_importing_torch():
+    """``prunereg.schedule`` is plain arithmetic: a config or a CLI can build one in a process without torch."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, prunereg\n"
+        "s = prunereg.schedule('cubic', final=0.5, start=0, end=10, every=2)\n"
+        "assert s(10) == 0.5\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False", done.stderr

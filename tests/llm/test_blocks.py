@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from prunereg._oneshot.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
+from prunereg._runtime.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
 
 pytest.importorskip("transformers")
 

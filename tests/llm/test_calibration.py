@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import prunereg
-from prunereg._oneshot.calibration import CLI_SPELLING, calibration_ids, samples_from_text_file
+from prunereg._runtime.calibration import CLI_SPELLING, calibration_ids, samples_from_text_file
 from tests.support.tiny_lm import VOCAB, random_text, save_tiny_llama_folder, tiny_llama
 from tests.support.tiny_lm import calibration_ids as random_ids
 

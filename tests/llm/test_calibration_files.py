@@ -20,7 +20,7 @@ from click.testing import CliRunner
 pytest.importorskip("transformers")
 
 from prunereg._cli import main
-from prunereg._oneshot.calibration import (
+from prunereg._runtime.calibration import (
     CLI_SPELLING,
     MARGIN,
     TextFile,

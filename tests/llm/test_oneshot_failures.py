@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import prunereg
-from prunereg._oneshot import engine
+from prunereg._runtime import mode
 
 pytest.importorskip("transformers")
 
@@ -98,7 +98,7 @@ def test_a_failure_before_any_block_is_pruned_adds_nothing() -> None:
 
 @pytest.mark.parametrize(("available", "restored"), [(10**12, True), (1000, False)])
 def test_by_default_the_copy_is_kept_when_it_fits_in_memory(monkeypatch, available: int, restored: bool) -> None:
-    monkeypatch.setattr(engine, "_available_memory", lambda: available)
+    monkeypatch.setattr(mode, "available_memory", lambda: available)
     model = tiny_llama()
     before = _state(model)
     with pytest.raises(RuntimeError):

@@ -63,6 +63,16 @@ def test_a_hugging_face_model_matches_its_own_loss():
     assert not model.training
 
 
+def test_each_modules_train_or_eval_flag_is_as_it_was_after():
+    """A model training with a frozen part (a norm kept in eval mode, say) is handed back exactly so."""
+    model = nn.Sequential(_Bigram(), nn.Dropout(0.5), nn.Identity())
+    model.train()
+    model[2].eval()
+    flags = [module.training for module in model.modules()]
+    prunereg.perplexity(model, torch.arange(12) % 11, window=6)
+    assert [module.training for module in model.modules()] == flags
+
+
 @pytest.mark.parametrize(
     ("ids", "kwargs", "error"),
     [

@@ -27,7 +27,7 @@ import prunereg
 from prunereg._cli import main
 from prunereg._oneshot.allocation import outlier_ratio
 from prunereg._oneshot.contract import LayerStatistics
-from prunereg._oneshot.statistics import RunningStatistics
+from prunereg._runtime.standard import Hessian, InputSqNorms
 from tests.support.exact_lm import (
     SEEDS,
     TOKEN_COUNTS,
@@ -37,6 +37,7 @@ from tests.support.exact_lm import (
     in_every_dtype,
     rich_llama,
 )
+from tests.support.statistics import folded
 
 pytest.importorskip("transformers")
 
@@ -101,17 +102,13 @@ def _representable(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_running_statistics_of_half_precision_inputs_are_those_of_the_same_float32_values(dtype: torch.dtype) -> None:
-    half, single = (RunningStatistics({"input_sq_norms", "hessian"}) for _ in range(2))
-    for seed, n in enumerate((1, 5, 2)):
-        batch = _representable((n, 3, 8), seed)
-        half.add(batch.to(dtype))
-        single.add(batch)
-    got, want = half.result(), single.result()
-    assert got.n_tokens == want.n_tokens == 24
-    for field in ("input_sq_norms", "hessian"):
-        value = getattr(got, field)
+    batches = [_representable((n, 3, 8), seed) for seed, n in enumerate((1, 5, 2))]
+    for statistic in (InputSqNorms, Hessian):
+        half, single = folded(statistic, [batch.to(dtype) for batch in batches]), folded(statistic, batches)
+        value = half.result()
         assert value.dtype == torch.float32 and bool(value.isfinite().all())
-        assert torch.equal(value, getattr(want, field))
+        assert torch.equal(value, single.result())
+    assert folded(Hessian, batches).n_tokens == 24
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -69,13 +69,13 @@ def test_bad_folders_are_refused_before_anything_is_written(tmp_path):
 
 
 def test_only_the_block_being_pruned_holds_weights(tmp_path, monkeypatch):
-    import prunereg._oneshot.streaming as streaming
+    import prunereg._runtime.streamed as streamed
     from tests.support.tiny_lm import NormScore
 
     tiny_llama(layers=3).save_pretrained(tmp_path / "dense")
     built = []
-    build = streaming.empty_causal_lm
-    monkeypatch.setattr(streaming, "empty_causal_lm", lambda *args: built.append(build(*args)) or built[0])
+    build = streamed.empty_causal_lm
+    monkeypatch.setattr(streamed, "empty_causal_lm", lambda *args: built.append(build(*args)) or built[0])
 
     class CountingBlocks(NormScore):
         loaded_blocks: ClassVar[list[int]] = []

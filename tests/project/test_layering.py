@@ -6,6 +6,7 @@ inside functions and under ``TYPE_CHECKING``.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import sys
@@ -87,6 +88,7 @@ def test_contrib_plugins_import_only_public_modules(source: Path, monkeypatch: p
 
 
 CORE_WITHOUT_BUILTINS = """
+import ast
 import sys
 import torch
 from torch import nn
@@ -124,3 +126,33 @@ def test_the_core_prunes_without_the_builtin_plugin(tmp_path: Path) -> None:
     script.write_text(CORE_WITHOUT_BUILTINS)
     result = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _private_names_from_other_packages(root: Path) -> list[str]:
+    """``from prunereg._a.b import _name`` in a module outside ``prunereg._a``: each as "importer: module._name".
+
+    A package is ``prunereg._a`` (a top-level module is one of its own); importing
+    a private *module* (``from prunereg import _legacy``) is not importing a name.
+    """
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        importer = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "prunereg"):
+                continue
+            if node.module.split(".")[:2] == importer.split(".")[:2]:
+                continue
+            source = root.parent.joinpath(*node.module.split("."))
+            found += [
+                f"{importer}: {node.module}.{alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_") and not alias.name.startswith("__")
+                and not (source / f"{alias.name}.py").exists() and not (source / alias.name).is_dir()
+            ]  # fmt: skip
+    return found
+
+
+def test_no_package_imports_a_private_name_of_another() -> None:
+    """The engines share the runtime's public names, never each other's privates (docs/architecture.md)."""
+    assert _private_names_from_other_packages(ROOT / "prunereg") == []

@@ -1,45 +1,19 @@
-"""The statistics shrink methods read: running moments merged batch by batch equal the float64 ones over all tokens."""
+"""The statistics shrink methods read, gathered in one pass over a block: forwards stopped only where nothing follows.
+
+The moments themselves are tested with the other built-in statistics (``tests/runtime/test_standard.py``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from prunereg._shrink.architecture import Cut
-from prunereg._shrink.gather import RunningMoments
+from prunereg._runtime.parts import Cut
+from tests.support.statistics import CallsItsLayerTwice
 
-
-@settings(max_examples=40, deadline=None)
-@given(
-    sizes=st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=6),
-    offset=st.floats(min_value=-100, max_value=100),
-    seed=st.integers(min_value=0, max_value=2**16),
-)
-def test_moments_merged_over_any_batches_equal_those_of_all_tokens_at_once(
-    sizes: list[int], offset: float, seed: int
-) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    batches = [torch.randn(size, 5, generator=generator, dtype=torch.float64) + offset for size in sizes]
-    running = RunningMoments()
-    for index, batch in enumerate(batches):  # [tokens, channels] or [batch, seq, channels]: every leading index a token
-        running.add(batch.float().unsqueeze(0) if index % 2 else batch.float())
-    tokens = torch.cat(batches)
-    result = running.result()
-    assert result.n_tokens == tokens.shape[0]
-    assert result.mean is not None and result.variance is not None and result.sq_norms is not None
-    torch.testing.assert_close(result.mean.double(), tokens.mean(0), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(result.sq_norms.double(), tokens.square().sum(0), rtol=1e-5, atol=1e-3)
-    if tokens.shape[0] > 1:
-        torch.testing.assert_close(result.variance.double(), tokens.var(0), rtol=1e-3, atol=1e-4)
-
-
-def test_no_tokens_give_empty_statistics() -> None:
-    running = RunningMoments()
-    running.add(torch.empty(0, 4))
-    assert running.result().n_tokens == 0 and running.result().mean is None
+MOMENTS = frozenset({"channel_moments"})
+COSINE = frozenset({"block_cosine"})
 
 
 def test_a_cut_keeps_each_units_entries_in_every_segment() -> None:
@@ -48,7 +22,7 @@ def test_a_cut_keeps_each_units_entries_in_every_segment() -> None:
 
 
 def _first_block_inputs(model: torch.nn.Module, n_batches: int) -> tuple[torch.nn.Module, Any]:
-    from prunereg._oneshot.capture import capture_first_block_inputs
+    from prunereg._runtime.capture import capture_first_block_inputs
     from tests.shrink.models import calibration_ids
 
     block = model.model.layers[0]
@@ -75,9 +49,9 @@ def test_a_pass_that_feeds_nothing_skips_the_products_after_the_last_writer_with
     block, inputs = _first_block_inputs(tiny_llama(0, layers=2), n_batches=4)
     down_calls = [0]
     with torch.no_grad():
-        whole = observe_block(block, inputs, _writers(block), None, 0, cosine=False, keep_outputs=True)
+        whole = observe_block(block, inputs, _writers(block), None, MOMENTS, keep_outputs=True)
         handle = _calls(block.mlp.down_proj, down_calls)
-        stopped = observe_block(block, inputs, _writers(block), None, 0, cosine=False, keep_outputs=False)
+        stopped = observe_block(block, inputs, _writers(block), None, MOMENTS, keep_outputs=False)
         handle.remove()
     assert down_calls[0] == 1  # the first batch runs whole (to learn the order), the next three stop at its input
     assert len(whole.outputs) == 4 and stopped.outputs == []
@@ -96,32 +70,23 @@ def test_a_pass_that_takes_the_cosine_runs_every_forward_whole() -> None:
     down_calls = [0]
     handle = _calls(block.mlp.down_proj, down_calls)
     with torch.no_grad():
-        observation = observe_block(block, inputs, _writers(block), None, 0, cosine=True, keep_outputs=False)
+        observation = observe_block(block, inputs, _writers(block), None, MOMENTS | COSINE, keep_outputs=False)
     handle.remove()
     assert down_calls[0] == 3 and observation.block.n_tokens == 3 * 2 * 8
 
 
-class _CallsItsLayerTwice(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.shared, self.out = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.out(self.shared(self.shared(hidden)))
-
-
 def _observe_twice_caller(n_batches: int, watch_shared: bool) -> tuple[int, Any]:
-    """Observe a :class:`_CallsItsLayerTwice` over ``n_batches``: its ``out`` layer's calls and the observation."""
-    from prunereg._oneshot.capture import BlockInputs
+    """Observe a :class:`CallsItsLayerTwice` over ``n_batches``: its ``out`` layer's calls and the observation."""
+    from prunereg._runtime.capture import BlockInputs
     from prunereg._shrink.gather import observe_block
 
-    block = _CallsItsLayerTwice()
+    block = CallsItsLayerTwice()
     inputs = BlockInputs([torch.randn(2, 3, 4) for _ in range(n_batches)], [()] * n_batches, [{}] * n_batches)
     writers = {"mlp": block.shared} if watch_shared else {}
     out_calls = [0]
     handle = _calls(block.out, out_calls)
     with torch.no_grad():
-        observation = observe_block(block, inputs, writers, None, 0, cosine=False, keep_outputs=False)
+        observation = observe_block(block, inputs, writers, None, MOMENTS, keep_outputs=False)
     handle.remove()
     return out_calls[0], observation
 

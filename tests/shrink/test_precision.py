@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import prunereg
-from prunereg._shrink.gather import RunningMoments
+from prunereg._runtime.standard import ChannelMoments
 from tests.support.exact_lm import (
     SEEDS,
     TOKEN_COUNTS,
@@ -28,6 +28,7 @@ from tests.support.exact_lm import (
     in_every_dtype,
     rich_llama,
 )
+from tests.support.statistics import folded
 
 pytest.importorskip("transformers")
 
@@ -89,11 +90,9 @@ def test_reap_removes_the_same_experts_in_every_dtype(seed: int, experts: float,
 def test_running_moments_of_half_precision_inputs_are_those_of_the_same_float32_values(dtype: torch.dtype) -> None:
     """In float32 whatever the input: 480 squared overflows float16, and bfloat16 sums would round."""
     batches = [_representable((n, 3, 6), seed) for seed, n in enumerate((1, 4, 2))]
-    half, single = RunningMoments(), RunningMoments()
-    for batch in batches:
-        half.add(batch.to(dtype))
-        single.add(batch)
-    for got, want in zip(vars(half.result()).values(), vars(single.result()).values(), strict=True):
+    half = folded(ChannelMoments, [batch.to(dtype) for batch in batches]).result()
+    single = folded(ChannelMoments, batches).result()
+    for got, want in zip(vars(half).values(), vars(single).values(), strict=True):
         assert got == want if isinstance(want, int) else (got.dtype == torch.float32 and torch.equal(got, want))
 
 

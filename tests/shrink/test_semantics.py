@@ -19,8 +19,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import prunereg  # noqa: E402
-from prunereg._oneshot.blocks import weight_matrix  # noqa: E402
-from prunereg._shrink.architecture import find_heads, find_mlp  # noqa: E402
+from prunereg._runtime.blocks import weight_matrix  # noqa: E402
+from prunereg._runtime.parts import find_heads, find_mlp  # noqa: E402
 from tests.shrink.models import build, calibration_ids  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def _silence(model: nn.Module, kind: str, share: float) -> None:
 
 
 def _blocks_path(model: nn.Module) -> str:
-    from prunereg._oneshot.blocks import find_blocks
+    from prunereg._runtime.blocks import find_blocks
 
     return find_blocks(model)[0]
 

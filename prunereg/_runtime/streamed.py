@@ -1,23 +1,24 @@
-"""One-shot pruning of a Hugging Face model folder one decoder block at a time, for models larger than RAM.
+"""A Hugging Face model folder run one decoder block at a time, for models larger than memory.
 
 The model is built empty (parameters on the meta device, buffers real), the
-weights outside the blocks (embeddings, final norm, head) are loaded, and then
-each block is read from the folder's safetensors files, pruned, written to the
-output folder as its own shard and emptied again. Peak memory: the weights
-outside the blocks, one block, and one block's calibration activations. The
-output folder holds the other files of the input folder (config, tokenizer) and
-an index, so ``from_pretrained`` loads it. It is written through
+weights outside the blocks (embeddings, final norm, head) are loaded
+(:func:`open_folder`), and each block is read from the folder's safetensors
+files before it runs and written to the output folder as its own shard after
+(:class:`StreamedBlocks`, a :class:`~prunereg._runtime.weights.BlockWeights`),
+then emptied again. Peak memory: the weights outside the blocks, one block, and
+one block's calibration activations. :meth:`StreamedBlocks.finish` writes the
+rest, an index and the input folder's other files (config, tokenizer), so
+``from_pretrained`` loads the output; the engines write it through
 :class:`~prunereg._disk.folder.AtomicFolder`: whole, or not at all.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -33,12 +34,7 @@ from prunereg._disk.model_dir import (
 from prunereg._disk.safetensors_file import open_safetensors
 from prunereg._models.config_check import checkpoint_names
 from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
-from prunereg._oneshot.blocks import find_blocks
-from prunereg._oneshot.calibration import calibration_ids
-from prunereg._oneshot.contract import CalibratedMethod
-from prunereg._oneshot.engine import OneShotJob
-from prunereg._oneshot.options import OneShotOptions, with_options_signature
-from prunereg._oneshot.report import OneShotReport
+from prunereg._runtime.blocks import find_blocks
 
 INDEX_NAME = SAFETENSORS_INDEX
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
@@ -107,7 +103,7 @@ class StreamedBlocks:
             prefix = f"{self.blocks_path}.{index}."
             self._write(index, {self.names[prefix + name]: t for name, t in block.state_dict().items()
                                 if prefix + name in self.names})  # fmt: skip
-        _empty(block)
+        empty_block(block)
 
     def finish(self, rest: Sequence[str], source: Path) -> None:
         """Write the weights outside the blocks unchanged, the index, and the folder's other files."""
@@ -132,7 +128,7 @@ class StreamedBlocks:
             self.total_size += tensor.numel() * tensor.element_size()
 
 
-def _refuse_incomplete(
+def check_complete(
     model: nn.Module, names: dict[str, str], checkpoint_keys: Iterable[str], source: Path, label: str
 ) -> None:
     """Refuse, as loading the folder in memory does, weights the folder lacks or the model does not know."""
@@ -144,7 +140,7 @@ def _refuse_incomplete(
     refuse_incomplete(missing, unexpected, source, label)
 
 
-def _buffers_to(model: nn.Module, device: torch.device) -> None:
+def buffers_to(model: nn.Module, device: torch.device) -> None:
     """Move the model's real buffers (rotary frequencies, say) to ``device``; its meta parameters stay."""
     for module in model.modules():
         for name, buffer in list(module._buffers.items()):
@@ -152,7 +148,7 @@ def _buffers_to(model: nn.Module, device: torch.device) -> None:
                 module._buffers[name] = buffer.to(device)
 
 
-def _empty(module: nn.Module) -> None:
+def empty_block(module: nn.Module) -> None:
     """Give the module's parameters back: each becomes a meta tensor of the same shape and dtype."""
     for submodule in module.modules():
         for name, parameter in list(submodule._parameters.items()):
@@ -161,98 +157,63 @@ def _empty(module: nn.Module) -> None:
                 submodule._parameters[name] = nn.Parameter(meta, requires_grad=parameter.requires_grad)
 
 
-#: The settings :func:`oneshot_folder` does not take, and why.
-FOLDER_REFUSES = {
-    "permanent": "oneshot_folder writes plain pruned weights (permanent=True)",
-    "restore_on_error": "oneshot_folder writes a new folder, which a failure leaves out; model_dir is never changed",
-}
+@dataclass
+class StreamedModel:
+    """A folder's model, built empty with the weights outside its blocks loaded, and its blocks to stream."""
+
+    model: nn.Module
+    blocks: StreamedBlocks
+    blocks_path: str
+    n_blocks: int
+    rest: list[str]
+    """The checkpoint keys of the weights outside the blocks (:meth:`StreamedBlocks.finish` copies them)."""
 
 
-@with_options_signature(leave_out=FOLDER_REFUSES)
-def oneshot_folder(
-    model_dir: str | Path,
-    output_dir: str | Path,
-    method: str | CalibratedMethod,
-    *,
-    calibration: Any,
-    tokenizer: Any = None,
-    num_samples: int | None = None,
-    seq_len: int | None = None,
-    replace: bool = False,
-    device: str | torch.device | None = None,
-    **options: Any,
-) -> OneShotReport:
-    """Prune the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
+def output_folder(output_dir: str | Path, model_dir: str | Path, *, replace: bool) -> AtomicFolder:
+    """The output folder of a run from ``model_dir`` to ``output_dir``, both checked before any staging folder exists.
 
-    Settings and method options as :func:`prunereg.oneshot` (but ``permanent``
-    and ``restore_on_error``; a calibration text is tokenised with ``tokenizer``
-    or else ``model_dir``'s own); the weights in ``model_dir`` must be
-    safetensors files (``model.safetensors`` or a sharded index, chosen as
-    transformers chooses). ``output_dir`` gets the pruned weights, one shard
-    per block, and the folder's other files, so ``from_pretrained(output_dir)``
-    loads the pruned model. The pruning is permanent (plain weights with zeros).
-    ``device`` is where the blocks run (``"cuda"``; default: the CPU): each is
-    read onto it, pruned there and written from it.
-
-    ``model_dir`` is read as untrusted input: none of its code runs, no link
-    out of it is followed, and weights it lacks or the model does not know are
-    refused. ``output_dir`` is built beside its place and appears only when
-    complete; a folder that is there and not empty is replaced only with
-    ``replace=True`` (in one step on Linux), and never when it is or holds
-    ``model_dir``.
+    ``output_dir`` is refused if it holds files (unless ``replace``) or is or
+    holds ``model_dir``; ``model_dir`` if it is no folder prunereg reads (a FIFO, say).
     """
-    settings, method_options = OneShotOptions.split(options, refused=FOLDER_REFUSES)
     folder = AtomicFolder(
         output_dir, replace=replace, label="output_dir", replace_hint="pass replace=True to replace it",
         keep={"model_dir": model_dir},
     )  # fmt: skip
     folder.check()
-    check_model_folder(Path(model_dir), "model_dir")  # a FIFO or worse refused before the staging folder
-    calibration = calibration_ids(
-        calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
-        label="model_dir",
-    )  # fmt: skip
-    with folder as staging:
-        return prune_folder_into(
-            Path(model_dir), folder, staging, method, calibration=calibration, label="model_dir",
-            options=settings, method_options=method_options, device=None if device is None else torch.device(device),
-        )  # fmt: skip
+    check_model_folder(Path(model_dir), "model_dir")
+    return folder
 
 
-def prune_folder_into(
+def open_folder(
     source: Path,
     folder: AtomicFolder,
     staging: Path,
-    method: str | CalibratedMethod,
-    *,
-    calibration: Tensor | Iterable[Tensor],
     label: str,
-    options: OneShotOptions,
-    method_options: dict[str, Any],
+    *,
+    blocks: str | None = None,
+    streamed: type[StreamedBlocks] = StreamedBlocks,
     device: torch.device | None = None,
-) -> OneShotReport:
-    """:func:`oneshot_folder`'s work: prune ``source`` into ``staging``, the open ``folder``'s staging folder.
+) -> StreamedModel:
+    """``source``'s model built empty with the weights outside its blocks on ``device``; its blocks go to ``staging``.
 
-    ``options.permanent`` is ignored (the folder gets plain weights); ``label`` names ``source`` in errors.
+    ``folder`` (open, ``staging`` its staging folder) is asked for the free
+    space of the weights first. Weights the folder lacks or the model does not
+    know are refused (:func:`check_complete`); ``label`` names ``source`` in errors.
     """
     check_model_folder(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
     model = empty_causal_lm(source, label)
-    blocks_path, block_list = find_blocks(model, options.blocks)
-    streamed = StreamedBlocks(model, reader, blocks_path, staging, len(block_list), device)
-    rest = {name: key for name, key in streamed.names.items() if not name.startswith(f"{blocks_path}.")}
+    blocks_path, block_list = find_blocks(model, blocks)
+    streamed_blocks = streamed(model, reader, blocks_path, staging, len(block_list), device)
+    rest = {name: key for name, key in streamed_blocks.names.items() if not name.startswith(f"{blocks_path}.")}
     tensors = reader.read(rest.values())
     model.load_state_dict({name: tensors[key].to(device) for name, key in rest.items()}, strict=False, assign=True)
     if device is not None:
-        _buffers_to(model, device)
+        buffers_to(model, device)
     del tensors
     tie_weights = getattr(model, "tie_weights", None)
     if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
         tie_weights()
-    _refuse_incomplete(model, streamed.names, reader.files, source, label)
-    settings = dataclasses.replace(options, blocks=blocks_path, permanent=True)
-    job = OneShotJob.prepare(model, method, calibration=calibration, options=settings, method_options=method_options)
-    report = job.run(streamed, progress=options.progress, restore_on_error=False)
-    streamed.finish(list(rest.values()), source)
-    return report
+    check_complete(model, streamed_blocks.names, reader.files, source, label)
+    return StreamedModel(model, streamed_blocks, blocks_path, len(block_list), list(rest.values()))

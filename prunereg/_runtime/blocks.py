@@ -1,9 +1,9 @@
 """Where a causal language model keeps its decoder blocks, and which of their layers prune.
 
-The one-shot engine prunes a model block by block. It finds the blocks through
-:data:`BLOCK_PATHS`, keyed by the ``model_type`` of a Hugging Face config; a
-model of another architecture names its blocks with ``oneshot(..., blocks=
-"path.to.ModuleList")``, and adding a line here supports it for everyone.
+Every block-by-block engine (one-shot pruning, shrinking) finds the blocks
+through :data:`BLOCK_PATHS`, keyed by the ``model_type`` of a Hugging Face
+config; a model of another architecture names its blocks with ``blocks=
+"path.to.ModuleList"``, and adding a line here supports it for everyone.
 Prunable layers are ``nn.Linear`` and GPT-2's ``Conv1D`` (a Linear whose weight
 is stored transposed, ``[in, out]``).
 """
@@ -51,9 +51,9 @@ def find_blocks(model: nn.Module, path: str | None = None) -> tuple[str, nn.Modu
         )
     raise BlocksNotFoundError(
         f"cannot find the decoder blocks of {name}; pass blocks='path.to.ModuleList' "
-        "(see prunereg._oneshot.blocks.BLOCK_PATHS)",
+        "(see prunereg._runtime.blocks.BLOCK_PATHS)",
         f"cannot find the decoder blocks of {name}; name them with --blocks path.to.ModuleList "
-        "(model.encoder.layer, say; see prunereg._oneshot.blocks.BLOCK_PATHS)",
+        "(model.encoder.layer, say; see prunereg._runtime.blocks.BLOCK_PATHS)",
     )
 
 

@@ -1,32 +1,29 @@
-"""The removable parts of a decoder block, found by their Hugging Face names, and how removing them is written.
+"""The parts of a decoder block found by their Hugging Face names: MLP channels, attention heads, experts.
 
 A *unit group* is a set of equal units inside one block (the channels of an MLP,
 the key/value groups of an attention) together with every tensor entry that
 belongs to each unit: :class:`Cut` lists, per tensor, where each unit's entries lie
 along one dim (fused projections such as Phi-3's ``qkv_proj`` hold several
-segments). The *writer* is the projection whose input channels the methods score.
+segments). The *writer* is the projection that writes the part's output into the
+residual stream, whose input channels shrink methods score and recovery refits.
 Experts are found as a router (``gate``) beside an ``experts`` module holding one
 slice per expert along the first dim of each of its tensors.
 
-Nothing here slices a tensor itself: :mod:`prunereg._slim.surgery` does.
+Nothing here slices a tensor: ``prunereg._shrink.removal`` cuts through the
+slimming surgery. :func:`add_zero_biases` gives a part's Linears the zero biases
+a config flag (``mlp_bias``, ``attention_bias``) would build.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from prunereg._oneshot.blocks import is_conv1d, weight_matrix
-from prunereg._slim.surgery import keep_indices, sync_shape_attributes
-
-#: The module attributes that count heads, rewritten when key/value groups go.
-HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_head")
-KV_HEAD_COUNTS = ("num_key_value_heads", "num_kv_heads")
-EXPERT_COUNTS = ("num_experts", "num_local_experts")
+from prunereg._runtime.blocks import is_conv1d, weight_matrix
+from prunereg._runtime.journal import Journal
 
 
 @dataclass(frozen=True)
@@ -264,61 +261,6 @@ def _config_int(config: Any, name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-# -- removal ------------------------------------------------------------------------------
-
-
-class Journal:
-    """What removal replaced (tensors, size attributes), so that a failed shrink can put the model back.
-
-    A journal made with ``enabled=False`` keeps nothing (streaming: a failed run
-    leaves no output folder, and each block's old tensors must be freed).
-    """
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self._entries: list[tuple[nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]]] = []
-        self._seen: set[int] = set()
-        self.lists: list[tuple[nn.ModuleList, list[nn.Module]]] = []
-
-    def keep(self, module: nn.Module) -> None:
-        """Remember ``module``'s tensors and plain attributes as they are now (once per module)."""
-        if not self.enabled or id(module) in self._seen:
-            return
-        self._seen.add(id(module))
-        plain = {k: v for k, v in vars(module).items() if not k.startswith("_")}
-        self._entries.append((module, dict(module._parameters), dict(module._buffers), plain))
-
-    def restore(self) -> None:
-        for module, parameters, buffers, plain in reversed(self._entries):
-            module._parameters.clear()
-            module._parameters.update(parameters)
-            module._buffers.clear()
-            module._buffers.update(buffers)
-            for key, value in plain.items():
-                object.__setattr__(module, key, value)
-        for module_list, modules in self.lists:
-            for key in list(module_list._modules):
-                del module_list._modules[key]
-            for index, module in enumerate(modules):
-                module_list._modules[str(index)] = module
-
-
-def remove_units(group: UnitGroup, kept: Tensor, journal: Journal) -> None:
-    """Keep only the units ``kept`` (sorted indices) of ``group``, through the surgery, and fix size attributes."""
-    for cut in group.cuts:
-        journal.keep(cut.module)
-        keep_indices(cut.module, cut.tensor, cut.dim, cut.kept_entries(kept))
-    for module in {id(cut.module): cut.module for cut in group.cuts}.values():
-        sync_shape_attributes(module)
-    journal.keep(group.owner)
-    n_kept = int(kept.numel())
-    if group.kind == "mlp":
-        _set_ints(group.owner, ("intermediate_size", "intermediate_dim"), n_kept)
-    else:
-        _set_ints(group.owner, KV_HEAD_COUNTS, n_kept)
-        _set_ints(group.owner, HEAD_COUNTS, n_kept * group.query_heads_per_unit)
-
-
 def add_zero_biases(owner: nn.Module, journal: Journal) -> None:
     """Give every Linear directly inside ``owner`` a zero bias if it has none (what ``mlp_bias=True`` would build)."""
     for module in owner.children():
@@ -326,50 +268,3 @@ def add_zero_biases(owner: nn.Module, journal: Journal) -> None:
             journal.keep(module)
             weight = module.weight
             module.bias = nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device))
-
-
-def compensate_bias(group: UnitGroup, removed_channels: Tensor, mean: Tensor, journal: Journal) -> None:
-    """Add the mean contribution of the removed writer inputs to the writer's bias (FLAP's compensation).
-
-    The writer must already have a bias (:func:`add_zero_biases`); the sum runs in
-    float32 and the new bias, a new tensor, is stored in the writer's dtype.
-    """
-    writer = group.writer
-    bias = writer.bias
-    assert isinstance(bias, Tensor)
-    journal.keep(writer)
-    weight = group.writer_weight().detach().float()
-    index = removed_channels.to(weight.device)
-    contribution = weight[:, index] @ mean.to(weight.device, torch.float32)[index]
-    new_bias = (bias.detach().float() + contribution).to(bias.dtype)
-    writer.bias = nn.Parameter(new_bias, requires_grad=bias.requires_grad)
-
-
-def remove_experts(layer: Experts, kept: Tensor, journal: Journal) -> None:
-    """Keep only the experts ``kept`` of ``layer``: their slices of every expert tensor and their router rows."""
-    for module in (layer.experts, layer.router, layer.owner):
-        journal.keep(module)
-    for module, name, _ in layer.sliced():
-        keep_indices(module, name, 0, kept)
-    for module in (layer.owner, layer.router, layer.experts):
-        _set_ints(module, EXPERT_COUNTS, int(kept.numel()))
-    layer.n_experts = int(kept.numel())
-
-
-def remove_blocks(blocks: nn.ModuleList, removed: Sequence[int], journal: Journal) -> None:
-    """Take the blocks at ``removed`` out of ``blocks`` and renumber the ``layer_idx`` of those left."""
-    if journal.enabled:
-        journal.lists.append((blocks, list(blocks)))
-    for index in sorted(removed, reverse=True):
-        del blocks[index]
-    for new_index, block in enumerate(blocks):
-        for module in block.modules():
-            if isinstance(getattr(module, "layer_idx", None), int):
-                journal.keep(module)
-                setattr(module, "layer_idx", new_index)  # noqa: B010 - any module's attribute
-
-
-def _set_ints(module: nn.Module, names: Sequence[str], value: int) -> None:
-    for name in names:
-        if isinstance(vars(module).get(name), int):
-            setattr(module, name, value)

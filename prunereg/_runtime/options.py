@@ -1,13 +1,15 @@
-"""The settings of one-shot pruning, spelled once: names, defaults, checks and help text.
+"""The base of every block-by-block engine's settings, spelled once: names, defaults, checks and help text.
 
-:func:`prunereg.oneshot`, :func:`prunereg.oneshot_folder`, the engine's
-:meth:`~prunereg._oneshot.engine.OneShotJob.prepare` and ``prunereg oneshot``
-all take these settings. Each is a field of :class:`OneShotOptions`, whose
-metadata holds its one-line help and how the command line offers it, so the
-Python signatures (:func:`with_options_signature`), the command's flags and
-their help, and the docs' table (``docs/_ext/generated.py``) are read from here.
-Every keyword the Python functions take that is not a setting is an option of
-the method (``blocksize=64``): :meth:`OneShotOptions.split` tells them apart.
+An engine's settings are a frozen dataclass subclassing :class:`Options`
+(``prunereg._oneshot.settings.OneShotOptions``,
+``prunereg._shrink.options.ShrinkOptions``), each field made by :func:`setting`
+with its one-line help and how the command line offers it, so the Python
+signatures (:func:`with_options_signature`), the command's flags and their help,
+and the docs' tables (:func:`options_table`, ``docs/_ext/generated.py``) are
+read from the class. The settings every such engine shares (``blocks``,
+``batch_size``, ``matmul_precision``, ``progress``) are made here once. Every
+keyword a Python function takes that is not a setting is an option of the
+method (``blocksize=64``): :meth:`Options.split` tells them apart.
 
 This module imports no torch: the command line builds its flags from it.
 """
@@ -21,13 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from prunereg._oneshot.precision import MATMUL_PRECISIONS, check_matmul_precision
-
-#: The ways a target sparsity is spread over the decoder blocks.
-ALLOCATIONS = ("uniform", "owl")
-#: OWL's defaults from the paper (Yin et al. 2024): outlier threshold M (times the mean score) and range lambda.
-OWL_THRESHOLD = 5.0
-OWL_LAMBDA = 0.08
+from prunereg._runtime.precision import MATMUL_PRECISIONS, check_matmul_precision
 
 
 @dataclass(frozen=True)
@@ -95,8 +91,21 @@ def progress_setting() -> Any:
     )
 
 
+def check_sparsity(sparsity: object, what: str = "sparsity") -> float:
+    """``sparsity`` as a float in [0, 1): a TypeError for a non-number, a ValueError outside the range.
+
+    The one check of a share of weights or units (a sparsity, a shrink share, a schedule's level).
+    """
+    if isinstance(sparsity, bool) or not isinstance(sparsity, numbers.Real):
+        raise TypeError(f"{what} must be a number in [0, 1), not {type(sparsity).__name__}")
+    value = float(sparsity)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {sparsity!r}")
+    return value
+
+
 class Options:
-    """What every settings dataclass shares (:class:`OneShotOptions`, ``prunereg._shrink.options.ShrinkOptions``).
+    """What every engine's settings dataclass shares (``OneShotOptions``, ``ShrinkOptions``).
 
     Each field holds a :class:`Setting` in its metadata (made by :func:`setting`),
     so the names, defaults, help and flags are read from the class itself.
@@ -140,108 +149,25 @@ class Options:
         return cls(**settings), {key: value for key, value in keywords.items() if key not in own}
 
 
-@dataclass(frozen=True)
-class OneShotOptions(Options):
-    """The settings of one one-shot run, checked when made (``ValueError``/``TypeError`` in one line)."""
-
-    COMMAND = "prunereg oneshot"
-
-    sparsity: float | None = setting(
-        None, "Share of each layer's weights to prune [default: 0.5, or N/M with a pattern].", metavar="X"
-    )
-    pattern: str | None = setting(
-        None, "N:M pattern, e.g. 2:4 (N zeros in every M consecutive inputs of a row).", metavar="N:M"
-    )
-    allocation: str = setting(
-        "uniform", "Each block's sparsity: the target everywhere, or OWL's from outlier ratios.", choices=ALLOCATIONS
-    )
-    owl_threshold: float = setting(OWL_THRESHOLD, "OWL's outlier threshold M (times the mean score).", metavar="M")
-    owl_lambda: float = setting(OWL_LAMBDA, "OWL's sparsity range lambda, in [0, 0.5).", metavar="LAMBDA")
-    layers: Sequence[str] | None = setting(
-        None,
-        "Prune only the layers inside the blocks whose full name matches a glob (model.layers.*.mlp.*).",
-        metavar="GLOB",
-        repeatable=True,
-    )
-    ignore: Sequence[str] = setting(
-        (), "Leave out the layers whose full name matches a glob (*.self_attn.q_proj).", metavar="GLOB", repeatable=True
-    )
-    blocks: str | None = blocks_setting()
-    batch_size: int = batch_size_setting()
-    matmul_precision: str = matmul_precision_setting("statistics and pruning")
-    permanent: bool = setting(
-        True,
-        "Leave plain weights with exact zeros; False also installs the reparametrization (weight_orig, weight_mask).",
-        flag=None,
-    )
-    progress: bool | None = progress_setting()
-    restore_on_error: bool | None = setting(
-        None,
-        "On a failure midway, put every pruned weight back [default: when a copy takes at most half the free memory].",
-        flag=None,
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("layers", "ignore"):  # a single glob, or any sequence of them, is kept as a tuple
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, (value,))
-            elif value is not None:
-                object.__setattr__(self, name, tuple(value))
-        self.check()
-
-    def check(self) -> None:
-        """Refuse a setting of the wrong type or out of range; nothing about the model is needed."""
-        from prunereg._oneshot.contract import check_sparsity, parse_pattern
-
-        if self.sparsity is not None:
-            check_sparsity(self.sparsity)
-        if self.pattern is not None:
-            parse_pattern(self.pattern)
-        check_allocation(self.allocation, self.pattern)
-        for name in ("owl_threshold", "owl_lambda"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-        if not self.owl_threshold > 0:
-            raise ValueError(f"owl_threshold must be > 0, got {self.owl_threshold!r}")
-        if not 0 <= self.owl_lambda < 0.5:
-            raise ValueError(f"owl_lambda must be in [0, 0.5), got {self.owl_lambda!r}")
-        for name in ("layers", "ignore"):
-            globs = getattr(self, name)
-            if globs is not None and not all(isinstance(glob, str) for glob in globs):
-                raise TypeError(f"{name} must be glob patterns (str), got {globs!r}")
-        self.check_engine_settings()
-
-
-def check_allocation(allocation: object, pattern: str | None) -> None:
-    """Refuse an unknown ``allocation``, and OWL with an N:M ``pattern`` (which fixes every block's sparsity)."""
-    if allocation not in ALLOCATIONS:
-        raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {allocation!r}")
-    if allocation == "owl" and pattern is not None:
-        raise ValueError("allocation='owl' sets each block's sparsity, which an N:M pattern fixes; use one of them")
-
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def with_options_signature(
-    options: type[Options] | None = None, *, leave_out: Iterable[str] = ()
-) -> Callable[[_F], _F]:
+def with_options_signature(options: type[Options], *, leave_out: Iterable[str] = ()) -> Callable[[_F], _F]:
     """Show a function taking ``**options`` with every setting as a keyword (``help()``, ``inspect.signature``).
 
     The function's own parameters stay; its ``**options`` becomes the settings
     (but ``leave_out``) with their defaults, followed by ``**method_options``.
     """
     left_out = set(leave_out)
-    kind = options or OneShotOptions
 
     def decorate(function: _F) -> _F:
         signature = inspect.signature(function)
         own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
         settings = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(name, kind))
-            for name, (default, _) in kind.settings().items()
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(name, options)
+            )
+            for name, (default, _) in options.settings().items()
             if name not in left_out and name not in {p.name for p in own}
         ]
         rest = inspect.Parameter("method_options", inspect.Parameter.VAR_KEYWORD, annotation="Any")
@@ -255,21 +181,20 @@ def _annotation(name: str, options: type[Options]) -> Any:
     return {f.name: f.type for f in dataclasses.fields(options)}[name]  # type: ignore[arg-type]
 
 
-def value_type(name: str, options: type[Options] | None = None) -> type:
+def value_type(name: str, options: type[Options]) -> type:
     """The type of one value of setting ``name`` (``float`` for ``float | None``, ``str`` for globs)."""
     # the annotations are text (``from __future__ import annotations``)
-    spelled = str(_annotation(name, options or OneShotOptions)).split(" | ")
+    spelled = str(_annotation(name, options)).split(" | ")
     for kind in (bool, int, float):
         if kind.__name__ in spelled:
             return kind
     return str
 
 
-def options_table(leave_out: Sequence[str] = (), options: type[Options] | None = None) -> str:
+def options_table(options: type[Options], leave_out: Sequence[str] = ()) -> str:
     """The settings as a Markdown table: keyword, the command's flag, default, what it does (for the docs)."""
-    kind = options or OneShotOptions
-    rows = [f"| keyword | `{kind.COMMAND}` | default | what it sets |", "| --- | --- | --- | --- |"]
-    for name, (default, setting) in kind.settings().items():
+    rows = [f"| keyword | `{options.COMMAND}` | default | what it sets |", "| --- | --- | --- | --- |"]
+    for name, (default, setting) in options.settings().items():
         if name in leave_out:
             continue
         flag = cli_flag(name, setting)

@@ -1,0 +1,1 @@
+"""The block-by-block runtime: statistics and their recorder, capture, parts, streaming."""
