@@ -40,8 +40,14 @@ if TYPE_CHECKING:
     from prunereg._plugins.hookspec import Register, hookimpl
     from prunereg._plugins.isolation import PluginCodeError
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
+    from prunereg._recover.contract import RecoveryMethod
+    from prunereg._recover.data import NormalEquations, RecoveryBlock, RecoveryModel
+    from prunereg._recover.distillation import ZeroKeeper, distillation_loss, keep_zeros
+    from prunereg._recover.engine import recover
+    from prunereg._recover.report import BlockRecovery, RecoverReport
+    from prunereg._recover.shrinking import shrink
+    from prunereg._recover.trainer import DistillationTrainer
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
-    from prunereg._shrink.engine import shrink
     from prunereg._shrink.report import ShrinkReport
     from prunereg._shrink.streaming import shrink_folder
     from prunereg._slim.engine import slim
@@ -54,10 +60,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BasePruningMethod",
+    "BlockRecovery",
     "BlockStatistics",
     "CalibratedMethod",
     "ChannelStatistics",
     "CheckpointError",
+    "DistillationTrainer",
     "ExpertStatistics",
     "GradualPruning",
     "GradualPruningCallback",
@@ -67,6 +75,7 @@ __all__ = [
     "Importance",
     "LayerStatistics",
     "MethodInfo",
+    "NormalEquations",
     "OneShotReport",
     "PluginCodeError",
     "PluginError",
@@ -75,6 +84,10 @@ __all__ = [
     "PruneFileReport",
     "PrunedWeight",
     "PruningContainer",
+    "RecoverReport",
+    "RecoveryBlock",
+    "RecoveryMethod",
+    "RecoveryModel",
     "Register",
     "Schedule",
     "ShrinkMethod",
@@ -84,9 +97,11 @@ __all__ = [
     "Summary",
     "TensorSummary",
     "UnknownMethodError",
+    "ZeroKeeper",
     "apply_masks",
     "apply_slimmed_shapes",
     "compact_masks",
+    "distillation_loss",
     "from_pretrained",
     "get",
     "get_importance",
@@ -94,6 +109,7 @@ __all__ = [
     "hookimpl",
     "info",
     "is_pruned",
+    "keep_zeros",
     "list_methods",
     "load_state_dict",
     "make_pruning_permanent",
@@ -102,6 +118,7 @@ __all__ = [
     "parameters_to_prune",
     "perplexity",
     "prune_file",
+    "recover",
     "register",
     "register_importance",
     "register_width_rule",
@@ -118,10 +135,12 @@ __all__ = [
 
 _LAZY = {
     "BasePruningMethod": "prunereg._core.method",
+    "BlockRecovery": "prunereg._recover.report",
     "BlockStatistics": "prunereg._shrink.contract",
     "CalibratedMethod": "prunereg._oneshot.contract",
     "ChannelStatistics": "prunereg._shrink.contract",
     "CheckpointError": "prunereg._disk.errors",
+    "DistillationTrainer": "prunereg._recover.trainer",
     "ExpertStatistics": "prunereg._shrink.contract",
     "GradualPruning": "prunereg._gradual.pruner",
     "GradualPruningCallback": "prunereg._gradual.lightning",
@@ -131,6 +150,7 @@ _LAZY = {
     "Importance": "prunereg._slim.importance",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
+    "NormalEquations": "prunereg._recover.data",
     "OneShotReport": "prunereg._oneshot.report",
     "PluginCodeError": "prunereg._plugins.isolation",
     "PluginError": "prunereg._plugins.registry",
@@ -139,6 +159,10 @@ _LAZY = {
     "PruneFileReport": "prunereg._files.file_pruning",
     "PrunedWeight": "prunereg._oneshot.contract",
     "PruningContainer": "prunereg._core.method",
+    "RecoverReport": "prunereg._recover.report",
+    "RecoveryBlock": "prunereg._recover.data",
+    "RecoveryMethod": "prunereg._recover.contract",
+    "RecoveryModel": "prunereg._recover.data",
     "Register": "prunereg._plugins.hookspec",
     "Schedule": "prunereg._gradual.schedules",
     "ShrinkMethod": "prunereg._shrink.contract",
@@ -148,14 +172,17 @@ _LAZY = {
     "Summary": "prunereg._models.summary",
     "TensorSummary": "prunereg._models.summary",
     "UnknownMethodError": "prunereg._plugins.registry",
+    "ZeroKeeper": "prunereg._recover.distillation",
     "apply_masks": "prunereg._files.offline",
     "apply_slimmed_shapes": "prunereg._models.slimmed",
     "compact_masks": "prunereg._core.compact",
+    "distillation_loss": "prunereg._recover.distillation",
     "from_pretrained": "prunereg._models.huggingface",
     "get_importance": "prunereg._slim.importance",
     "global_unstructured": "prunereg._core.global_pruning",
     "hookimpl": "prunereg._plugins.hookspec",
     "is_pruned": "prunereg._core.reparam",
+    "keep_zeros": "prunereg._recover.distillation",
     "load_state_dict": "prunereg._models.state_dict",
     "make_pruning_permanent": "prunereg._core.tied",
     "oneshot": "prunereg._oneshot.engine",
@@ -163,13 +190,14 @@ _LAZY = {
     "parameters_to_prune": "prunereg._files.selection",
     "perplexity": "prunereg._oneshot.perplexity",
     "prune_file": "prunereg._files.file_pruning",
+    "recover": "prunereg._recover.engine",
     "remove": "prunereg._core.tied",
     "safe_globals": "prunereg._models.serialization",
     "register_importance": "prunereg._slim.importance",
     "register_width_rule": "prunereg._slim.rules",
     "save_pretrained": "prunereg._models.huggingface",
     "schedule": "prunereg._gradual.schedules",
-    "shrink": "prunereg._shrink.engine",
+    "shrink": "prunereg._recover.shrinking",
     "shrink_folder": "prunereg._shrink.streaming",
     "slim": "prunereg._slim.engine",
     "slimmed_shapes": "prunereg._models.slimmed",

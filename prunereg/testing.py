@@ -25,11 +25,18 @@ import prunereg
 from prunereg._oneshot.conformance import check_calibrated_method
 from prunereg._plugins.kinds import kind_names
 from prunereg._plugins.registry import constructor_parameters
+from prunereg._recover.conformance import check_recovery_method
 from prunereg._shrink.conformance import check_shrink_method
 from prunereg._slim.conformance import check_importance
 from prunereg._slim.conformance import step as _step
 
-__all__ = ["check_calibrated_method", "check_importance", "check_pruning_method", "check_shrink_method"]
+__all__ = [
+    "check_calibrated_method",
+    "check_importance",
+    "check_pruning_method",
+    "check_recovery_method",
+    "check_shrink_method",
+]
 
 DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _SEED = 1234

@@ -54,6 +54,8 @@ def _runs_with(kind: str, cls: type) -> list[str]:
         return ["oneshot", "prune"] if getattr(cls, "runs_without_calibration", lambda: False)() else ["oneshot"]
     if kind == "shrink":
         return ["shrink"]
+    if kind == "recovery":  # all from Python (prunereg.recover); those that work block by block in shrink's pass
+        return ["shrink --recover"] if getattr(cls, "SCOPE", None) == "block" else []
     return ["prune", "prune --global"] if kind == "unstructured" else ["prune"]
 
 
@@ -106,7 +108,8 @@ def info_command(name: str, as_json: bool) -> None:
     else:
         click.echo(printable(f"{info.name} ({info.kind}): {info.summary}"))
         click.echo(f"from {info.label}, class {printable(info.target)}")
-        click.echo("runs with: " + ", ".join(f"prunereg {command}" for command in details["runs_with"]))
+        commands = ", ".join(f"prunereg {command}" for command in details["runs_with"])
+        click.echo("runs with: " + (commands or kind_of(info.kind).commands))
         click.echo(f"parameters: {_signature(details['parameters'])}")
         if details["doc"]:
             click.echo("\n" + "\n".join(printable(line) for line in details["doc"].splitlines()))
@@ -118,11 +121,11 @@ def info_command(name: str, as_json: bool) -> None:
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--kind",
-    type=click.Choice(["unstructured", "calibrated", "shrink", "importance"]),
+    type=click.Choice(["unstructured", "calibrated", "shrink", "recovery", "importance"]),
     default="unstructured",
     show_default=True,
     help="A mask method like torch's, a calibrated method for prunereg.oneshot, a shrink method for prunereg.shrink, "
-    "an importance for prunereg.slim.",
+    "a recovery method for prunereg.recover, an importance for prunereg.slim.",
 )
 def new_plugin_command(name: str, directory: Path | None, kind: str) -> None:
     """Write a complete plugin package prunereg-NAME into DIRECTORY (default ./prunereg-NAME).

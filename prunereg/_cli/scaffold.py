@@ -24,6 +24,7 @@ TEMPLATES = {
     "unstructured": ("template",),
     "calibrated": ("template", "template_calibrated"),
     "shrink": ("template", "template_shrink"),
+    "recovery": ("template", "template_recovery"),
     "importance": ("template", "template_importance"),
 }
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
@@ -39,7 +40,7 @@ class PluginNames:
     module: str  # prunereg_foo_bar
     class_name: str  # FooBarPruning
     prunereg_version: str
-    kind: str = "unstructured"  # or "calibrated", "shrink", "importance": from template_<kind>/ over template/
+    kind: str = "unstructured"  # or "calibrated", "shrink", "recovery", "importance": template_<kind>/ over template/
 
     @classmethod
     def from_name(cls, name: str) -> PluginNames:

@@ -101,6 +101,7 @@ def shrink_command(
     \b
     prunereg shrink ./SmolLM2 ./SmolLM2-flap -m flap --mlp 0.5 --heads 0.34 --calibration text.txt
     prunereg shrink ./SmolLM2 ./SmolLM2-short -m block_influence --layers 6 --calibration text.txt --eval test.txt
+    prunereg shrink ./SmolLM2 ./SmolLM2-refit -m flap --mlp 0.5 --recover refit --calibration text.txt
     """
     if stream and dtype != "auto":
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
@@ -109,6 +110,8 @@ def shrink_command(
     settings = _settings(flags, progress=not quiet)
     if stream and settings.allocation == "global":
         raise click.UsageError("--allocation global ranks every block before cutting any; drop --stream")
+    if stream and (settings.recover is not None or settings.steps != 1):
+        raise click.UsageError("--recover and --steps work on the model in memory; drop --stream")
     output = output_folder(output_dir, model_dir, force)
     try:
         from transformers import AutoModelForCausalLM  # noqa: F401

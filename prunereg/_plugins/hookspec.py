@@ -81,7 +81,8 @@ def prunereg_register_methods(register: Register) -> None:
       ``apply``), ``"calibrated"`` (:class:`prunereg.CalibratedMethod`
       subclasses, run by :func:`prunereg.oneshot`), ``"shrink"``
       (:class:`prunereg.ShrinkMethod` subclasses, run by :func:`prunereg.shrink`),
-      ``"importance"`` (:class:`prunereg.Importance` subclasses, used by
+      ``"recovery"`` (:class:`prunereg.RecoveryMethod` subclasses, run by
+      :func:`prunereg.recover`), ``"importance"`` (:class:`prunereg.Importance` subclasses, used by
       :func:`prunereg.slim`). Checked when the class is imported; ``prunereg
       list`` shows each method's kind.
     - ``summary``: one line saying what the method prunes.

@@ -100,6 +100,13 @@ declare_kind(
     commands="shrink",
 )
 declare_kind(
+    "recovery",
+    "prunereg._recover.contract:RecoveryMethod",
+    "`prunereg.recover(model, teacher, calibration, method=name)`, `prunereg.shrink(..., recover=name)`, "
+    "`prunereg shrink --recover`",
+    commands="prunereg.recover; shrink --recover (block by block)",
+)
+declare_kind(
     "importance",
     "prunereg._slim.importance:Importance",
     "`prunereg.slim(model, inputs, ratio=r, importance=name)`, `prunereg slim --importance`",

@@ -26,14 +26,18 @@ A method that asks for none runs without calibration data.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from prunereg._plugins.isolation import guard_plugin_methods
 from prunereg._runtime.registry import check_statistics, statistic
 from prunereg._runtime.statistics import ReadByName
+
+if TYPE_CHECKING:
+    from prunereg._runtime.capture import BlockInputs
 
 KIND = "shrink"
 
@@ -158,3 +162,34 @@ class ShrinkMethod:
         if target == "channels" and self.compensates_bias:
             needed.add("channel_moments")
         return frozenset(needed)
+
+
+class BlockFollower:
+    """What runs on each block right after its cut, in shrinking's own pass: recovery (``shrink(recover=...)``).
+
+    Shrinking runs each block on the calibration set before its cut; those
+    outputs are the dense block's (on the dense model's trajectory when the
+    method observes the dense model, else on the shrunk one's). The engine
+    calls :meth:`start` with the first block's inputs, :meth:`watching` around
+    each block's pass before its cut (to watch inside it), then :meth:`follow`
+    with the cut block, the inputs along the shrunk model's trajectory and the
+    dense outputs: it returns the cut block's outputs, which feed the next
+    block. :meth:`finish` runs after the last block. The engine puts back what a
+    follower changed in the blocks and the config when the run fails.
+    """
+
+    def start(self, model: torch.nn.Module, blocks: torch.nn.ModuleList, journal: object) -> None:
+        """Before the first block: ``journal`` keeps what is replaced, to put back on a failure."""
+
+    def watching(self, index: int, block: torch.nn.Module) -> AbstractContextManager[None]:
+        """A context around block ``index``'s pass before its cut (hooks that watch inside it)."""
+        return nullcontext()
+
+    def follow(
+        self, index: int, block: torch.nn.Module, inputs: BlockInputs, dense: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Work on cut block ``index`` given its ``inputs`` and the dense block's outputs: its outputs per batch."""
+        raise NotImplementedError
+
+    def finish(self, model: torch.nn.Module) -> None:
+        """After the last block, before the config is rewritten."""

@@ -35,18 +35,23 @@ from torch import Tensor, nn
 from prunereg._models import slimmed
 from prunereg._progress import progress as progress_bar
 from prunereg._runtime.blocks import find_blocks
-from prunereg._runtime.calibration import calibration_ids, check_fits_model
+from prunereg._runtime.calibration import check_fits_model
 from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
 from prunereg._runtime.journal import Journal
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
-from prunereg._runtime.options import with_options_signature
 from prunereg._runtime.parts import Experts, UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
 from prunereg._runtime.precision import matmul_precision
 from prunereg._runtime.recorder import Called
 from prunereg._runtime.weights import BlockWeights, InMemory
 from prunereg._selection.select import removal_order
 from prunereg._shrink.checks import failures_named, refuse_meta, refuse_sharing
-from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
+from prunereg._shrink.contract import (
+    BlockFollower,
+    BlockStatistics,
+    ChannelStatistics,
+    ExpertStatistics,
+    ShrinkMethod,
+)
 from prunereg._shrink.gather import BlockObservation, observe_block
 from prunereg._shrink.options import ShrinkOptions
 from prunereg._shrink.removal import compensate_bias, remove_blocks, remove_experts, remove_units
@@ -57,67 +62,18 @@ TARGET_OF = {"mlp": "channels", "heads": "channels", "layers": "blocks", "expert
 _NONE = ChannelStatistics(0)
 
 
-@with_options_signature(ShrinkOptions)
-def shrink(
+def shrink_model(
     model: nn.Module,
-    method: str | ShrinkMethod = "flap",
-    calibration: Any = None,
-    *,
-    tokenizer: Any = None,
-    num_samples: int | None = None,
-    seq_len: int | None = None,
-    **options: Any,
+    method: str | ShrinkMethod,
+    calibration: Tensor | Iterable[Tensor] | None,
+    settings: ShrinkOptions,
+    method_options: dict[str, Any],
+    follower: BlockFollower | None = None,
 ) -> ShrinkReport:
-    """Make a causal language model smaller in place: fewer MLP channels, heads, blocks or experts.
-
-    ``method`` is a registered name of kind ``shrink`` (``"flap"``, ``"wanda_sp"``,
-    ``"magnitude_sp"``, ``"block_influence"``, ``"reap"``), or a configured
-    :class:`prunereg.ShrinkMethod`. ``calibration`` is what :func:`prunereg.oneshot`
-    accepts: token ids (``[n_samples, seq_len]``, run in batches of ``batch_size``,
-    or an iterable of batches), or a text, texts, a tokenizer's output or a
-    dataset, tokenised with ``tokenizer`` and cut into ``num_samples`` x
-    ``seq_len``; a method that needs no statistics (``magnitude_sp``) runs without it.
-
-    The other keyword arguments are the run's settings (the table in
-    ``docs/shrinking.md``; :class:`prunereg._shrink.options.ShrinkOptions` holds
-    their defaults and checks); any other keyword is an option of the method,
-    passed to its constructor (``compensate=False``).
-
-    - ``mlp``: the share of each MLP's intermediate channels removed (gate and up
-      rows with the down projection's columns);
-    - ``heads``: the share of each attention's key/value groups removed, each with
-      its query heads (a model without grouped queries: the share of its heads);
-    - ``layers``: how many decoder blocks are removed, the lowest-scored;
-    - ``experts``: the share of each mixture-of-experts layer's experts removed,
-      router rows included.
-
-    With ``allocation="uniform"`` (the default) every block loses the same number
-    of units and the config is rewritten (``intermediate_size``,
-    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
-    ``num_hidden_layers``, ``layer_types``, ``num_local_experts`` /
-    ``num_experts``, and ``mlp_bias`` / ``attention_bias`` where a method adds a
-    bias compensation), so ``save_pretrained`` then stock
-    ``AutoModelForCausalLM.from_pretrained`` gives the same logits.
-    ``allocation="global"`` (FLAP's adaptive structure) standardizes each block's
-    scores and removes the lowest across all blocks, so blocks keep different
-    widths: the config records them (``prunereg_slimmed``, as slimming does) and
-    the saved model loads with :func:`prunereg.from_pretrained`.
-
-    ``matmul_precision`` is torch's float32 matmul precision of the calibration
-    forwards (see :func:`prunereg.oneshot`); statistics and scores run in full
-    float32. A request the model or its config cannot express raises a one-line
-    ``ValueError`` (or ``TypeError``) before anything changes. If shrinking fails
-    midway, ``restore_on_error=True`` puts every replaced tensor, attribute and
-    config value back before the error propagates: the replaced tensors are kept
-    until the call returns (up to a second copy of the shrunk layers); ``False``
-    keeps nothing, and a failure leaves the model half shrunk.
-    """
-    settings, method_options = ShrinkOptions.split(options)
+    """One shrink run of :func:`prunereg.shrink` (calibration already as token ids), ``follower`` after each cut."""
     if isinstance(model, nn.Module):  # (streaming fills a model built on the meta device itself)
         refuse_meta(model)
-    if calibration is not None:
-        calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
-    job = ShrinkJob.prepare(model, method, calibration, settings, method_options)
+    job = ShrinkJob.prepare(model, method, calibration, settings, method_options, follower)
     return job.run(settings.progress, restore_on_error=settings.restore_on_error)
 
 
@@ -156,6 +112,8 @@ class ShrinkJob:
     allocation: str = "uniform"
     check_batch: Tensor | None = None
     """Token ids that check the cuts of a method that needs no calibration (the first batch, or a made-up one)."""
+    follower: BlockFollower | None = None
+    """What runs on each block right after its cut (recovery), on the calibration batches."""
 
     @classmethod
     def prepare(
@@ -165,8 +123,14 @@ class ShrinkJob:
         calibration: Tensor | Iterable[Tensor] | None,
         options: ShrinkOptions,
         method_options: dict[str, Any],
+        follower: BlockFollower | None = None,
     ) -> ShrinkJob:
-        """Check every argument and build the method; nothing in ``model`` changes."""
+        """Check every argument and build the method; nothing in ``model`` changes.
+
+        A ``follower`` (recovery) needs calibration data, the same width in every
+        block and no blocks removed (the blocks after a removed one are only known
+        at the end of the pass).
+        """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         config = getattr(model, "config", None)
@@ -195,9 +159,11 @@ class ShrinkJob:
         _check_config(config, plans, layers, same_width=not across)
         _refuse_sharing(model, block_list, plans, layers, with_biases=instance.compensates_bias)
         needs = frozenset().union(*(instance.needs(TARGET_OF[what]) for what in wanted))
+        if follower is not None:
+            _check_followable(options, calibration)
         batches: list[Tensor] = []
         check_batch = None
-        if needs:
+        if needs or follower is not None:
             if calibration is None:
                 raise ValueError(f"{name} needs calibration data (token ids) for {', '.join(sorted(needs))}")
             batches = list(batches_of(calibration, options.batch_size, input_device(model)))
@@ -210,7 +176,7 @@ class ShrinkJob:
         precision = options.matmul_precision
         return cls(
             model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width,
-            options.allocation, check_batch,
+            options.allocation, check_batch, follower,
         )  # fmt: skip
 
     def run(
@@ -232,9 +198,11 @@ class ShrinkJob:
         shapes_before = _outside_blocks(slimmed.snapshot(self.model), self.blocks_path) if across else None
         try:
             with calibration_mode(self.model), matmul_precision(self.matmul_precision):
-                inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if self.needs else None
-                probe = self._probe(inputs)
-                report.n_tokens = sum(batch.numel() for batch in self.batches) if self.needs else 0
+                calibrated = bool(self.needs) or self.follower is not None
+                inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if calibrated else None
+                probe = self._probe(inputs) if self.follower is None else None
+                student = self._start_follower(inputs, journal)
+                report.n_tokens = sum(batch.numel() for batch in self.batches) if calibrated else 0
                 label = f"{self.method_name} {self.blocks_path}"
                 if across:  # every block's scores first (on the dense model's activations), then the cuts
                     observations = self._observe_all(inputs, progress, label)
@@ -247,7 +215,12 @@ class ShrinkJob:
                             self._run_cut(index, probe, journal, block_kinds)
                 else:
                     for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
-                        report.blocks.append(self._shrink_block(index, inputs, probe, journal, weights))
+                        if student is not None and inputs is not None:
+                            report.blocks.append(self._shrink_and_follow(index, inputs, student, journal, weights))
+                        else:
+                            report.blocks.append(self._shrink_block(index, inputs, probe, journal, weights))
+                    if self.follower is not None:
+                        self.follower.finish(self.model)
             if self.layers:
                 scores = [block.score for block in report.blocks]
                 order = removal_order(torch.tensor(scores, dtype=torch.float64))
@@ -296,6 +269,38 @@ class ShrinkJob:
             self._run_cut(index, probe, journal, kinds)
         elif inputs is not None and not more and kinds:  # the last block: one batch checks its cut
             self._run_cut(index, BlockInputs(inputs.hidden[:1], inputs.args[:1], inputs.kwargs[:1]), journal, kinds)
+        weights.done(index, block, pruned=True)
+        return result
+
+    def _start_follower(self, inputs: BlockInputs | None, journal: Journal) -> BlockInputs | None:
+        """The inputs along the shrunk model's trajectory when a follower runs (a list of its own where the
+        method observes the dense model), after the follower's start; None without one."""
+        if self.follower is None or inputs is None:
+            return None
+        self.follower.start(self.model, self.blocks, journal)
+        if not self.method.OBSERVES_DENSE_MODEL:
+            return inputs
+        return BlockInputs(list(inputs.hidden), inputs.args, inputs.kwargs)
+
+    def _shrink_and_follow(
+        self, index: int, inputs: BlockInputs, student: BlockInputs, journal: Journal, weights: BlockWeights
+    ) -> BlockShrink:
+        """Shrink block ``index`` with a follower: observed (its outputs kept), cut, then handed to the follower.
+
+        The follower's outputs feed the next block on the shrunk trajectory; a
+        method that observes the dense model keeps the dense outputs as its own next inputs.
+        """
+        assert self.follower is not None
+        block = self.blocks[index]
+        weights.fetch(index, block)
+        with self.follower.watching(index, block):
+            observation = self._observe(index, inputs, keep_outputs=True)
+        result = self._cut_block(index, observation, journal)
+        with _config_as(self.model.config, self.width):  # a method's own errors pass as they are
+            outputs = self.follower.follow(index, block, student, observation.outputs)
+        if student is not inputs:
+            inputs.hidden = observation.outputs
+        student.hidden = outputs
         weights.done(index, block, pruned=True)
         return result
 
@@ -468,6 +473,22 @@ def _build_method(method: str | ShrinkMethod, options: dict[str, Any]) -> tuple[
             f"({', '.join(registry().names('shrink')) or 'none installed'})"
         )
     return cls(**options), method
+
+
+def _check_followable(options: ShrinkOptions, calibration: object) -> None:
+    """Refuse what recovery in shrinking's own pass cannot follow, in one line, before anything changes."""
+    if calibration is None:
+        raise ValueError(f"recover={options.recover!r} needs calibration data: token ids, or texts with a tokenizer")
+    if options.layers:
+        raise ValueError(
+            f"recover={options.recover!r} cannot follow layers=: the blocks removed are known only after the pass; "
+            "shrink, then run prunereg.recover(model, teacher, ..., removed_blocks=report.removed_blocks)"
+        )
+    if options.allocation == "global":
+        raise ValueError(
+            f"recover={options.recover!r} needs allocation='uniform': a global allocation cuts every block "
+            "after the pass; shrink, then run prunereg.recover with a copy of the model as the teacher"
+        )
 
 
 def _check_global(method: ShrinkMethod, name: str, wanted: list[str]) -> None:

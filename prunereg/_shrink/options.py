@@ -47,6 +47,15 @@ class ShrinkOptions(Options):
         "standardized scores across blocks (needs prunereg.from_pretrained; not with streaming).",
         choices=ALLOCATIONS,
     )
+    recover: str | None = setting(
+        None,
+        "A recovery method (refit, blockwise) run on each block right after its cut, against the dense block's "
+        "outputs this pass already sees [default: none].",
+        metavar="METHOD",
+    )
+    steps: int = setting(
+        1, "Rounds of shrinking (each followed by the recovery) that together remove what is asked.", minimum=1
+    )
     blocks: str | None = blocks_setting()
     batch_size: int = batch_size_setting()
     matmul_precision: str = matmul_precision_setting("statistics and scores")
@@ -66,6 +75,10 @@ class ShrinkOptions(Options):
             object.__setattr__(self, name, check_sparsity(getattr(self, name), name))
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
             raise ValueError(f"layers must be a number of blocks (an int >= 0), not {self.layers!r}")
+        if self.recover is not None and not isinstance(self.recover, str):
+            raise TypeError(f"recover must be a recovery method's name (refit, blockwise), not {self.recover!r}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be a number of rounds (an int >= 1), not {self.steps!r}")
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, not {self.allocation!r}")
         self.check_engine_settings()

@@ -45,6 +45,10 @@ class ShrinkReport:
     needs_prunereg_loader: bool = False
     """The blocks kept different widths (``allocation="global"``), which the config cannot state: the saved
     model loads with ``prunereg.from_pretrained``, not stock ``from_pretrained``."""
+    recovery: Any = None
+    """The :class:`prunereg.RecoverReport` of ``recover=``: each block's calibration loss before and after."""
+    rounds: list[ShrinkReport] = field(default_factory=list)
+    """With ``steps=k``: each round's own report."""
 
     @property
     def params_ratio(self) -> float:
@@ -78,6 +82,10 @@ class ShrinkReport:
             f"{self.method}: {self.params_before:,} -> {self.params_after:,} parameters "
             f"({self.params_ratio:.1%}), {len(self.removed_blocks)} blocks removed, {source}, {self.seconds:.1f} s",
         )
+        if self.rounds:
+            lines.append(f"in {len(self.rounds)} rounds")
+        if self.recovery is not None:
+            lines.append(f"recovered with {str(self.recovery).splitlines()[0]}")
         if self.needs_prunereg_loader:
             lines.append(
                 "the blocks keep different widths, which the config cannot state: load the saved model with "

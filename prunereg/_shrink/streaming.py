@@ -88,6 +88,9 @@ class ShrunkBlocks(StreamedBlocks):
 #: Settings :func:`shrink_folder` does not take, and why.
 FOLDER_REFUSES = {
     "restore_on_error": "shrink_folder writes a new folder, and a failure leaves none",
+    "recover": "recovery block by block from a folder is not built yet: shrink the folder, load it and run "
+    "prunereg.recover with the original as the teacher, or shrink in memory with prunereg.shrink",
+    "steps": "rounds of shrinking re-read the folder each round: shrink in memory with prunereg.shrink",
 }
 
 

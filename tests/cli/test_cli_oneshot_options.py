@@ -61,7 +61,7 @@ def _one_error_line(result: Result, status: int = 1) -> str:
     ("command", "options_class", "flags", "some"),
     [
         ("oneshot", OneShotOptions, 10, {"layers", "ignore", "blocks"}),
-        ("shrink", ShrinkOptions, 8, {"mlp", "heads", "layers", "experts", "blocks", "batch_size"}),
+        ("shrink", ShrinkOptions, 10, {"mlp", "heads", "layers", "experts", "recover", "steps", "blocks"}),
     ],
 )
 def test_the_commands_flags_help_and_defaults_are_read_from_the_options_object(

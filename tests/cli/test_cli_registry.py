@@ -284,7 +284,7 @@ def test_the_console_script_lists_the_installed_builtins() -> None:
 def test_the_console_script_honours_the_switches() -> None:
     blocked = script("plugins", "--json", PRUNEREG_BLOCK_PLUGINS="builtins")
     assert {row["name"]: row["status"] for row in json.loads(blocked.stdout)}["builtins"] == "blocked"
-    nothing = script("list", "--json", PRUNEREG_BLOCK_PLUGINS="builtins,llm,shrink", PRUNEREG_PLUGINS="")
+    nothing = script("list", "--json", PRUNEREG_BLOCK_PLUGINS="builtins,llm,shrink,recover", PRUNEREG_PLUGINS="")
     assert json.loads(nothing.stdout) == []
 
     lenient = script("list", PRUNEREG_PLUGINS="nosuch", PRUNEREG_STRICT_PLUGINS="0")

@@ -28,6 +28,7 @@ BUILTIN_NAMES = [
 # prunereg's second built-in plugin (plugins/prunereg_llm): calibrated methods, also loaded with autoload off.
 LLM_NAMES = ["magnitude", "sparsegpt", "wanda"]
 SHRINK_NAMES = ["block_influence", "flap", "magnitude_sp", "reap", "wanda_sp"]
+RECOVER_NAMES = ["blockwise", "distill", "refit", "replace"]
 
 
 def statuses(registry: prunereg._plugins.registry.Registry) -> dict[str, str]:
@@ -288,7 +289,7 @@ def test_the_real_entry_points_include_the_builtins_of_prunereg_itself() -> None
 def test_the_process_registry_loads_once_lazily_and_honours_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRUNEREG_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert _plugins._registry is None
-    assert prunereg.list_methods() == sorted([*BUILTIN_NAMES, *LLM_NAMES, *SHRINK_NAMES])
+    assert prunereg.list_methods() == sorted([*BUILTIN_NAMES, *LLM_NAMES, *SHRINK_NAMES, *RECOVER_NAMES])
     assert prunereg.list_methods("structured") == ["ln_structured", "random_structured"]
     loaded = _plugins.registry()
     assert _plugins.registry() is loaded

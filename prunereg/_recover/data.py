@@ -1,0 +1,543 @@
+"""What a recovery method is handed: one decoder block with its calibration data, or the whole model.
+
+A block's data (:class:`RecoveryBlock`) is the block as the model being
+recovered (the *student*) has it, its calibration inputs along the student's
+own trajectory (every earlier block already recovered), and the *targets*: what
+the dense model (the *teacher*) produced at the same place on its own
+trajectory, after the teacher's block and any blocks removed right after it.
+On request it gathers the float64 least-squares statistics of the block's
+writer projections (:meth:`RecoveryBlock.normal_equations`), computed on the
+block's current weights, so a method can refit one projection, then ask again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from prunereg._progress import progress as progress_bar
+from prunereg._recover.runtime import BlockInputs, call_block, input_device
+
+T = TypeVar("T")
+
+#: What :meth:`RecoveryBlock.normal_equations` fits: the input side of each fit and what it must produce.
+FITS = {
+    "mlp": "the MLP's writer projection (down_proj): its inputs -> what it must add for the block to give the target",
+    "attention": "the attention's writer (o_proj): its inputs -> the dense residual after attention less the input",
+    "mlp_output": "the MLP's output -> the target less the block's residual after attention (ReplaceMe's map)",
+}
+#: Rows of the float64 products accumulated at a time.
+CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class NormalEquations:
+    """Float64 statistics of a linear fit ``[X 1] A ~ R`` over the calibration tokens (one row per token).
+
+    ``gram`` is ``[X 1]^T [X 1]`` (``[inputs + 1, inputs + 1]``, the constant
+    last), ``cross`` is ``[X 1]^T R`` (``[inputs + 1, outputs]``) and
+    ``target_sq`` is the sum of ``R ** 2`` per output, so that the squared error
+    of any ``A`` is ``target_sq - 2 A^T cross + A^T gram A`` per output, without
+    the tokens. ``X`` holds the inputs as the block has them now, ``R`` what the
+    fitted map must produce for the block's output to equal the target.
+    """
+
+    gram: Tensor
+    cross: Tensor
+    target_sq: Tensor
+    n_tokens: int
+
+    @property
+    def n_inputs(self) -> int:
+        return int(self.gram.shape[0]) - 1
+
+    def squared_error(self, weight: Tensor, bias: Tensor | None = None) -> float:
+        """The sum over tokens and outputs of ``(X weight^T + bias - R) ** 2``; ``weight`` is ``[out, in]``."""
+        coefficients = torch.cat([weight.double().T, _bias_row(bias, weight)])
+        fitted = (coefficients * (self.gram @ coefficients)).sum(0) - 2 * (coefficients * self.cross).sum(0)
+        return float((self.target_sq + fitted).sum())
+
+
+def _bias_row(bias: Tensor | None, weight: Tensor) -> Tensor:
+    if bias is None:
+        return torch.zeros(1, weight.shape[0], dtype=torch.float64, device=weight.device)
+    return bias.double().reshape(1, -1)
+
+
+def zero_masks(module: nn.Module) -> dict[str, Tensor]:
+    """Per parameter of ``module`` with two dims or more holding exact zeros: where it is non-zero (bool).
+
+    These are the entries a pruned (masked) model keeps; recovery changes only
+    them, so that every zero stays zero. Parameters without a zero need no mask.
+    """
+    masks = {}
+    for name, parameter in module.named_parameters():
+        if parameter.dim() >= 2 and parameter.dtype.is_floating_point:
+            kept = parameter.detach() != 0
+            if not bool(kept.all()):
+                masks[name] = kept
+    return masks
+
+
+def apply_zero_masks(module: nn.Module, masks: dict[str, Tensor]) -> None:
+    """Zero every entry of ``module``'s parameters that ``masks`` says is pruned."""
+    with torch.no_grad():
+        for name, kept in masks.items():
+            module.get_parameter(name).mul_(kept.to(module.get_parameter(name).device))
+
+
+def _cast(value: Any, dtype: torch.dtype | None) -> Any:
+    """``value`` with every floating-point tensor in it (tuples, lists, dicts) as ``dtype``."""
+    if dtype is None:
+        return value
+    if isinstance(value, Tensor):
+        return value.to(dtype) if value.dtype.is_floating_point else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return {key: _cast(item, dtype) for key, item in value.items()}
+    return value
+
+
+#: What identifies a block's weights as they are: each tensor's storage and version counter.
+WeightsKey = tuple[tuple[int, int], ...]
+#: A pass over the calibration set: the loss and each batch's output.
+_Evaluation = tuple[float, list[Tensor]]
+#: A forward hook on a module inside the block.
+_Hook = tuple[nn.Module, Callable[..., Any]]
+
+
+def _rows(tensor: Tensor) -> Tensor:
+    return tensor.reshape(-1, tensor.shape[-1])
+
+
+class RecoveryBlock:
+    """One decoder block of the model being recovered, with its calibration data and the dense model's targets.
+
+    - ``module``: the block itself; a method changes only its existing
+      parameters' values (shapes, dtypes and devices kept), and on a masked
+      model only the entries ``masks`` keeps;
+    - ``index``: its index in the model; ``teacher_indices``: the teacher's
+      blocks it stands for, its own first, then those removed right after it
+      (the targets are the teacher's hidden states after the last of them);
+      ``changed``: the parts (``"attention"``, ``"mlp"``) whose tensors are
+      no longer the teacher block's (narrowed, pruned, recovered before);
+    - :meth:`forward` runs it on calibration batch ``b`` (the student's
+      trajectory), :meth:`target` is the dense model's output there;
+      :meth:`loss` the mean squared error between the two over the calibration set;
+    - :meth:`writer` the projections whose outputs the block adds to its
+      residual stream as they are (``"attention"``: ``o_proj``, ``"mlp"``:
+      ``down_proj``), :attr:`mlp` the MLP module (a mixture of experts too);
+      :meth:`normal_equations` the float64 statistics to refit them;
+    - ``seed`` for random draws; :meth:`progress` a bar that follows the run's ``progress`` setting.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        index: int,
+        teacher_indices: tuple[int, ...],
+        inputs: BlockInputs,
+        targets: list[Tensor],
+        *,
+        writers: dict[str, nn.Module],
+        mlp: nn.Module | None,
+        changed: frozenset[str] = frozenset(),
+        attention_targets: list[Tensor] | None = None,
+        masks: dict[str, Tensor] | None = None,
+        seed: int = 0,
+        show_progress: bool | None = False,
+        label: str = "",
+    ) -> None:
+        if len(inputs) != len(targets) or not targets:
+            raise ValueError(f"a block needs one target per calibration batch: {len(inputs)} and {len(targets)}")
+        self.module = module
+        self.index = index
+        self.teacher_indices = teacher_indices
+        self.masks: dict[str, Tensor] = dict(masks or {})
+        self.changed = changed
+        self.seed = seed
+        self.label = label
+        self._inputs = inputs
+        self._targets = targets
+        self._attention_targets = attention_targets
+        self._candidates = writers
+        self._checked: dict[str, nn.Module | None] = {}
+        self._mlp = mlp
+        self._mlp_adds: bool | None = None
+        self._show_progress = show_progress
+        self._passes: dict[WeightsKey, _Evaluation] = {}
+        self._replay: _Replay | None = None
+        self._original_key = self.weights_key()
+
+    # -- the data ------------------------------------------------------------------------
+
+    @property
+    def n_batches(self) -> int:
+        return len(self._targets)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(_rows(target).shape[0] for target in self._targets)
+
+    @property
+    def removed_after(self) -> int:
+        """How many of the teacher's blocks right after this one the model no longer has."""
+        return len(self.teacher_indices) - 1
+
+    def forward(self, batch: int, *, dtype: torch.dtype | None = None) -> Tensor:
+        """The block's output on calibration batch ``batch`` (its floating inputs as ``dtype`` if given).
+
+        Runs in the caller's grad mode: a training method calls it under ``torch.enable_grad()``.
+        """
+        inputs = self._inputs
+        if dtype is None:
+            return call_block(self.module, inputs, batch)
+        one = BlockInputs([inputs.hidden[batch].to(dtype)], [_cast(inputs.args[batch], dtype)])
+        one.kwargs.append(_cast(inputs.kwargs[batch], dtype))
+        return call_block(self.module, one, 0)
+
+    def block_input(self, batch: int) -> Tensor:
+        """The hidden states the block reads on calibration batch ``batch`` (the student's trajectory)."""
+        return self._inputs.hidden[batch]
+
+    def output_of(self, module: nn.Module, batch: int) -> Tensor:
+        """What ``module`` (a module inside the block) outputs when the block runs on calibration batch ``batch``."""
+        seen: list[Tensor] = []
+
+        def keep(_: nn.Module, args: Any, output: Tensor) -> None:
+            seen.append(output)
+
+        with torch.no_grad(), _hooked(module, keep):
+            self.forward(batch)
+        if not seen:
+            raise ValueError(f"{type(module).__name__} did not run in block {self.index}'s forward")
+        return seen[0]
+
+    def target(self, batch: int) -> Tensor:
+        """The dense model's hidden states that the block's output should match on batch ``batch``."""
+        return self._targets[batch]
+
+    def loss(self) -> float:
+        """The mean squared error of the block's output against the targets over the calibration set."""
+        return self.evaluate()[0]
+
+    def evaluate(self) -> _Evaluation:
+        """:meth:`loss`, and each batch's output (they feed the next block).
+
+        A pass over the calibration set on the block's current weights runs
+        once: a later call, or the engine, reuses it while the weights are
+        unchanged. After :meth:`normal_equations` for a projection whose output
+        the block adds as it is, a method that changed only that projection
+        costs no pass: the outputs are the rest of the block's output, kept
+        from the statistics' pass, plus the projection on its kept inputs
+        (equal to a forward up to float rounding).
+        """
+        key = self.weights_key()
+        found = self.evaluation(key)
+        if found is None and self._replay is not None:
+            found = self._replay.evaluate(key, self._targets)
+            if found is not None:
+                self._keep(key, found)
+        return found or self._pass()
+
+    def weights_key(self) -> WeightsKey:
+        """What identifies the block's weights as they are now (each tensor's storage and version counter)."""
+        return tuple((p.data_ptr(), p._version) for p in self.module.parameters())
+
+    def evaluation(self, key: WeightsKey) -> _Evaluation | None:
+        """The loss and outputs of a pass already made on the weights ``key`` identifies, if one was kept.
+
+        The pass on the block's weights before the method ran is kept, and the latest one.
+        """
+        return self._passes.get(key)
+
+    def _pass(self, hooks: Sequence[_Hook] = (), each: Callable[[int, Tensor], None] | None = None) -> _Evaluation:
+        """Run every calibration batch through the block with ``hooks`` on, ``each(batch)`` after each one.
+
+        Keeps the loss and outputs (:meth:`evaluation`) under the weights' key.
+        """
+        outputs = []
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            for module, hook in hooks:
+                stack.enter_context(_hooked(module, hook))
+            for batch in range(self.n_batches):
+                output = self.forward(batch)
+                if each is not None:
+                    each(batch, output)
+                outputs.append(output)
+        result = (_loss_of(outputs, self._targets), outputs)
+        self._keep(self.weights_key(), result)
+        return result
+
+    def _keep(self, key: WeightsKey, result: _Evaluation) -> None:
+        self._passes = {k: v for k, v in self._passes.items() if k == self._original_key}
+        self._passes[key] = result
+
+    def progress(self, items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
+        """``items``, with a progress bar when the run shows one."""
+        return progress_bar(items, label=f"{self.label} {label}".strip(), total=total, enabled=self._show_progress)
+
+    def keep_zeros(self) -> None:
+        """Zero again every entry that ``masks`` says is pruned (after a training step, say)."""
+        apply_zero_masks(self.module, self.masks)
+
+    # -- the projections -----------------------------------------------------------------
+
+    @property
+    def mlp(self) -> nn.Module | None:
+        """The block's MLP (or mixture of experts), when its output is added to the residual stream as it is."""
+        if self._mlp is None:
+            return None
+        if self._mlp_adds is None:
+            self._mlp_adds = self._adds_output(self._mlp)
+        return self._mlp if self._mlp_adds else None
+
+    def writer(self, kind: str) -> nn.Module | None:
+        """The ``nn.Linear`` that writes ``kind``'s (``"attention"``, ``"mlp"``) output into the residual stream.
+
+        None where the block has none, or where its output does not reach the
+        residual stream as it is (a norm after it, say): a refit of it would not
+        be a least-squares fit of the block's output. Checked on the first
+        calibration batch, once.
+        """
+        if kind not in ("attention", "mlp"):
+            raise ValueError(f"kind must be 'attention' or 'mlp', not {kind!r}")
+        if kind not in self._checked:
+            self._checked[kind] = self._checked_writer(kind)
+        return self._checked[kind]
+
+    def _checked_writer(self, kind: str) -> nn.Module | None:
+        writer = self._candidates.get(kind)
+        if not isinstance(writer, nn.Linear):
+            return None
+        if kind == "mlp":
+            return writer if self._adds_output(writer) else None
+        if self.mlp is None or self._attention_targets is None:
+            return None
+        residual, _, written = self._residual_after_attention(0, writer)
+        return writer if _close(residual - self._inputs.hidden[0], written, residual) else None
+
+    def _adds_output(self, module: nn.Module) -> bool:
+        """Whether the block's output moves by exactly ``module``'s output when that output doubles (batch 0)."""
+        captured: list[Tensor] = []
+
+        def double(_: nn.Module, args: Any, output: Tensor) -> Tensor:
+            captured.append(output)
+            return output * 2
+
+        with torch.no_grad():
+            plain = self.forward(0)
+            with _hooked(module, double):
+                doubled = self.forward(0)
+        return len(captured) == 1 and _close(doubled - plain, captured[0], plain)
+
+    def _residual_after_attention(self, batch: int, writer: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
+        """The residual stream after attention (block output less the MLP's), the writer's inputs and outputs."""
+        seen: dict[str, Tensor] = {}
+
+        def mlp_output(_: nn.Module, args: Any, output: Tensor) -> None:
+            seen["mlp"] = output
+
+        def writer_io(_: nn.Module, args: Any, output: Tensor) -> None:
+            seen["input"], seen["output"] = args[0], output
+
+        assert self._mlp is not None
+        with torch.no_grad(), _hooked(self._mlp, mlp_output), _hooked(writer, writer_io):
+            output = self.forward(batch)
+        return output - seen["mlp"], seen["input"], seen["output"]
+
+    # -- the statistics ------------------------------------------------------------------
+
+    def normal_equations(self, fit: str) -> NormalEquations:
+        """The float64 statistics of one least-squares fit over the calibration set, on the current weights.
+
+        ``fit`` is one of :data:`FITS`: ``"mlp"`` (the MLP writer's inputs to
+        what it must add so that the block gives the target), ``"attention"``
+        (``o_proj``'s inputs to the dense model's residual stream after its
+        attention, less the block's input) or ``"mlp_output"`` (the MLP's
+        output to the target less the residual stream after attention). A
+        ``ValueError`` where the block has no such projection (:meth:`writer`).
+        One pass over the calibration set, which also serves as :meth:`evaluate`
+        while the weights stay as they are.
+        """
+        if fit not in FITS:
+            raise ValueError(f"fit must be one of {', '.join(FITS)}, not {fit!r}")
+        kind = "attention" if fit == "attention" else "mlp"
+        module = self.writer(kind) if fit != "mlp_output" else self.mlp
+        if module is None:
+            raise ValueError(f"block {self.index} has no {kind} writer whose output the block adds as it is")
+        seen: dict[str, Tensor] = {}
+        accumulator: list[_Accumulator] = []
+        replay = _Replay(self.module, module) if fit == "mlp" else None
+
+        def keep(_: nn.Module, args: Any, output: Tensor) -> None:
+            seen["input"], seen["output"] = (output if fit == "mlp_output" else args[0]), output
+
+        def add(batch: int, output: Tensor) -> None:
+            if fit == "attention":
+                assert self._attention_targets is not None
+                wanted = self._attention_targets[batch] - self._inputs.hidden[batch]
+            else:  # what the module must give for the block's output to be the target: the rest stays
+                rest = output - seen["output"]
+                wanted = self._targets[batch] - rest
+                if replay is not None:
+                    replay.add(seen["input"], rest)
+            inputs = _rows(seen["input"])
+            if not accumulator:
+                accumulator.append(_Accumulator(inputs.shape[1], wanted.shape[-1], inputs.device))
+            accumulator[0].add(inputs, _rows(wanted))
+
+        self._replay = None  # the one kept is of weights about to change
+        self._pass([(module, keep)], add)
+        self._replay = replay
+        return accumulator[0].result()
+
+
+def _loss_of(outputs: list[Tensor], targets: list[Tensor]) -> float:
+    """The mean squared error of ``outputs`` against ``targets``, summed in float64."""
+    total = sum(float((output.double() - target.double()).square().sum()) for output, target in zip(outputs, targets))
+    return total / max(sum(output.numel() for output in outputs), 1)
+
+
+class _Replay:
+    """A block's outputs as a linear ``writer`` changes, without running the block: ``rest + writer(inputs)``.
+
+    Kept by the statistics' pass of a writer whose output the block adds as it
+    is: per batch its inputs and the rest of the block's output. Valid while
+    every other parameter of the block is as it was then.
+    """
+
+    def __init__(self, block: nn.Module, writer: nn.Module) -> None:
+        self.writer = writer
+        own = {id(parameter) for parameter in writer.parameters(recurse=False)}
+        self.others = [i for i, parameter in enumerate(block.parameters()) if id(parameter) not in own]
+        self.key = tuple((p.data_ptr(), p._version) for p in block.parameters())
+        self.inputs: list[Tensor] = []
+        self.rests: list[Tensor] = []
+
+    def add(self, inputs: Tensor, rest: Tensor) -> None:
+        self.inputs.append(inputs)
+        self.rests.append(rest)
+
+    def evaluate(self, key: WeightsKey, targets: list[Tensor]) -> _Evaluation | None:
+        """The loss and outputs on the block's weights ``key``; None where more than the writer changed."""
+        if len(key) != len(self.key) or any(key[i] != self.key[i] for i in self.others):
+            return None
+        with torch.no_grad():
+            outputs = [rest + self.writer(inputs) for inputs, rest in zip(self.inputs, self.rests, strict=True)]
+        return _loss_of(outputs, targets), outputs
+
+
+class _Accumulator:
+    """Sums of ``[X 1]^T [X 1]``, ``[X 1]^T R`` and ``R ** 2`` in float64, :data:`CHUNK` rows at a time."""
+
+    def __init__(self, n_in: int, n_out: int, device: torch.device) -> None:
+        self.gram = torch.zeros(n_in + 1, n_in + 1, dtype=torch.float64, device=device)
+        self.cross = torch.zeros(n_in + 1, n_out, dtype=torch.float64, device=device)
+        self.target_sq = torch.zeros(n_out, dtype=torch.float64, device=device)
+        self.n_tokens = 0
+
+    def add(self, inputs: Tensor, wanted: Tensor) -> None:
+        for start in range(0, inputs.shape[0], CHUNK):
+            x = inputs[start : start + CHUNK].double()
+            r = wanted[start : start + CHUNK].double()
+            x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+            self.gram.addmm_(x.T, x)
+            self.cross.addmm_(x.T, r)
+            self.target_sq += r.square().sum(0)
+            self.n_tokens += x.shape[0]
+
+    def result(self) -> NormalEquations:
+        return NormalEquations(self.gram, self.cross, self.target_sq, self.n_tokens)
+
+
+def _close(measured: Tensor, expected: Tensor, around: Tensor) -> bool:
+    """Whether ``measured`` is ``expected`` up to the rounding of the block's dtype.
+
+    ``measured`` is a difference of activations of the size of ``around`` (the
+    residual stream), so their rounding counts too: a writer's output can be
+    small beside the residual stream it is added to.
+    """
+    tolerance = 1e-4 if measured.dtype in (torch.float32, torch.float64) else 3e-2
+    difference = float((measured.double() - expected.double()).norm())
+    allowed = tolerance * float(expected.double().norm()) + tolerance / 10 * float(around.double().norm())
+    return difference <= allowed + 1e-12
+
+
+@contextlib.contextmanager
+def _hooked(module: nn.Module, hook: Callable[..., Any]) -> Iterator[None]:
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@dataclass
+class RecoveryModel:
+    """The whole model for a method that recovers it at once (``SCOPE = "model"``: logit distillation).
+
+    ``student`` is the model being recovered, ``teacher`` the dense one;
+    ``batches`` the calibration token ids, ``[batch, seq_len]`` each. A method
+    changes only the student's existing parameters' values, never its input
+    embeddings or output head (:attr:`trainable` lists those it may change),
+    and on a masked model only the entries ``masks`` keeps (by parameter name).
+    """
+
+    student: nn.Module
+    teacher: nn.Module
+    batches: list[Tensor]
+    masks: dict[str, Tensor]
+    seed: int = 0
+    show_progress: bool | None = False
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(batch.numel() for batch in self.batches)
+
+    def trainable(self) -> dict[str, nn.Parameter]:
+        """The student's parameters a method may change: all but the input embeddings and the output head."""
+        frozen = set()
+        for getter in ("get_input_embeddings", "get_output_embeddings"):
+            found = getattr(self.student, getter, lambda: None)()
+            if isinstance(found, nn.Module):
+                frozen |= {id(parameter) for parameter in found.parameters()}
+        return {name: parameter for name, parameter in self.student.named_parameters() if id(parameter) not in frozen}
+
+    def loss(self) -> float:
+        """The mean over the calibration tokens of KL(teacher || student) of the next-token distributions."""
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in self.batches:
+                for row in batch.split(1):  # one sample's logits at a time: [seq_len, vocabulary] each
+                    log_p = torch.log_softmax(self.logits(row, teacher=True).double(), dim=-1)
+                    log_q = torch.log_softmax(self.logits(row).double(), dim=-1)
+                    total += float((log_p.exp() * (log_p - log_q)).sum())
+                    count += row.numel()
+        return total / max(count, 1)
+
+    def logits(self, ids: Tensor, *, teacher: bool = False) -> Tensor:
+        """The student's (or the teacher's) logits for token ids ``ids``, ``[..., vocabulary]``, without a cache.
+
+        Runs in the caller's grad mode; the teacher's ids go to its own device.
+        """
+        model = self.teacher if teacher else self.student
+        options = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
+        output = model(ids.to(input_device(model)), **options)
+        if isinstance(output, Tensor):
+            return output
+        return output.logits if hasattr(output, "logits") else output[0]
+
+    def progress(self, items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
+        """``items``, with a progress bar when the run shows one."""
+        return progress_bar(items, label=label, total=total, enabled=self.show_progress)
+
+    def keep_zeros(self) -> None:
+        """Zero again every entry that ``masks`` says is pruned."""
+        apply_zero_masks(self.student, self.masks)

@@ -1,0 +1,340 @@
+"""``prunereg.recover``: bring a shrunk or pruned model's outputs back to its teacher's, block by block.
+
+The loop is the one-shot engine's, run on two models side by side: the
+calibration set is run up to the first block of the model (the *student*) and
+of the dense model it came from (the *teacher*); then for each block of the
+student, the teacher's matching blocks (its own, and those removed right after
+it) advance the teacher's hidden states, which become the block's targets, the
+method recovers the block (:func:`prunereg._recover.step.recover_block`), and
+the block as it is left advances the student's hidden states. Each block thus
+learns from inputs that the blocks before it, already recovered, produce, and
+matches what the dense model produced at the same place. Memory: both models'
+weights, and per calibration batch the two models' hidden states (three with
+an attention refit's targets).
+
+Every argument is checked before anything changes: a refusal (no calibration,
+a teacher of other shapes, no blocks found) leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from prunereg._progress import progress as progress_bar
+from prunereg._recover.contract import RecoveryMethod
+from prunereg._recover.data import RecoveryBlock, RecoveryModel, zero_masks
+from prunereg._recover.matching import Matching, match_blocks
+from prunereg._recover.options import RecoverOptions
+from prunereg._recover.parts import bias_flags, block_parts, changed_parts
+from prunereg._recover.report import RecoverReport
+from prunereg._recover.runtime import (
+    BlockInputs,
+    add_zero_biases,
+    batches_of,
+    calibration_ids,
+    calibration_mode,
+    capture_first_block_inputs,
+    check_fits_model,
+    check_not_reparametrized,
+    find_blocks,
+    input_device,
+    matmul_precision,
+)
+from prunereg._recover.step import recover_block, recover_model
+from prunereg._recover.teacher import TeacherTrajectory
+from prunereg._runtime.options import with_options_signature
+
+
+@with_options_signature(RecoverOptions)
+def recover(
+    model: nn.Module,
+    teacher: nn.Module,
+    calibration: Any,
+    method: str | RecoveryMethod = "refit",
+    *,
+    tokenizer: Any = None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
+    **options: Any,
+) -> RecoverReport:
+    """Bring the outputs of a model that ``prunereg.shrink`` or ``oneshot`` left back towards ``teacher``'s, in place.
+
+    ``teacher`` is the model before shrinking or pruning (same architecture, its
+    tensors at least as large), ``calibration`` what :func:`prunereg.oneshot`
+    takes (token ids, or texts with ``tokenizer``, cut into ``num_samples`` x
+    ``seq_len``). ``method`` is a registered name of kind ``recovery``
+    (``"refit"``, ``"replace"``, ``"blockwise"``, ``"distill"``) or a configured
+    :class:`prunereg.RecoveryMethod`; any keyword that is not a setting below is
+    an option of the method (``ridge=1e-3``, ``epochs=3``).
+
+    Block ``i`` of the model is the teacher's block ``i``, unless blocks were
+    removed: ``removed_blocks`` names them (``ShrinkReport.removed_blocks``),
+    or they are found by comparing the tensors shrinking leaves unchanged.
+    Each block's method sees the block's inputs along the recovered model's own
+    trajectory and the dense model's outputs there (after the removed blocks
+    that followed it). Only the values of existing parameters change, and on a
+    masked model (from ``oneshot``) only its non-zero weights: every zero stays
+    zero. A method that asks for it gets a zero bias in each block's writer
+    projections first, where the config has a flag that makes stock
+    ``from_pretrained`` build it (``mlp_bias``, ``attention_bias``), so the
+    model still reloads with stock ``transformers``.
+
+    A block (or model) that the method leaves worse on the calibration
+    objective is put back as it was, and the report says so. A refusal (no
+    calibration, a teacher of other shapes, no blocks found, an unknown
+    option) is a one-line error and leaves the model as it was. If the method
+    fails midway, the block it was working on is put back and the error says
+    which blocks were recovered before it.
+    """
+    settings, method_options = RecoverOptions.split(options)
+    if calibration is None:
+        raise ValueError("recover needs calibration data: token ids, or texts with a tokenizer")
+    calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
+    job = RecoverJob.prepare(model, teacher, calibration, method, settings, method_options)
+    return job.run()
+
+
+@dataclass
+class RecoverJob:
+    """A checked recovery request: the method, both models' blocks and how they match, the calibration batches."""
+
+    model: nn.Module
+    teacher: nn.Module
+    method: RecoveryMethod
+    method_name: str
+    blocks_path: str
+    blocks: nn.ModuleList
+    teacher_blocks: nn.ModuleList
+    matching: Matching
+    batches: list[Tensor]
+    teacher_batches: list[Tensor]
+    bias_flags: dict[str, list[nn.Module]]
+    options: RecoverOptions
+
+    @classmethod
+    def prepare(
+        cls,
+        model: nn.Module,
+        teacher: nn.Module,
+        calibration: Tensor | Iterable[Tensor],
+        method: str | RecoveryMethod,
+        options: RecoverOptions,
+        method_options: dict[str, Any],
+    ) -> RecoverJob:
+        """Check every argument and build the method; nothing in ``model`` changes."""
+        for name, value in (("model", model), ("teacher", teacher)):
+            if not isinstance(value, nn.Module):
+                raise TypeError(f"{name} must be a torch.nn.Module, not {type(value).__name__}")
+        if teacher is model:
+            raise ValueError("the teacher is the model itself; pass the model before shrinking (a copy of it)")
+        instance, name = build_method(method, method_options)
+        path, blocks = find_blocks(model, options.blocks)
+        teacher_path, teacher_blocks = find_blocks(teacher, options.blocks)
+        if teacher_path != path:
+            raise ValueError(f"the model keeps its blocks in {path} and the teacher in {teacher_path}")
+        check_not_reparametrized(model)
+        check_not_reparametrized(teacher)
+        _check_embeddings(model, teacher)
+        matching = match_blocks(blocks, teacher_blocks, options.removed_blocks, path)
+        batches = list(batches_of(calibration, options.batch_size, input_device(model)))
+        if not batches:
+            raise ValueError("calibration holds no token ids")
+        check_fits_model(model, batches)
+        teacher_device = input_device(teacher)
+        teacher_batches = [batch.to(teacher_device) for batch in batches]
+        config = getattr(model, "config", None)
+        flags = bias_flags(config, blocks, instance.writer_biases) if instance.SCOPE == "block" else {}
+        return cls(
+            model, teacher, instance, name, path, blocks, teacher_blocks, matching, batches, teacher_batches, flags,
+            options,
+        )  # fmt: skip
+
+    def run(self) -> RecoverReport:
+        """Recover every block in turn (or the whole model), with any writer biases switched on first."""
+        start = time.perf_counter()
+        report = RecoverReport(self.method_name, self.blocks_path, sum(batch.numel() for batch in self.batches))
+        config = getattr(self.model, "config", None)
+        config_before = dict(vars(config)) if config is not None else {}
+        precision = matmul_precision(self.options.matmul_precision)
+        with calibration_mode(self.model), calibration_mode(self.teacher), precision:
+            added = switch_on_biases(config, self.bias_flags)
+            if self.method.SCOPE == "model":
+                report.steps.append(recover_model(self.method, self._whole_model()))
+            else:
+                self._recover_blocks(report)
+            switch_off_unused(added, config, config_before)
+        report.config = config_changes(config, config_before)
+        report.seconds = time.perf_counter() - start
+        return report
+
+    def _whole_model(self) -> RecoveryModel:
+        student = self.model
+        getter = getattr(student, "get_input_embeddings", None)
+        embeddings = getter() if callable(getter) else None
+        masks = zero_masks(student)
+        if isinstance(embeddings, nn.Module):  # never trained: its zeros (a padding row) need no mask
+            masks = {k: v for k, v in masks.items() if not k.startswith(_prefix(student, embeddings))}
+        return RecoveryModel(
+            student, self.teacher, self.batches, masks, seed=self.options.seed, show_progress=self.options.progress
+        )
+
+    def _recover_blocks(self, report: RecoverReport) -> None:
+        student_inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
+        teacher = TeacherTrajectory(
+            self.teacher_blocks,
+            capture_first_block_inputs(self.teacher, self.teacher_blocks[0], self.teacher_batches),
+            attention="attention_residual" in self.method.STATISTICS,
+        )
+        teacher.run(self.matching.leading)
+        label = f"{self.method_name} {self.blocks_path}"
+        for index in progress_bar(range(len(self.blocks)), label=label, enabled=self.options.progress):
+            span = self.matching.spans[index]
+            targets, attention = teacher.run(span)
+            block = self._block_data(index, span, student_inputs, targets, attention)
+            try:
+                step, outputs = recover_block(self.method, block)
+            except BaseException as error:
+                _say_how_far(error, self.blocks_path, index)
+                raise
+            report.steps.append(step)
+            student_inputs.hidden = outputs
+            del block, targets, attention
+
+    def _block_data(
+        self,
+        index: int,
+        span: tuple[int, ...],
+        inputs: BlockInputs,
+        targets: list[Tensor],
+        attention: list[Tensor] | None,
+    ) -> RecoveryBlock:
+        module = self.blocks[index]
+        parts = block_parts(module, getattr(self.model, "config", None))
+        changed = changed_parts(parts, module, self.teacher_blocks[span[0]])
+        return RecoveryBlock(
+            module,
+            index,
+            span,
+            inputs,
+            targets,
+            writers=parts.writers,
+            mlp=parts.mlp,
+            changed=changed,
+            attention_targets=attention,
+            masks=zero_masks(module),
+            seed=self.options.seed,
+            show_progress=self.options.progress,
+            label=f"{self.blocks_path}.{index}",
+        )
+
+
+class _NoJournal:
+    """:func:`add_zero_biases` keeps nothing: recovery does not put biases back (a zero bias changes nothing)."""
+
+    enabled = False
+
+    def keep(self, module: nn.Module) -> None:
+        pass
+
+
+_NO_JOURNAL: Any = _NoJournal()
+
+
+def config_changes(config: Any, before: dict[str, Any]) -> dict[str, list[Any]]:
+    """Each key of ``config`` whose value is not the one in ``before``, as ``[before, now]``."""
+    if config is None:
+        return {}
+    return {key: [before.get(key), value] for key, value in vars(config).items() if before.get(key) != value}
+
+
+def switch_on_biases(
+    config: Any, flags: dict[str, list[nn.Module]], journal: Any = _NO_JOURNAL
+) -> dict[str, list[nn.Linear]]:
+    """Give the Linears of each flag's owners a zero bias, and set the config flag that builds them.
+
+    Returns, per flag, the layers that got a bias (the flag builds one in every
+    Linear of the owner). ``journal`` keeps what is replaced (shrinking's, to put back on a failure).
+    """
+    added: dict[str, list[nn.Linear]] = {}
+    for flag, owners in flags.items():
+        layers = _linears_without_bias(owners)
+        for owner in owners:
+            add_zero_biases(owner, journal)
+        setattr(config, flag, True)
+        added[flag] = layers
+    return added
+
+
+def _linears_without_bias(owners: list[nn.Module]) -> list[nn.Linear]:
+    """The ``nn.Linear`` children of ``owners`` that have no bias (those a bias flag gives one)."""
+    found: list[nn.Linear] = []
+    for owner in owners:
+        for module in owner.children():
+            if isinstance(module, nn.Linear) and module.bias is None:
+                found.append(module)
+    return found
+
+
+def switch_off_unused(added: dict[str, list[nn.Linear]], config: Any, config_before: dict[str, Any]) -> None:
+    """Take back the biases of a flag whose biases all stayed zero (no block used them), and the flag."""
+    for flag, layers in added.items():
+        if all(not bool(layer.bias.detach().any()) for layer in layers if layer.bias is not None):
+            for layer in layers:
+                layer.register_parameter("bias", None)
+            setattr(config, flag, config_before.get(flag))
+
+
+def _check_embeddings(model: nn.Module, teacher: nn.Module) -> None:
+    """Refuse a teacher whose input embeddings differ in shape from the model's (another vocabulary or width)."""
+    shapes = []
+    for each in (model, teacher):
+        getter = getattr(each, "get_input_embeddings", None)
+        embeddings = getter() if callable(getter) else None
+        weight = getattr(embeddings, "weight", None)
+        shapes.append(tuple(weight.shape) if isinstance(weight, Tensor) else None)
+    if None not in shapes and shapes[0] != shapes[1]:
+        raise ValueError(
+            f"the model's input embeddings are {shapes[0]} and the teacher's {shapes[1]}: "
+            "the teacher must be the model before shrinking"
+        )
+
+
+def _prefix(model: nn.Module, module: nn.Module) -> str:
+    return next((name + "." for name, each in model.named_modules() if each is module), "\0")
+
+
+def build_method(method: str | RecoveryMethod, options: dict[str, Any]) -> tuple[RecoveryMethod, str]:
+    """The configured method and its name; a one-line TypeError or ValueError for a method or option it refuses."""
+    if isinstance(method, RecoveryMethod):
+        if options:
+            raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
+        return method, type(method).__name__
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a registered name or a RecoveryMethod instance, not {type(method).__name__}")
+    from prunereg._plugins.loading import registry
+    from prunereg._plugins.registry import untaken_argument
+
+    cls = registry().resolve(method)
+    if not (isinstance(cls, type) and issubclass(cls, RecoveryMethod)):
+        raise TypeError(
+            f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; recover needs one of kind recovery "
+            f"({', '.join(registry().names('recovery')) or 'none installed'})"
+        )
+    untaken = untaken_argument(cls, options)
+    if untaken is not None:
+        raise TypeError(f"method {method!r} {untaken}")
+    return cls(**options), method
+
+
+def _say_how_far(error: BaseException, path: str, index: int) -> None:
+    """Tell the caller which blocks were recovered before the one that failed (that one was put back)."""
+    done = f"blocks 0 to {index - 1} of {path} are recovered" if index else f"no block of {path} was changed"
+    message = f"prunereg.recover stopped at {path}.{index} (put back as it was); {done}"
+    add_note = getattr(error, "add_note", None)
+    if callable(add_note):
+        add_note(message)

@@ -1,0 +1,41 @@
+"""The block-by-block runtime recovery runs on: the public names of :mod:`prunereg._runtime` it uses, in one place.
+
+Calibration ids, finding the decoder blocks and their parts (MLP, attention,
+experts, their writer projections), capturing the blocks' inputs and running
+them, the run's mode and precision: the same runtime one-shot pruning and
+shrinking run on.
+"""
+
+from __future__ import annotations
+
+from prunereg._runtime.blocks import BlocksNotFoundError, find_blocks
+from prunereg._runtime.calibration import calibration_ids, check_fits_model
+from prunereg._runtime.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
+from prunereg._runtime.conformance import default_devices
+from prunereg._runtime.journal import Journal
+from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
+from prunereg._runtime.parts import UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
+from prunereg._runtime.precision import matmul_precision
+
+__all__ = [
+    "BlockInputs",
+    "BlocksNotFoundError",
+    "Journal",
+    "UnitGroup",
+    "add_zero_biases",
+    "advance",
+    "batches_of",
+    "calibration_ids",
+    "calibration_mode",
+    "call_block",
+    "capture_first_block_inputs",
+    "check_fits_model",
+    "check_not_reparametrized",
+    "default_devices",
+    "find_blocks",
+    "find_experts",
+    "find_heads",
+    "find_mlp",
+    "input_device",
+    "matmul_precision",
+]

@@ -1,0 +1,68 @@
+"""blockwise: each block's loss goes down, a run repeats exactly under its seed, progress is shown."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from torch import nn
+
+import prunereg
+from tests.support.tiny_lm import calibration_ids, tiny_llama
+
+IDS = calibration_ids(16, 16)
+
+
+def _shrunk(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+    """A 3-block Llama whose weights matter (initializer_range 0.1), its MLP halved, and its teacher."""
+    model = tiny_llama(layers=3, initializer_range=0.1).to(dtype)
+    teacher = copy.deepcopy(model)
+    prunereg.shrink(model, "wanda_sp", IDS, mlp=0.5, progress=False)
+    return model, teacher
+
+
+def test_every_block_ends_closer_to_the_dense_block_than_it_started() -> None:
+    model, teacher = _shrunk()
+    report = prunereg.recover(model, teacher, IDS, "blockwise", epochs=5, progress=False)
+    assert report.undone == []
+    for step in report.steps:
+        assert step.loss_after < 0.8 * step.loss_before, step
+        assert "20 Adam steps at lr 0.001" in step.note
+        assert "mlp.down_proj.weight" in step.changed and "input_layernorm.weight" in step.changed
+
+
+def test_a_run_repeats_exactly_under_its_seed_and_differs_under_another() -> None:
+    runs = []
+    for seed in (3, 3, 4):
+        model, teacher = _shrunk()
+        prunereg.recover(model, teacher, IDS, "blockwise", epochs=2, seed=seed, progress=False)
+        runs.append(model.state_dict())
+    assert all(torch.equal(runs[0][name], runs[1][name]) for name in runs[0])
+    assert not all(torch.equal(runs[0][name], runs[2][name]) for name in runs[0])
+
+
+def test_a_half_precision_block_trains_in_float32_and_keeps_its_dtype() -> None:
+    model, teacher = _shrunk(torch.bfloat16)
+    report = prunereg.recover(model, teacher, IDS, "blockwise", epochs=3, progress=False)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert any(step.changed for step in report.steps)
+    assert all(not p.requires_grad or p.grad is None for p in model.parameters())
+
+
+def test_the_parameters_train_flags_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    model, teacher = _shrunk()
+    model.model.layers[0].mlp.down_proj.weight.requires_grad_(False)
+    prunereg.recover(model, teacher, IDS, "blockwise", progress=True)
+    assert not model.model.layers[0].mlp.down_proj.weight.requires_grad
+    assert all(p.requires_grad for name, p in model.named_parameters() if "layers.0.mlp.down_proj" not in name)
+    assert "model.layers.0 blockwise" in capsys.readouterr().err
+
+
+def test_bad_options_are_refused() -> None:
+    for options, message in (({"epochs": 0}, "epochs must be an int >= 1"), ({"lr": 0}, "lr must be a number > 0")):
+        with pytest.raises(ValueError, match=message):
+            prunereg.get("blockwise")(**options)
