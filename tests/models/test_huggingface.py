@@ -20,10 +20,13 @@ from transformers.pytorch_utils import Conv1D  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def quiet_transformers() -> Iterator[None]:
+    bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     yield
     transformers.logging.set_verbosity_warning()
+    if bars:  # a later module on this worker (tests/cli/test_progress.py) expects transformers' default
+        transformers.utils.logging.enable_progress_bar()
 
 
 def bert() -> nn.Module:
