@@ -39,12 +39,12 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 
 from prunereg._plugins import hookspec
-from prunereg._plugins.registry import PluginError, PluginWarning, Register, Registry
+from prunereg._plugins.registry import PluginError, PluginWarning, Register, Registry, untaken_argument
 
 BUILTIN_DISTRIBUTION = "prunereg"
 
@@ -111,6 +111,39 @@ def registry() -> Registry:
             for problem in current.problems:
                 warnings.warn(problem, PluginWarning, stacklevel=3)
     return current
+
+
+_Method = TypeVar("_Method")
+
+
+def configured_method(
+    method: str | _Method, contract: type[_Method], engine: str, options: dict[str, Any]
+) -> tuple[_Method, str]:
+    """``method`` (a registered name or an instance of ``contract``) configured with ``options``, and its name.
+
+    What every engine that runs one kind of method does first; each wrong input is a one-line TypeError:
+    options beside an instance, neither name nor instance, a name of another kind (the kind's installed names
+    listed), an option the class does not take.
+    """
+    if isinstance(method, contract):
+        if options:
+            raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
+        return method, type(method).__name__
+    if not isinstance(method, str):
+        raise TypeError(
+            f"method must be a registered name or a {contract.__name__} instance, not {type(method).__name__}"
+        )
+    kind = getattr(contract, "PRUNING_TYPE", "?")
+    cls = registry().resolve(method)
+    if not (isinstance(cls, type) and issubclass(cls, contract)):
+        raise TypeError(
+            f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; {engine} needs one of kind {kind} "
+            f"({', '.join(registry().names(kind)) or 'none installed'})"
+        )
+    untaken = untaken_argument(cls, options)
+    if untaken is not None:
+        raise TypeError(f"method {method!r} {untaken}")
+    return cls(**options), method
 
 
 def loaded_registry() -> Registry:

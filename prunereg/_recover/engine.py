@@ -310,25 +310,9 @@ def _prefix(model: nn.Module, module: nn.Module) -> str:
 
 def build_method(method: str | RecoveryMethod, options: dict[str, Any]) -> tuple[RecoveryMethod, str]:
     """The configured method and its name; a one-line TypeError or ValueError for a method or option it refuses."""
-    if isinstance(method, RecoveryMethod):
-        if options:
-            raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
-        return method, type(method).__name__
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a registered name or a RecoveryMethod instance, not {type(method).__name__}")
-    from prunereg._plugins.loading import registry
-    from prunereg._plugins.registry import untaken_argument
+    from prunereg._plugins.loading import configured_method
 
-    cls = registry().resolve(method)
-    if not (isinstance(cls, type) and issubclass(cls, RecoveryMethod)):
-        raise TypeError(
-            f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; recover needs one of kind recovery "
-            f"({', '.join(registry().names('recovery')) or 'none installed'})"
-        )
-    untaken = untaken_argument(cls, options)
-    if untaken is not None:
-        raise TypeError(f"method {method!r} {untaken}")
-    return cls(**options), method
+    return configured_method(method, RecoveryMethod, "recover", options)
 
 
 def _say_how_far(error: BaseException, path: str, index: int) -> None:

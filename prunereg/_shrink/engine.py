@@ -458,21 +458,9 @@ class ShrinkJob:
 
 
 def _build_method(method: str | ShrinkMethod, options: dict[str, Any]) -> tuple[ShrinkMethod, str]:
-    if isinstance(method, ShrinkMethod):
-        if options:
-            raise TypeError(f"method options {sorted(options)} need a method name, not a configured instance")
-        return method, type(method).__name__
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a registered name or a ShrinkMethod instance, not {type(method).__name__}")
-    from prunereg._plugins.loading import registry
+    from prunereg._plugins.loading import configured_method
 
-    cls = registry().resolve(method)
-    if not (isinstance(cls, type) and issubclass(cls, ShrinkMethod)):
-        raise TypeError(
-            f"{method!r} is a {getattr(cls, 'PRUNING_TYPE', '?')} method; shrink needs one of kind shrink "
-            f"({', '.join(registry().names('shrink')) or 'none installed'})"
-        )
-    return cls(**options), method
+    return configured_method(method, ShrinkMethod, "shrink", options)
 
 
 def _check_followable(options: ShrinkOptions, calibration: object) -> None:
