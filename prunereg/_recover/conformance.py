@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from prunereg._recover.contract import KIND, SCOPES, STATISTIC_NAMES, WRITER_KINDS, RecoveryMethod
+from prunereg._recover.contract import SCOPES, STATISTIC_NAMES, WRITER_KINDS, RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, RecoveryModel, zero_masks
 from prunereg._recover.parts import block_parts, changed_parts
-from prunereg._recover.runtime import BlockInputs, default_devices
+from prunereg._recover.runtime import BlockInputs, default_devices, method_class
 from prunereg._recover.step import recover_block, recover_model
 from prunereg._recover.teacher import TeacherTrajectory
 
@@ -71,20 +71,7 @@ def check_recovery_method(method: str | type, /, *, devices: Sequence[str] | Non
 
 
 def _method_class(method: str | type) -> tuple[type[RecoveryMethod], str]:
-    if isinstance(method, str):
-        from prunereg._plugins.loading import registry
-
-        info = registry().info(method)
-        cls = registry().resolve(method)
-        label = f"recovery method {method!r} ({info.target})"
-        if info.kind != KIND:
-            raise AssertionError(f"{label}: registered as kind {info.kind!r}, not {KIND!r}")
-    else:
-        cls, label = method, f"recovery method {getattr(method, '__qualname__', method)!r}"
-    if not (isinstance(cls, type) and issubclass(cls, RecoveryMethod)):
-        raise AssertionError(f"{label}: not a prunereg.RecoveryMethod subclass")
-    if cls.PRUNING_TYPE != KIND:
-        raise AssertionError(f"{label}: PRUNING_TYPE must be {KIND!r}, not {cls.PRUNING_TYPE!r}")
+    cls, label = method_class(method, RecoveryMethod, "recovery method")
     if cls.SCOPE not in SCOPES:
         raise AssertionError(f"{label}: SCOPE must be one of {', '.join(SCOPES)}, not {cls.SCOPE!r}")
     if not set(cls.STATISTICS) <= STATISTIC_NAMES:

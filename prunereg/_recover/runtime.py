@@ -11,7 +11,7 @@ from __future__ import annotations
 from prunereg._runtime.blocks import BlocksNotFoundError, find_blocks
 from prunereg._runtime.calibration import calibration_ids, check_fits_model
 from prunereg._runtime.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
-from prunereg._runtime.conformance import default_devices
+from prunereg._runtime.conformance import default_devices, method_class
 from prunereg._runtime.journal import Journal
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
 from prunereg._runtime.parts import UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
@@ -38,4 +38,5 @@ __all__ = [
     "find_mlp",
     "input_device",
     "matmul_precision",
+    "method_class",
 ]

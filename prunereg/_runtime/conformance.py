@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,3 +40,32 @@ def sampled(names: Collection[str], site: str, observation: Observation, leave_o
         statistic.fold(observation)
         results[name] = statistic.result()
     return results
+
+
+_Contract = TypeVar("_Contract")
+
+
+def method_class(method: str | type, contract: type[_Contract], noun: str) -> tuple[type[_Contract], str]:
+    """The class a kind's conformance check tests, and the label its failures start with.
+
+    ``method`` is a registered name (which must be registered as the contract's
+    kind) or a class; an AssertionError names a class that is not a subclass of
+    ``contract`` or whose ``PRUNING_TYPE`` is not the kind's.
+    """
+    kind = getattr(contract, "PRUNING_TYPE")  # noqa: B009 (a contract class declares it; object does not)
+    if isinstance(method, str):
+        from prunereg._plugins.loading import registry
+
+        info = registry().info(method)
+        cls = registry().resolve(method)
+        label = f"{noun} {method!r} ({info.target})"
+        if info.kind != kind:
+            raise AssertionError(f"{label}: registered as kind {info.kind!r}, not {kind!r}")
+    else:
+        cls, label = method, f"{noun} {getattr(method, '__qualname__', method)!r}"
+    if not (isinstance(cls, type) and issubclass(cls, contract)):
+        raise AssertionError(f"{label}: not a prunereg.{contract.__name__} subclass")
+    declared = getattr(cls, "PRUNING_TYPE", None)
+    if declared != kind:
+        raise AssertionError(f"{label}: PRUNING_TYPE must be {kind!r}, not {declared!r}")
+    return cls, label

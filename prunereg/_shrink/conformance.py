@@ -9,11 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from prunereg._runtime.conformance import default_devices, sampled, step
+from prunereg._runtime.conformance import default_devices, method_class, sampled, step
 from prunereg._runtime.registry import statistic_names
 from prunereg._runtime.statistics import Observation
 from prunereg._shrink.contract import (
-    KIND,
     SITE_OF,
     TARGET_NAMES,
     BlockStatistics,
@@ -61,20 +60,7 @@ def check_shrink_method(method: str | type, /, *, devices: Sequence[str] | None 
 
 
 def _method_class(method: str | type) -> tuple[type[ShrinkMethod], str]:
-    if isinstance(method, str):
-        from prunereg._plugins.loading import registry
-
-        info = registry().info(method)
-        cls = registry().resolve(method)
-        label = f"shrink method {method!r} ({info.target})"
-        if info.kind != KIND:
-            raise AssertionError(f"{label}: registered as kind {info.kind!r}, not {KIND!r}")
-    else:
-        cls, label = method, f"shrink method {getattr(method, '__qualname__', method)!r}"
-    if not (isinstance(cls, type) and issubclass(cls, ShrinkMethod)):
-        raise AssertionError(f"{label}: not a prunereg.ShrinkMethod subclass")
-    if cls.PRUNING_TYPE != KIND:
-        raise AssertionError(f"{label}: PRUNING_TYPE must be {KIND!r}, not {cls.PRUNING_TYPE!r}")
+    cls, label = method_class(method, ShrinkMethod, "shrink method")
     if not cls.TARGETS or not set(cls.TARGETS) <= TARGET_NAMES:
         raise AssertionError(f"{label}: TARGETS must be a non-empty subset of {sorted(TARGET_NAMES)}")
     if not set(cls.STATISTICS) <= statistic_names():
