@@ -20,11 +20,8 @@ REFERENCE_BLOCKS = [12, 13, 14, 17, 25, 26]
 
 
 def test_block_influence_drops_the_reference_runs_six_blocks_of_smollm2(benchmark) -> None:  # noqa: F811
-    import torch
-
     import prunereg
 
-    torch.set_num_threads(2)
     model, calibration, _ = benchmark.load(benchmark.cache_dir())
     report = prunereg.shrink(model, "block_influence", calibration, layers=6, progress=False)
     assert report.removed_blocks == REFERENCE_BLOCKS
