@@ -120,7 +120,7 @@ def shrink_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
-    from prunereg._recover.folder import shrink_streamed
+    from prunereg._recover.folder import StreamedShrink
     from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
 
     results = Results(eval_file.name if eval_file is not None else None)
@@ -138,9 +138,8 @@ def shrink_command(
             if stream:
                 if eval_ids is not None:
                     results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
-                results.report = shrink_streamed(
-                    model_dir, output, staging, method, ids, settings, method_options, label="MODEL_DIR"
-                )
+                request = StreamedShrink(output, method, ids, method_options, label="MODEL_DIR")
+                results.report = request.run(model_dir, staging, settings)
                 if eval_ids is not None:
                     results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
             else:

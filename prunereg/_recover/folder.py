@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,74 +75,54 @@ def shrink_folder(
             label="model_dir",
         )  # fmt: skip
     with folder as staging:
-        return shrink_streamed(
-            Path(model_dir), folder, staging, method, calibration, settings, method_options, label="model_dir"
-        )
+        request = StreamedShrink(folder, method, calibration, method_options, label="model_dir")
+        return request.run(Path(model_dir), staging, settings)
 
 
-def shrink_streamed(
-    source: Path,
-    folder: AtomicFolder,
-    staging: Path,
-    method: str | ShrinkMethod,
-    calibration: Tensor | None,
-    settings: ShrinkOptions,
-    method_options: dict[str, Any],
-    *,
-    label: str,
-) -> ShrinkReport:
-    """Shrink ``source`` into ``staging`` (the open ``folder``'s), with its recovery and in its rounds.
+@dataclass
+class StreamedShrink:
+    """What every streamed pass of one request shares: the open output folder, the method, the calibration.
 
-    ``label`` names ``source`` in errors (``model_dir``, ``MODEL_DIR``).
+    ``label`` names the source folder in errors (``model_dir``, ``MODEL_DIR``).
     """
-    if settings.steps == 1:
-        return _streamed_once(source, folder, staging, method, calibration, settings, method_options, label)
-    rounds = _planned_rounds(source, folder, staging, method, calibration, settings, method_options, label)
-    reports = []
-    passes = Path(tempfile.mkdtemp(prefix=".prunereg-rounds-", dir=staging))  # goes with the staging folder
-    read_from = source
-    for number, each in enumerate(rounds, start=1):
-        into = staging if number == len(rounds) else passes / f"round-{number}"
-        into.mkdir(exist_ok=True)
-        reports.append(_streamed_once(read_from, folder, into, method, calibration, each, method_options, label))
-        if read_from != source:
-            shutil.rmtree(read_from)  # the round before's folder: read, no longer needed
-        read_from = into
-    shutil.rmtree(passes)
-    return combined(reports)
 
+    folder: AtomicFolder
+    method: str | ShrinkMethod
+    calibration: Tensor | None
+    method_options: dict[str, Any]
+    label: str
 
-def _planned_rounds(
-    source: Path,
-    folder: AtomicFolder,
-    staging: Path,
-    method: str | ShrinkMethod,
-    calibration: Tensor | None,
-    settings: ShrinkOptions,
-    method_options: dict[str, Any],
-    label: str,
-) -> list[ShrinkOptions]:
-    """The rounds, the whole request checked on ``source``'s model as streaming builds it (blocks on meta)."""
-    refuse_global_streaming(settings)
-    opened = open_folder(source, folder, staging, label, blocks=settings.blocks)
-    with_path = dataclasses.replace(settings, blocks=opened.blocks_path)
-    return planned_rounds(opened.model, method, calibration, with_path, method_options)
+    def run(self, source: Path, staging: Path, settings: ShrinkOptions) -> ShrinkReport:
+        """Shrink ``source`` into ``staging`` (the open folder's), with its recovery and in its rounds."""
+        if settings.steps == 1:
+            return self._once(source, staging, settings)
+        rounds = self._planned_rounds(source, staging, settings)
+        reports = []
+        passes = Path(tempfile.mkdtemp(prefix=".prunereg-rounds-", dir=staging))  # goes with the staging folder
+        read_from = source
+        for number, each in enumerate(rounds, start=1):
+            into = staging if number == len(rounds) else passes / f"round-{number}"
+            into.mkdir(exist_ok=True)
+            reports.append(self._once(read_from, into, each))
+            if read_from != source:
+                shutil.rmtree(read_from)  # the round before's folder: read, no longer needed
+            read_from = into
+        shutil.rmtree(passes)
+        return combined(reports)
 
+    def _planned_rounds(self, source: Path, staging: Path, settings: ShrinkOptions) -> list[ShrinkOptions]:
+        """The rounds, the whole request checked on ``source``'s model as streaming builds it (blocks on meta)."""
+        refuse_global_streaming(settings)
+        opened = open_folder(source, self.folder, staging, self.label, blocks=settings.blocks)
+        with_path = dataclasses.replace(settings, blocks=opened.blocks_path)
+        return planned_rounds(opened.model, self.method, self.calibration, with_path, self.method_options)
 
-def _streamed_once(
-    source: Path,
-    folder: AtomicFolder,
-    staging: Path,
-    method: str | ShrinkMethod,
-    calibration: Tensor | None,
-    settings: ShrinkOptions,
-    method_options: dict[str, Any],
-    label: str,
-) -> ShrinkReport:
-    follower = follower_for(settings)
-    report = shrink_folder_into(
-        source, folder, staging, method, calibration, settings, method_options, label=label, follower=follower
-    )
-    if follower is not None:
-        report.recovery = follower.report
-    return report
+    def _once(self, source: Path, into: Path, settings: ShrinkOptions) -> ShrinkReport:
+        follower = follower_for(settings)
+        report = shrink_folder_into(
+            source, self.folder, into, self.method, self.calibration, settings, self.method_options,
+            label=self.label, follower=follower,
+        )  # fmt: skip
+        if follower is not None:
+            report.recovery = follower.report
+        return report

@@ -90,16 +90,11 @@ def test_shrink_recover_refits_in_the_same_pass_and_stock_reloads_it(llama_folde
 
 
 def test_shrink_steps_runs_as_a_real_subprocess(llama_folder: Path) -> None:
-    import subprocess
-    import sys
-
     from transformers import AutoModelForCausalLM
 
-    script = Path(sys.executable).with_name("prunereg")
-    completed = subprocess.run(
-        [str(script), *_shrink_args(llama_folder, "--recover", "refit", "--steps", "2")],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+    from tests.support.processes import run_prunereg
+
+    completed = run_prunereg(_shrink_args(llama_folder, "--recover", "refit", "--steps", "2"))
     assert completed.returncode == 0, completed.stderr
     assert "in 2 rounds" in completed.stdout and "recovered with refit" in completed.stdout
     assert AutoModelForCausalLM.from_pretrained(llama_folder / "small").config.intermediate_size == 24

@@ -4,8 +4,6 @@ and recovered block by block equals the model shrunk and recovered in memory, an
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from click.testing import CliRunner
 import prunereg
 from prunereg._cli import main
 from tests.shrink.models import build, calibration_ids
+from tests.support.processes import run_prunereg
 
 transformers = pytest.importorskip("transformers")
 
@@ -164,11 +163,7 @@ def test_the_command_streams_recovery_and_writes_what_it_writes_in_memory(llama_
 
 
 def test_the_command_streams_rounds_with_recovery_as_a_real_subprocess(llama_folder: Path) -> None:
-    script = Path(sys.executable).with_name("prunereg")
-    completed = subprocess.run(
-        [str(script), *_shrink_args(llama_folder, "small", "--stream", "--steps", "2")],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+    completed = run_prunereg(_shrink_args(llama_folder, "small", "--stream", "--steps", "2"))
     assert completed.returncode == 0, completed.stderr
     assert "in 2 rounds" in completed.stdout and "recovered with refit" in completed.stdout
     in_memory = CliRunner().invoke(main, _shrink_args(llama_folder, "in_memory", "--steps", "2"))
