@@ -172,3 +172,46 @@ def test_the_command_streams_rounds_with_recovery_as_a_real_subprocess(llama_fol
         llama_folder / "small", transformers.AutoModelForCausalLM.from_pretrained(llama_folder / "in_memory").eval()
     )
     assert sorted(path.name for path in (llama_folder / "small").iterdir() if path.name.startswith(".")) == []
+
+
+GATED_SECOND_ROUND = """
+import os, time
+from prunereg._shrink import streaming
+from prunereg._cli import main
+
+real = streaming.ShrunkBlocks.done
+written = []
+
+def done_then_wait(self, index, block, *, pruned):
+    real(self, index, block, pruned=pruned)
+    written.append(index)
+    if len(written) == 3:  # the first of the two blocks of the second round, recovered and written
+        open(os.environ["PRUNEREG_TEST_WRITTEN"], "w").close()
+        while not os.path.exists(os.environ["PRUNEREG_TEST_GATE"]):
+            time.sleep(0.01)
+
+streaming.ShrunkBlocks.done = done_then_wait
+main(prog_name="prunereg")
+"""
+
+
+@pytest.mark.slow
+def test_a_termination_signal_in_the_second_round_leaves_no_folder(
+    llama_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import signal
+
+    from tests.support.processes import start_gated, wait_until_marked
+
+    control = tmp_path_factory.mktemp("control")
+    before = _files(llama_folder / "dense")
+    run = start_gated(GATED_SECOND_ROUND, _shrink_args(llama_folder, "small", "--stream", "--steps", "2"), control)
+    try:
+        wait_until_marked(run, control, 300, "the gated run never wrote a block of its second round")
+        run.send_signal(signal.SIGTERM)
+        run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode == -signal.SIGTERM
+    assert sorted(path.name for path in llama_folder.iterdir()) == ["calibration.txt", "dense"]
+    assert _files(llama_folder / "dense") == before
