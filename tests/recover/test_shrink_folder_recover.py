@@ -19,10 +19,11 @@ from tests.support.processes import run_prunereg
 transformers = pytest.importorskip("transformers")
 
 CASES = [
-    ("flap", {"mlp": 0.5}),  # observes the dense model; refit's attention biases stay zero and are taken back
-    ("wanda_sp", {"mlp": 0.5, "heads": 0.5}),  # observes the shrunk model's trajectory
-    ("flap", {"mlp": 0.5, "steps": 2}),
-    ("wanda_sp", {"mlp": 0.75, "heads": 0.5, "steps": 3}),
+    ("flap", "refit", {"mlp": 0.5}),  # observes the dense model; refit's attention biases stay zero and are taken back
+    ("wanda_sp", "refit", {"mlp": 0.5, "heads": 0.5}),  # observes the shrunk model's trajectory
+    ("flap", "refit", {"mlp": 0.5, "steps": 2}),
+    ("wanda_sp", "refit", {"mlp": 0.75, "heads": 0.5, "steps": 3}),
+    pytest.param("wanda_sp", "blockwise", {"mlp": 0.5}, marks=pytest.mark.slow),  # trained with Adam, seeded
 ]
 
 
@@ -50,15 +51,15 @@ def _without_seconds(report: Any) -> Any:
     return report
 
 
-@pytest.mark.parametrize(("method", "options"), CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize(("method", "recover", "options"), CASES, ids=lambda v: str(v))
 def test_a_folder_shrunk_and_recovered_block_by_block_equals_the_model_in_memory(
-    method: str, options: dict[str, Any], tmp_path: Path
+    method: str, recover: str, options: dict[str, Any], tmp_path: Path
 ) -> None:
     build("llama").save_pretrained(tmp_path / "dense")
     in_memory = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense").eval()
-    expected = prunereg.shrink(in_memory, method, calibration_ids(), recover="refit", progress=False, **options)
+    expected = prunereg.shrink(in_memory, method, calibration_ids(), recover=recover, progress=False, **options)
     report = prunereg.shrink_folder(
-        tmp_path / "dense", tmp_path / "small", method, calibration_ids(), recover="refit", progress=False, **options
+        tmp_path / "dense", tmp_path / "small", method, calibration_ids(), recover=recover, progress=False, **options
     )
     _assert_same_weights(tmp_path / "small", in_memory)
     assert _without_seconds(report.as_dict()) == _without_seconds(expected.as_dict())
