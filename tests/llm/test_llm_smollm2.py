@@ -23,7 +23,10 @@ pytest.importorskip("transformers", reason="the llm-eval extra is not installed 
 pytest.importorskip("gguf", reason="the llm-eval extra is not installed (gguf reads SmolLM2's weights)")
 
 DENSE = 47.17
-CHECKED = ("wanda-50", "sparsegpt-50")  # the two cheapest configurations with a band
+# The cheapest configuration with a band that the docs' walkthrough does not run: its first line
+# (tests/project/test_docs_llm_commands.py) is the benchmark's dense and wanda-50 runs through the command line,
+# checked against the quality table's figures (tighter than the band).
+CHECKED = ("sparsegpt-50",)
 
 
 def load_benchmark() -> ModuleType:
@@ -56,11 +59,6 @@ def run_one(benchmark: ModuleType, name: str) -> dict[str, Any]:
     cores, spin-wait on each other; the figures checked here do not depend on it.
     """
     return benchmark.run_one(benchmark.BY_NAME[name], benchmark.cache_dir(), threads=torch.get_num_threads())
-
-
-def test_dense_perplexity_is_the_issues(benchmark: ModuleType) -> None:
-    result = run_one(benchmark, "dense")
-    assert result["perplexity"] == pytest.approx(DENSE, abs=0.01)
 
 
 @pytest.mark.parametrize("name", CHECKED)
