@@ -7,7 +7,8 @@ the dense model (the *teacher*) produced at the same place on its own
 trajectory, after the teacher's block and any blocks removed right after it.
 On request it gathers the float64 least-squares statistics of the block's
 writer projections (:meth:`RecoveryBlock.normal_equations`), computed on the
-block's current weights, so a method can refit one projection, then ask again.
+block's current weights, so a method can refit one projection, then ask again:
+the runtime's ``least_squares`` statistic, folded by its one recorder.
 """
 
 from __future__ import annotations
