@@ -44,17 +44,3 @@ def test_import_and_listing_do_not_import_torch() -> None:
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_only_the_public_api_is_imported() -> None:
-    """The point of the package: no private prunereg module, anywhere in its source."""
-    from pathlib import Path
-
-    import prunereg_rotate
-
-    source = Path(prunereg_rotate.__file__).parent
-    for path in sorted(source.glob("*.py")):
-        for line in path.read_text().splitlines():
-            words = line.split()
-            if words[:1] in (["import"], ["from"]) and words[1].startswith("prunereg."):
-                assert words[1] in ("prunereg.toolkit", "prunereg.testing"), f"{path.name}: {line.strip()}"
