@@ -159,6 +159,27 @@ def test_a_tied_head_gets_its_own_weight_and_reloads(tmp_path) -> None:
     assert relative_error(unsliced, reference, held_out) < 1e-5
 
 
+@pytest.mark.parametrize("architecture", ["Mistral", "Qwen2"])
+def test_other_llama_style_architectures_rotate_and_reload(architecture: str, tmp_path) -> None:
+    config_class = getattr(transformers, f"{architecture}Config")
+    model_class = getattr(transformers, f"{architecture}ForCausalLM")
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False, initializer_range=0.2,
+    )  # fmt: skip
+    model = with_norm_gains(model_class(config).eval(), seed=5)
+    reference = copy.deepcopy(model)
+    held_out = token_ids(4, seed=2)
+    rotate(model, token_ids(8, seed=1))
+    assert relative_error(model, reference, held_out) < 1e-5
+    rotate(model, token_ids(8, seed=1), hidden_size=24)
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is model_class and reloaded.config.hidden_size == 24
+    assert torch.equal(logits(reloaded, held_out), logits(model, held_out))
+
+
 def test_the_rotation_is_the_same_from_the_same_calibration() -> None:
     first, second = tiny_llama(), tiny_llama()
     for model in (first, second):
