@@ -1,0 +1,71 @@
+"""One-shot pruning under torch.distributed (gloo, CPU): each rank calibrates on its share, all end as one process.
+
+Each world size is one launch of tests/support/calibration_ranks.py (forked
+ranks, one thread each); every case there is compared here with the same run in
+this process, over all the samples, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+from tests.support.calibration_ranks import ONESHOT_RUNS, launch, run_oneshot
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+
+WORLD_SIZES = (1, 2, 3)
+N_BATCHES = {"wanda": 4, "sparsegpt": 7, "sparsegpt_2_4": 3, "wanda_owl": 7}  # 7 samples in batches of batch_size
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, dict[str, Any]]]]:
+    return {size: launch(size, tmp_path_factory.mktemp(f"world{size}")) for size in WORLD_SIZES}
+
+
+def results(worlds: dict[int, list[dict[str, dict[str, Any]]]], size: int, case: str) -> list[Any]:
+    found = []
+    for rank in worlds[size]:
+        assert rank[case]["ok"], rank[case].get("error")
+        found.append(rank[case]["value"])
+    return found
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+@pytest.mark.parametrize("name", list(ONESHOT_RUNS))
+def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(worlds, size, name):
+    alone = run_oneshot(name)
+    per_rank = results(worlds, size, f"oneshot_{name}")
+    assert [r["state"] for r in per_rank] == [alone["state"]] * size
+    n = N_BATCHES[name]
+    passes = 2 if "owl" in name else 1  # OWL's outlier pass runs the samples through the model once more
+    assert alone["batches"] == passes * n
+    # each rank ran a contiguous share of the batches through the model
+    shares = [n * (rank + 1) // size - n * rank // size for rank in range(size)]
+    assert [r["batches"] for r in per_rank] == [passes * share for share in shares]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_any_change(worlds, size):
+    for found in results(worlds, size, "refused_when_ranks_disagree"):
+        assert found["error"] == "ValueError" and found["unchanged"]
+        assert found["message"].startswith(
+            f"prunereg.oneshot: the ranks disagree on the settings (rank 1 of {size} differs from rank 0); "
+        )
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it_was(worlds, size):
+    found = results(worlds, size, "one_rank_raises")
+    assert found[1] == {"error": "RuntimeError", "message": "rank one's method broke", "unchanged": True}
+    for rank, other in enumerate(found):
+        if rank != 1:
+            assert other == {
+                "error": "RankFailed",
+                "message": f"rank 1 of {size} failed: RuntimeError: rank one's method broke",
+                "unchanged": True,
+            }

@@ -1,0 +1,124 @@
+"""The ranks of the data-parallel calibration tests: one-shot runs on a tiny Llama, split over gloo ranks.
+
+``calibration_ranks.py RESULTS WORLD_SIZE``: distributed_worker.py's launcher and
+result files (``RESULTS.<rank>``, JSON), running the cases below instead of its
+own. A run's result is a hash of every tensor of the model after it and how
+many calibration batches this rank ran through the model, so that the tests
+compare each rank with one process over all the samples, bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import prunereg
+from prunereg import LayerStatistics, PrunedWeight
+from tests.support.tiny_lm import NormScore, calibration_ids, tiny_llama
+
+#: name -> the method and the settings of a one-shot run (7 samples: batches that 2 and 3 ranks split unevenly).
+ONESHOT_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "wanda": ("wanda", {"sparsity": 0.5, "batch_size": 2}),
+    "sparsegpt": ("sparsegpt", {"sparsity": 0.5, "batch_size": 1}),
+    "sparsegpt_2_4": ("sparsegpt", {"pattern": "2:4", "batch_size": 3}),
+    "wanda_owl": ("wanda", {"sparsity": 0.6, "allocation": "owl", "owl_lambda": 0.1, "batch_size": 1}),
+}
+
+
+def state_digest(model: nn.Module) -> str:
+    """A hash of every tensor of ``model``'s state dict, names, dtypes and bytes (equal hashes: equal bits)."""
+    hashed = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        hashed.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        hashed.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hashed.hexdigest()
+
+
+def counting_batches(model: nn.Module) -> list[int]:
+    """A list that grows by one for every batch ``model``'s embedding reads."""
+    seen: list[int] = []
+    model.get_input_embeddings().register_forward_hook(lambda *_: seen.append(1))
+    return seen
+
+
+def run_oneshot(name: str) -> dict[str, object]:
+    """One-shot run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
+    method, settings = ONESHOT_RUNS[name]
+    model = tiny_llama(layers=3)
+    seen = counting_batches(model)
+    prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
+    return {"state": state_digest(model), "batches": len(seen)}
+
+
+def refused_when_ranks_disagree() -> dict[str, object]:
+    """Rank 1 asks for another sparsity: every rank is refused, its model unchanged."""
+    import torch.distributed as dist
+
+    model = tiny_llama()
+    before = state_digest(model)
+    sparsity = 0.6 if dist.get_rank() == 1 else 0.5
+    try:
+        prunereg.oneshot(model, "wanda", calibration=calibration_ids(7, 16), sparsity=sparsity)
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "unchanged": state_digest(model) == before}
+    return {"error": None}
+
+
+class FailsOnRankOne(NormScore):
+    """Raises on rank 1 at its third group (the second block), after the other ranks pruned their first block."""
+
+    def prune_group(
+        self, weights: Any, statistics: LayerStatistics, sparsities: Any
+    ) -> list[PrunedWeight]:  # fmt: skip
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1 and len(self.calls) == 4:
+            raise RuntimeError("rank one's method broke")
+        return super().prune_group(weights, statistics, sparsities)
+
+
+def one_rank_raises() -> dict[str, object]:
+    """Rank 1's method raises midway: every rank stops with one error, its model as it was."""
+    model = tiny_llama()
+    before = state_digest(model)
+    try:
+        prunereg.oneshot(model, FailsOnRankOne(0.5), calibration=calibration_ids(7, 16))
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "unchanged": state_digest(model) == before}
+    return {"error": None}
+
+
+CASES: dict[str, Callable[[], object]] = {
+    **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
+    "refused_when_ranks_disagree": refused_when_ranks_disagree,
+    "one_rank_raises": one_rank_raises,
+}
+
+
+def launch(world_size: int, folder: Path) -> list[dict[str, dict[str, Any]]]:
+    """Run every case on ``world_size`` gloo ranks (one thread each); each rank's results, in rank order."""
+    out = folder / "results"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, __file__, str(out), str(world_size)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world_size)]
+
+
+if __name__ == "__main__":
+    from tests.support import distributed_worker as worker
+
+    worker.CASES.clear()
+    worker.CASES.update(CASES)
+    worker.main()
