@@ -11,7 +11,6 @@ streamed from a safetensors folder by :mod:`prunereg._runtime.streamed`).
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import time
@@ -41,7 +40,7 @@ from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, copy_fits, input_device
 from prunereg._runtime.options import check_sparsity, with_options_signature
 from prunereg._runtime.precision import matmul_precision
-from prunereg._runtime.ranks import Ranks, digest, model_digest, together
+from prunereg._runtime.ranks import Ranks, fingerprint, own_batches, together
 from prunereg._runtime.recorder import Recorder, gather
 from prunereg._runtime.registry import at_site
 from prunereg._runtime.weights import BlockWeights, InMemory
@@ -182,18 +181,8 @@ class OneShotJob:
         check_fits_model(model, batches)
         job = cls(model, instance, name, blocks_path, block_list, layer_names, batches, options, ranks)
         if ranks is not None:
-            ranks.agree("prunereg.oneshot", job.fingerprint())
+            ranks.agree("prunereg.oneshot", fingerprint(model, instance, options, batches))
         return job
-
-    def fingerprint(self) -> dict[str, str]:
-        """What every rank's job must share, hashed: the model's shapes, the method, the settings, the samples."""
-        method = self.method
-        return {
-            "model": model_digest(self.model),
-            "settings": digest(dataclasses.replace(self.options, progress=None, restore_on_error=None)),
-            "method": digest(type(method).__module__, type(method).__qualname__, sorted(vars(method).items())),
-            "calibration samples": digest(len(self.batches), *self.batches),
-        }
 
     def weight_bytes(self) -> int:
         """The bytes of the weights this job prunes."""
@@ -275,10 +264,7 @@ class OneShotJob:
     def _capture(self, timings: Timings) -> BlockInputs:
         """The first block's inputs for this rank's share of the batches (all of them in one process)."""
         start = time.perf_counter()
-        share = self.ranks.share(len(self.batches)) if self.ranks is not None else range(len(self.batches))
-        inputs = capture_first_block_inputs(
-            self.model, self.blocks[0], self.batches[share.start : share.stop], share.start
-        )
+        inputs = capture_first_block_inputs(self.model, self.blocks[0], *own_batches(self.ranks, self.batches))
         timings.capture += time.perf_counter() - start
         return inputs
 

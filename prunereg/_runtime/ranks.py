@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,9 +136,16 @@ def together(ranks: Ranks | None) -> Iterator[None]:
     except RankFailed:
         raise
     except BaseException as error:
-        ranks.fail(error)
+        if not getattr(error, _SENT, False):  # an inner run sent it already: the others hear it once
+            with contextlib.suppress(AttributeError):
+                setattr(error, _SENT, True)
+            ranks.fail(error)
         raise
     ranks.exchange(None)
+
+
+#: The attribute that marks an error sent to the other ranks already.
+_SENT = "_prunereg_sent_to_ranks"
 
 
 def digest(*parts: object) -> str:
@@ -152,6 +159,28 @@ def digest(*parts: object) -> str:
             hashed.update(repr(part).encode())
         hashed.update(b"\0")
     return hashed.hexdigest()[:16]
+
+
+def fingerprint(model: nn.Module, method: object, settings: object, batches: Sequence[Tensor]) -> dict[str, str]:
+    """What every rank's run must share, hashed: the model's shapes, the settings, the method, the samples.
+
+    ``settings`` is an engine's settings dataclass; ``progress`` and
+    ``restore_on_error`` may differ between ranks. ``method`` is compared by
+    its class and attributes.
+    """
+    shared = [(name, value) for name, value in vars(settings).items() if name not in ("progress", "restore_on_error")]
+    return {
+        "model": model_digest(model),
+        "settings": digest(shared),
+        "method": digest(type(method).__module__, type(method).__qualname__, sorted(vars(method).items())),
+        "calibration samples": digest(len(batches), *batches),
+    }
+
+
+def own_batches(ranks: Ranks | None, batches: Sequence[Tensor]) -> tuple[list[Tensor], int]:
+    """This rank's share of ``batches`` and the index of its first one (all of them from 0 without ranks)."""
+    share = ranks.share(len(batches)) if ranks is not None else range(len(batches))
+    return list(batches[share.start : share.stop]), share.start
 
 
 def model_digest(model: nn.Module) -> str:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
-from tests.support.calibration_ranks import ONESHOT_RUNS, launch, run_oneshot
+from tests.support.calibration_ranks import ONESHOT_RUNS, launch, run_oneshot, run_oneshot_folder, values
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
@@ -24,22 +24,14 @@ N_BATCHES = {"wanda": 4, "sparsegpt": 7, "sparsegpt_2_4": 3, "wanda_owl": 7}  # 
 
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, dict[str, Any]]]]:
-    return {size: launch(size, tmp_path_factory.mktemp(f"world{size}")) for size in WORLD_SIZES}
-
-
-def results(worlds: dict[int, list[dict[str, dict[str, Any]]]], size: int, case: str) -> list[Any]:
-    found = []
-    for rank in worlds[size]:
-        assert rank[case]["ok"], rank[case].get("error")
-        found.append(rank[case]["value"])
-    return found
+    return {size: launch(size, tmp_path_factory.mktemp(f"world{size}"), "oneshot_") for size in WORLD_SIZES}
 
 
 @pytest.mark.parametrize("size", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(ONESHOT_RUNS))
 def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(worlds, size, name):
     alone = run_oneshot(name)
-    per_rank = results(worlds, size, f"oneshot_{name}")
+    per_rank = values(worlds[size], f"oneshot_{name}")
     assert [r["state"] for r in per_rank] == [alone["state"]] * size
     n = N_BATCHES[name]
     passes = 2 if "owl" in name else 1  # OWL's outlier pass runs the samples through the model once more
@@ -51,7 +43,7 @@ def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(w
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_any_change(worlds, size):
-    for found in results(worlds, size, "refused_when_ranks_disagree"):
+    for found in values(worlds[size], "oneshot_refused_when_ranks_disagree"):
         assert found["error"] == "ValueError" and found["unchanged"]
         assert found["message"].startswith(
             f"prunereg.oneshot: the ranks disagree on the settings (rank 1 of {size} differs from rank 0); "
@@ -60,7 +52,7 @@ def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_an
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it_was(worlds, size):
-    found = results(worlds, size, "one_rank_raises")
+    found = values(worlds[size], "oneshot_one_rank_raises")
     assert found[1] == {"error": "RuntimeError", "message": "rank one's method broke", "unchanged": True}
     for rank, other in enumerate(found):
         if rank != 1:
@@ -69,3 +61,11 @@ def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it
                 "message": f"rank 1 of {size} failed: RuntimeError: rank one's method broke",
                 "unchanged": True,
             }
+
+
+def test_oneshot_folder_on_two_ranks_is_written_once_by_rank_zero_and_complete_when_each_returns(tmp_path):
+    per_rank = values(launch(2, tmp_path / "ranks", "folder_"), "folder_oneshot")
+    (tmp_path / "alone").mkdir()
+    alone = run_oneshot_folder(tmp_path / "alone")
+    for found in per_rank:  # no staging folder of any rank is left beside the output
+        assert found == {"folder": alone, "entries": ["pruned", "source"]}

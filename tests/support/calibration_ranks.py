@@ -1,4 +1,4 @@
-"""The ranks of the data-parallel calibration tests: one-shot runs on a tiny Llama, split over gloo ranks.
+"""The ranks of the data-parallel calibration tests: one-shot and shrink runs on a tiny Llama, over gloo ranks.
 
 ``calibration_ranks.py RESULTS WORLD_SIZE``: distributed_worker.py's launcher and
 result files (``RESULTS.<rank>``, JSON), running the cases below instead of its
@@ -24,7 +24,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import prunereg
 from prunereg import LayerStatistics, PrunedWeight
-from tests.support.tiny_lm import NormScore, calibration_ids, tiny_llama
+from tests.support.tiny_lm import NormScore, calibration_ids, save_tiny_llama_folder, tiny_llama
 
 #: name -> the method and the settings of a one-shot run (7 samples: batches that 2 and 3 ranks split unevenly).
 ONESHOT_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -35,6 +35,15 @@ ONESHOT_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: name -> the method and the settings of a shrink run, on the same samples.
+SHRINK_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "flap": ("flap", {"mlp": 0.5, "heads": 0.5, "batch_size": 1}),
+    "flap_global": ("flap", {"mlp": 0.5, "heads": 0.5, "allocation": "global", "batch_size": 2}),
+    "wanda_sp": ("wanda_sp", {"mlp": 0.25, "batch_size": 1}),
+    "block_influence": ("block_influence", {"layers": 1, "batch_size": 1}),
+}
+
+
 def state_digest(model: nn.Module) -> str:
     """A hash of every tensor of ``model``'s state dict, names, dtypes and bytes (equal hashes: equal bits)."""
     hashed = hashlib.sha256()
@@ -42,6 +51,46 @@ def state_digest(model: nn.Module) -> str:
         hashed.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
         hashed.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return hashed.hexdigest()
+
+
+def folder_digest(folder: Path) -> str:
+    """A hash of every tensor in the safetensors files of ``folder``, by name (how they are sharded aside)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    model = nn.Module()
+    for index, name in enumerate(sorted(tensors)):
+        model.register_buffer(f"t{index}", tensors[name])
+    return state_digest(model) + " " + ",".join(sorted(tensors))
+
+
+def run_oneshot_folder(work: Path) -> str:
+    """``oneshot_folder`` of a tiny Llama folder in ``work`` into ``work/pruned`` (rank 0 saves the source first)."""
+    source, output = work / "source", work / "pruned"
+    if not dist_rank():
+        save_tiny_llama_folder(source)
+    if dist_rank() is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+    prunereg.oneshot_folder(source, output, "sparsegpt", calibration=calibration_ids(7, 16), batch_size=1)
+    return folder_digest(output)
+
+
+def dist_rank() -> int | None:
+    """This process's rank, or None outside torch.distributed."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else None
+
+
+def oneshot_folder_written_by_rank_zero() -> dict[str, object]:
+    """Every rank calls oneshot_folder; rank 0 writes it, and each finds it complete when the call returns."""
+    work = Path(sys.argv[1]).parent
+    digest = run_oneshot_folder(work)
+    return {"folder": digest, "entries": sorted(path.name for path in work.iterdir() if path.is_dir())}
 
 
 def counting_batches(model: nn.Module) -> list[int]:
@@ -57,6 +106,15 @@ def run_oneshot(name: str) -> dict[str, object]:
     model = tiny_llama(layers=3)
     seen = counting_batches(model)
     prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
+    return {"state": state_digest(model), "batches": len(seen)}
+
+
+def run_shrink(name: str) -> dict[str, object]:
+    """Shrink run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
+    method, settings = SHRINK_RUNS[name]
+    model = tiny_llama(layers=3)
+    seen = counting_batches(model)
+    prunereg.shrink(model, method, calibration_ids(7, 16), **settings)
     return {"state": state_digest(model), "batches": len(seen)}
 
 
@@ -100,20 +158,40 @@ def one_rank_raises() -> dict[str, object]:
 
 CASES: dict[str, Callable[[], object]] = {
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
-    "refused_when_ranks_disagree": refused_when_ranks_disagree,
-    "one_rank_raises": one_rank_raises,
+    **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
+    "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
+    "folder_oneshot": oneshot_folder_written_by_rank_zero,
+    "oneshot_one_rank_raises": one_rank_raises,
 }
 
 
-def launch(world_size: int, folder: Path) -> list[dict[str, dict[str, Any]]]:
-    """Run every case on ``world_size`` gloo ranks (one thread each); each rank's results, in rank order."""
+def launch(world_size: int, folder: Path, prefix: str) -> list[dict[str, dict[str, Any]]]:
+    """Run the cases whose names start with ``prefix`` on ``world_size`` gloo ranks (one thread each).
+
+    Each rank's results, in rank order.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
     out = folder / "results"
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    cases = [name for name in CASES if name.startswith(prefix)]
     done = subprocess.run(
-        [sys.executable, __file__, str(out), str(world_size)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, __file__, str(out), str(world_size), *cases],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world_size)]
+
+
+def values(per_rank: list[dict[str, dict[str, Any]]], case: str) -> list[Any]:
+    """What ``case`` returned on each rank, in rank order (a rank where it raised fails the test with its traceback)."""
+    found = []
+    for rank in per_rank:
+        assert rank[case]["ok"], rank[case].get("error")
+        found.append(rank[case]["value"])
+    return found
 
 
 if __name__ == "__main__":
