@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,29 @@ class Ranks:
 
 def _parts(tally: Tally) -> tuple[int, list[Any]]:
     return tally.n_tokens, tally.spans()
+
+
+@contextlib.contextmanager
+def launched_group(device: str | None) -> Iterator[None]:
+    """Around a command: the process group ``torchrun`` asks for (its ``RANK``, ``WORLD_SIZE``, ...), if none is up.
+
+    NCCL where ``device`` is CUDA (each rank on its ``LOCAL_RANK``'s GPU), gloo
+    otherwise; destroyed at the end. Outside ``torchrun`` (or on one rank) nothing happens.
+    """
+    import torch.distributed as dist
+
+    launched = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    if not launched or int(os.environ["WORLD_SIZE"]) < 2 or not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @contextlib.contextmanager

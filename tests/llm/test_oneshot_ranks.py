@@ -7,6 +7,11 @@ this process, over all the samples, bit for bit.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +19,16 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
-from tests.support.calibration_ranks import ONESHOT_RUNS, launch, run_oneshot, run_oneshot_folder, values
+from tests.support.calibration_ranks import (
+    ONESHOT_RUNS,
+    folder_digest,
+    launch,
+    oneshot_arguments,
+    run_oneshot,
+    run_oneshot_command,
+    run_oneshot_folder,
+    values,
+)
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
@@ -63,9 +77,46 @@ def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it
             }
 
 
-def test_oneshot_folder_on_two_ranks_is_written_once_by_rank_zero_and_complete_when_each_returns(tmp_path):
-    per_rank = values(launch(2, tmp_path / "ranks", "folder_"), "folder_oneshot")
+@pytest.fixture(scope="module")
+def two_ranks_writing(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
+    return launch(2, tmp_path_factory.mktemp("folders"), "folder_")
+
+
+def test_oneshot_folder_on_two_ranks_is_written_once_by_rank_zero_and_complete_when_each_returns(
+    two_ranks_writing, tmp_path
+):
     (tmp_path / "alone").mkdir()
     alone = run_oneshot_folder(tmp_path / "alone")
-    for found in per_rank:  # no staging folder of any rank is left beside the output
-        assert found == {"folder": alone, "entries": ["pruned", "source"]}
+    for found in values(two_ranks_writing, "folder_oneshot"):  # no staging folder of any rank is left beside it
+        assert found == {"folder": alone, "entries": ["pruned", "source"]}  # the cases after it make more
+
+
+@pytest.mark.parametrize(("case", "flags"), [("folder_command", ()), ("folder_command_streamed", ("--stream",))])
+def test_the_oneshot_command_under_two_ranks_writes_the_one_process_folder_from_rank_zero(
+    two_ranks_writing, tmp_path, case, flags
+):
+    (tmp_path / "alone").mkdir()
+    alone = run_oneshot_command(tmp_path / "alone", *flags)
+    assert alone["code"] == 0 and alone["folder"] is not None, alone["output"]
+    rank_zero, rank_one = values(two_ranks_writing, case)
+    assert (rank_zero["code"], rank_zero["folder"]) == (0, alone["folder"])
+    first_line = alone["output"].split(",")[0]  # "sparsegpt: 14 layers in 2 blocks pruned to 50% (uniform)"
+    assert rank_zero["output"].startswith(first_line) and "wrote " in rank_zero["output"]
+    assert rank_one == {"code": 0, "folder": alone["folder"], "output": ""}  # it waited for rank 0's folder
+
+
+@pytest.mark.slow
+def test_the_oneshot_command_under_torchrun_initializes_the_ranks_and_writes_the_one_process_folder(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    alone = run_oneshot_command(work)  # also saves the source folder and the text the ranks read
+    shutil.rmtree(work / "pruned")
+    command = str(Path(sys.executable).with_name("prunereg"))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [*torchrun, command, *oneshot_arguments(work)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert folder_digest(work / "pruned") == alone["folder"]
+    assert done.stdout.count("wrote ") == 1  # rank 0 alone reports

@@ -24,7 +24,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import prunereg
 from prunereg import LayerStatistics, PrunedWeight
-from tests.support.tiny_lm import NormScore, calibration_ids, save_tiny_llama_folder, tiny_llama
+from tests.support.tiny_lm import NormScore, calibration_ids, random_text, save_tiny_llama_folder, tiny_llama
 
 #: name -> the method and the settings of a one-shot run (7 samples: batches that 2 and 3 ranks split unevenly).
 ONESHOT_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -77,6 +77,38 @@ def run_oneshot_folder(work: Path) -> str:
         dist.barrier()
     prunereg.oneshot_folder(source, output, "sparsegpt", calibration=calibration_ids(7, 16), batch_size=1)
     return folder_digest(output)
+
+
+def oneshot_arguments(work: Path, *flags: str) -> list[str]:
+    """The ``prunereg oneshot`` arguments of :func:`run_oneshot_command` (``work``'s source into ``work/pruned``)."""
+    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
+    return [
+        "oneshot", str(source), str(output), "-m", "sparsegpt", "--calibration", str(text), "--samples", "7",
+        "--seq-len", "16", "--batch-size", "1", "--quiet", *flags,
+    ]  # fmt: skip
+
+
+def run_oneshot_command(work: Path, *flags: str) -> dict[str, object]:
+    """``prunereg oneshot`` (click's runner) of a tiny Llama folder in ``work`` into ``work/pruned``.
+
+    Rank 0 (or the one process) saves the source folder and calibration text
+    first; the result is the exit code, the output folder's hash and the command's output.
+    """
+    from click.testing import CliRunner
+
+    from prunereg._cli.app import main
+
+    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
+    if not dist_rank():
+        save_tiny_llama_folder(source)
+        text.write_text(random_text(200))
+    if dist_rank() is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+    result = CliRunner().invoke(main, oneshot_arguments(work, *flags))
+    written = output.is_dir()
+    return {"code": result.exit_code, "folder": folder_digest(output) if written else None, "output": result.output}
 
 
 def dist_rank() -> int | None:
@@ -161,6 +193,8 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
     "folder_oneshot": oneshot_folder_written_by_rank_zero,
+    "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
+    "folder_command_streamed": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "streamed", "--stream"),
     "oneshot_one_rank_raises": one_rank_raises,
 }
 
