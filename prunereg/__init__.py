@@ -44,12 +44,12 @@ if TYPE_CHECKING:
     from prunereg._recover.data import NormalEquations, RecoveryBlock, RecoveryModel
     from prunereg._recover.distillation import ZeroKeeper, distillation_loss, keep_zeros
     from prunereg._recover.engine import recover
+    from prunereg._recover.folder import shrink_folder
     from prunereg._recover.report import BlockRecovery, RecoverReport
     from prunereg._recover.shrinking import shrink
     from prunereg._recover.trainer import DistillationTrainer
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
     from prunereg._shrink.report import ShrinkReport
-    from prunereg._shrink.streaming import shrink_folder
     from prunereg._slim.engine import slim
     from prunereg._slim.graph import SlimError
     from prunereg._slim.importance import Importance, get_importance, register_importance
@@ -198,7 +198,7 @@ _LAZY = {
     "save_pretrained": "prunereg._models.huggingface",
     "schedule": "prunereg._gradual.schedules",
     "shrink": "prunereg._recover.shrinking",
-    "shrink_folder": "prunereg._shrink.streaming",
+    "shrink_folder": "prunereg._recover.folder",
     "slim": "prunereg._slim.engine",
     "slimmed_shapes": "prunereg._models.slimmed",
     "summary": "prunereg._models.summary",

@@ -110,8 +110,6 @@ def shrink_command(
     settings = _settings(flags, progress=not quiet)
     if stream and settings.allocation == "global":
         raise click.UsageError("--allocation global ranks every block before cutting any; drop --stream")
-    if stream and (settings.recover is not None or settings.steps != 1):
-        raise click.UsageError("--recover and --steps work on the model in memory; drop --stream")
     output = output_folder(output_dir, model_dir, force)
     try:
         from transformers import AutoModelForCausalLM  # noqa: F401
@@ -122,8 +120,8 @@ def shrink_command(
 
     import prunereg
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
+    from prunereg._recover.folder import StreamedShrink
     from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
-    from prunereg._shrink.streaming import shrink_folder_into
 
     results = Results(eval_file.name if eval_file is not None else None)
     with results.shown_on_failure(as_json), library_bars_unless(quiet):
@@ -140,9 +138,8 @@ def shrink_command(
             if stream:
                 if eval_ids is not None:
                     results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
-                results.report = shrink_folder_into(
-                    model_dir, output, staging, method, ids, settings, method_options, label="MODEL_DIR"
-                )
+                request = StreamedShrink(output, method, ids, method_options, label="MODEL_DIR")
+                results.report = request.run(model_dir, staging, settings)
                 if eval_ids is not None:
                     results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
             else:

@@ -282,8 +282,22 @@ def _linears_without_bias(owners: list[nn.Module]) -> list[nn.Linear]:
 
 def switch_off_unused(added: dict[str, list[nn.Linear]], config: Any, config_before: dict[str, Any]) -> None:
     """Take back the biases of a flag whose biases all stayed zero (no block used them), and the flag."""
+    used = {flag for flag, layers in added.items() if any_bias_used(layers)}
+    switch_off(added, used, config, config_before)
+
+
+def any_bias_used(layers: list[nn.Linear]) -> bool:
+    """Whether any of ``layers`` holds a bias that is not all zeros."""
+    return any(bool(layer.bias.detach().any()) for layer in layers if layer.bias is not None)
+
+
+def switch_off(added: dict[str, list[nn.Linear]], used: set[str], config: Any, config_before: dict[str, Any]) -> None:
+    """Take back the biases of each flag of ``added`` not in ``used``, and the flag (as ``config_before`` had it).
+
+    Only the modules change: a block whose weights were given back (streaming) keeps its written shard.
+    """
     for flag, layers in added.items():
-        if all(not bool(layer.bias.detach().any()) for layer in layers if layer.bias is not None):
+        if flag not in used:
             for layer in layers:
                 layer.register_parameter("bias", None)
             setattr(config, flag, config_before.get(flag))

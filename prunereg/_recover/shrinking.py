@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, zero_masks
-from prunereg._recover.engine import build_method, config_changes, switch_off_unused, switch_on_biases
+from prunereg._recover.engine import any_bias_used, build_method, config_changes, switch_off, switch_on_biases
 from prunereg._recover.parts import BlockParts, bias_flags, block_parts
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import BlockInputs, calibration_ids, find_blocks, find_experts, find_heads, find_mlp
@@ -112,7 +112,8 @@ def shrink(
         calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
     if settings.steps == 1:
         return _shrink_once(model, method, calibration, settings, method_options)
-    return _in_rounds(model, method, calibration, settings, method_options)
+    rounds = planned_rounds(model, method, calibration, settings, method_options)
+    return combined([_shrink_once(model, method, calibration, each, method_options) for each in rounds])
 
 
 def _shrink_once(
@@ -122,14 +123,16 @@ def _shrink_once(
     settings: ShrinkOptions,
     method_options: dict[str, Any],
 ) -> ShrinkReport:
-    follower = _follower(settings)
+    follower = follower_for(settings)
     report = shrink_model(model, method, calibration, settings, method_options, follower)
     if follower is not None:
         report.recovery = follower.report
     return report
 
 
-def _follower(settings: ShrinkOptions) -> Recovering | None:
+def follower_for(settings: ShrinkOptions) -> Recovering | None:
+    """The recovery that follows each cut of a run with ``settings`` (None without ``recover``); refused in one
+    line if its method does not work block by block."""
     if settings.recover is None:
         return None
     instance, name = build_method(settings.recover, {})
@@ -149,7 +152,9 @@ class Recovering(BlockFollower):
     shrinking's journal, so a failure takes it back);
     with ``restore_on_error`` each block's parameters are copies while the
     method works on them, so a failure puts the originals back. ``report``
-    collects one row per block.
+    collects one row per block. Whether a block uses its new biases is noted
+    right after its recovery, and :meth:`finish` reads only those notes: a
+    streamed block's weights are given back by then (its shard already written).
     """
 
     def __init__(self, method: RecoveryMethod, name: str, *, progress: bool | None = None) -> None:
@@ -160,6 +165,7 @@ class Recovering(BlockFollower):
         self._journal: Any = None
         self._flags: dict[str, list[nn.Module]] = {}
         self._added: dict[str, list[nn.Linear]] = {}
+        self._used: set[str] = set()
         self._config_before: dict[str, Any] = {}
         self._parts: BlockParts | None = None
         self._before: dict[str, list[tuple[int, int]]] = {}
@@ -202,7 +208,8 @@ class Recovering(BlockFollower):
             attention = [hidden - output for hidden, output in zip(dense, self._mlp_outputs, strict=True)]
         inside = {id(module) for module in block.modules()}
         flags = {flag: [owner for owner in owners if id(owner) in inside] for flag, owners in self._flags.items()}
-        for flag, layers in switch_on_biases(self._config, flags, self._journal).items():  # after the cut: its widths
+        added = switch_on_biases(self._config, flags, self._journal)  # after the cut: its widths
+        for flag, layers in added.items():
             self._added.setdefault(flag, []).extend(layers)
         if self._journal.enabled:
             _work_on_copies(block, self._journal)
@@ -212,6 +219,7 @@ class Recovering(BlockFollower):
             label=f"{self.report.blocks_path}.{index}",
         )  # fmt: skip
         step, outputs = recover_block(self.method, data)
+        self._used.update(flag for flag, layers in added.items() if any_bias_used(layers))
         self.report.steps.append(step)
         self.report.n_tokens = data.n_tokens
         self._mlp_outputs = []
@@ -220,7 +228,7 @@ class Recovering(BlockFollower):
     def finish(self, model: nn.Module) -> None:
         for flag in self._added:  # (each cut block ran with the config of its widths, then the config was put back)
             setattr(self._config, flag, True)
-        switch_off_unused(self._added, self._config, self._config_before)
+        switch_off(self._added, self._used, self._config, self._config_before)
         self.report.config = config_changes(self._config, self._config_before)
         self.report.seconds = time.perf_counter() - self._start
 
@@ -239,14 +247,19 @@ def _work_on_copies(block: nn.Module, journal: Any) -> None:
                 module._parameters[name] = nn.Parameter(parameter.detach().clone(), parameter.requires_grad)
 
 
-def _in_rounds(
+def planned_rounds(
     model: nn.Module,
     method: str | ShrinkMethod,
     calibration: Any,
     settings: ShrinkOptions,
     method_options: dict[str, Any],
-) -> ShrinkReport:
-    """Shrink in ``settings.steps`` rounds of equal size in units, each a run of its own with its recovery."""
+) -> list[ShrinkOptions]:
+    """The settings of each of ``settings.steps`` rounds of equal size in units, each a run with its recovery.
+
+    The whole request is checked on ``model`` first (its blocks' weights may
+    be on the meta device, as streaming builds it), so no round starts on a
+    request a later one would refuse.
+    """
     if settings.layers:
         raise ValueError(
             f"steps={settings.steps} splits shares of channels, heads and experts; remove layers in one step"
@@ -255,17 +268,13 @@ def _in_rounds(
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     # Every refusal of the whole request, in the engine's words, before the first round changes anything.
     ShrinkJob.prepare(model, method, calibration, dataclasses.replace(settings, steps=1), method_options)
-    config = getattr(model, "config", None)
-    widths = _widths(model, settings, config)
-    config_before = dict(vars(config)) if config is not None else {}
-    reports: list[ShrinkReport] = []
+    widths = _widths(model, settings, getattr(model, "config", None))
+    rounds = []
     for step in range(1, settings.steps + 1):
         shares = {kind: round_share(n, share, step, settings.steps) for kind, (n, share) in widths.items()}
-        if not any(shares.values()):
-            continue
-        round_settings = dataclasses.replace(settings, steps=1, **shares)  # type: ignore[arg-type]
-        reports.append(_shrink_once(model, method, calibration, round_settings, method_options))
-    return _combined(reports, config_before, config)
+        if any(shares.values()):
+            rounds.append(dataclasses.replace(settings, steps=1, **shares))  # type: ignore[arg-type]
+    return rounds
 
 
 def _widths(model: nn.Module, settings: ShrinkOptions, config: Any) -> dict[str, tuple[int, float]]:
@@ -300,15 +309,20 @@ def _kept(n_units: int, share: float, step: int, steps: int) -> int:
     return n_units - round(step * round(share * n_units) / steps)
 
 
-def _combined(reports: list[ShrinkReport], config_before: dict[str, Any], config: Any) -> ShrinkReport:
-    """One report for the rounds: the first's widths before, the last's kept, every config change, each round's."""
+def combined(reports: list[ShrinkReport]) -> ShrinkReport:
+    """One report for the rounds: the first's widths before, the last's kept, every config change, each round's.
+
+    A key's change runs from the value before the first round that changed it
+    to the value after the last one (nothing else touches the config between rounds).
+    """
     first, last = reports[0], reports[-1]
     combined = ShrinkReport(first.method, first.params_before, last.params_after, first.n_tokens, first.blocks_path)
     for before, after in zip(first.blocks, last.blocks, strict=True):
         combined.blocks.append(dataclasses.replace(before, kept=dict(after.kept), before=dict(before.before)))
-    if config is not None:
-        changed = {key for report in reports for key in report.config}
-        combined.config = {key: [config_before.get(key), getattr(config, key, None)] for key in sorted(changed)}
+    for report in reports:
+        for key, (old, new) in report.config.items():
+            combined.config[key] = [combined.config.get(key, [old])[0], new]
+    combined.config = dict(sorted(combined.config.items()))
     combined.seconds = sum(report.seconds for report in reports)
     combined.rounds = reports
     combined.recovery = last.recovery

@@ -176,6 +176,11 @@ class BlockFollower:
     dense outputs: it returns the cut block's outputs, which feed the next
     block. :meth:`finish` runs after the last block. The engine puts back what a
     follower changed in the blocks and the config when the run fails.
+
+    Streamed from a folder (``shrink_folder``), each block's weights are written
+    and given back (to the meta device) right after :meth:`follow`: a follower
+    notes there what :meth:`finish` needs, and a parameter :meth:`finish` sets
+    to None (a bias taken back) is deleted from the written shards.
     """
 
     def start(self, model: torch.nn.Module, blocks: torch.nn.ModuleList, journal: object) -> None:

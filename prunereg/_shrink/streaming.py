@@ -22,10 +22,8 @@ from torch import Tensor, nn
 
 from prunereg._disk.folder import AtomicFolder
 from prunereg._models.hf_folder import CONFIG_NAME, is_gguf_marker
-from prunereg._runtime.calibration import calibration_ids
-from prunereg._runtime.options import with_options_signature
-from prunereg._runtime.streamed import StreamedBlocks, empty_block, open_folder, output_folder
-from prunereg._shrink.contract import ShrinkMethod
+from prunereg._runtime.streamed import StreamedBlocks, empty_block, open_folder
+from prunereg._shrink.contract import BlockFollower, ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob
 from prunereg._shrink.options import ShrinkOptions
 from prunereg._shrink.report import ShrinkReport
@@ -34,14 +32,21 @@ from prunereg._shrink.report import ShrinkReport
 class ShrunkBlocks(StreamedBlocks):
     """Streamed blocks whose shards hold whatever the block holds after shrinking, renamed when blocks go."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holders: dict[str, tuple[nn.Module, str]] = {}
+        """The module and attribute of each block tensor written, by checkpoint key (to see it taken back)."""
+
     def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
         prefix = f"{self.blocks_path}.{index}."
         parameters = {name for name, _ in block.named_parameters()}
-        tensors = {
-            self.key_of(prefix + name): tensor
-            for name, tensor in block.state_dict().items()
-            if prefix + name in self.names or name in parameters  # a bias the compensation created is new
-        }
+        tensors = {}
+        for name, tensor in block.state_dict().items():
+            if prefix + name in self.names or name in parameters:  # a bias the compensation created is new
+                key = self.key_of(prefix + name)
+                tensors[key] = tensor
+                module, _, attribute = name.rpartition(".")
+                self.holders[key] = (block.get_submodule(module), attribute)
         self._write(index, tensors)
         empty_block(block)
 
@@ -52,10 +57,16 @@ class ShrunkBlocks(StreamedBlocks):
         strips = any(key != model_name for model_name, key in self.names.items())
         return name.partition(".")[2] if strips else name  # a checkpoint without the base model's prefix
 
+    def drop_taken_back(self) -> None:
+        """Delete from the shards each tensor its module no longer holds (a bias recovery took back at the end)."""
+        gone = {key for key, (module, attribute) in self.holders.items() if getattr(module, attribute, None) is None}
+        for shard in sorted({self.weight_map[key] for key in gone}):
+            keys = [key for key, file in self.weight_map.items() if file == shard]
+            self._rewrite(shard, {key: key for key in keys if key not in gone}, dropped=[k for k in keys if k in gone])
+
     def drop_and_renumber(self, n_blocks: int, removed: Iterable[int]) -> None:
         """Delete the shards of the ``removed`` blocks and rename the keys of the later ones to their new index."""
         from safetensors import safe_open
-        from safetensors.torch import save_file
 
         gone = set(removed)
         new_index = 0
@@ -73,65 +84,27 @@ class ShrunkBlocks(StreamedBlocks):
                 continue
             if new_index != index:
                 old, new = self._block_key(index), self._block_key(new_index)
-                with safe_open(str(path), framework="pt") as handle:
-                    tensors = {new + key[len(old) :]: handle.get_tensor(key) for key in keys}
-                save_file(tensors, str(path), metadata={"format": "pt"})
-                for key in keys:
-                    del self.weight_map[key]
-                self.weight_map.update(dict.fromkeys(tensors, shard))
+                self._rewrite(shard, {key: new + key[len(old) :] for key in keys})
             new_index += 1
+
+    def _rewrite(self, shard: str, renamed: dict[str, str], dropped: Iterable[str] = ()) -> None:
+        """Write ``shard`` again with the tensors of ``renamed`` under their new names, those ``dropped`` left out."""
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        path = self.output / shard
+        with safe_open(str(path), framework="pt") as handle:
+            tensors = {new: handle.get_tensor(key) for key, new in renamed.items()}
+            for key in dropped:
+                tensor = handle.get_tensor(key)
+                self.total_size -= tensor.numel() * tensor.element_size()
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        for key in [*renamed, *dropped]:
+            del self.weight_map[key]
+        self.weight_map.update(dict.fromkeys(tensors, shard))
 
     def _block_key(self, index: int) -> str:
         return self.key_of(f"{self.blocks_path}.{index}.x")[:-1]
-
-
-#: Settings :func:`shrink_folder` does not take, and why.
-FOLDER_REFUSES = {
-    "restore_on_error": "shrink_folder writes a new folder, and a failure leaves none",
-    "recover": "recovery block by block from a folder is not built yet: shrink the folder, load it and run "
-    "prunereg.recover with the original as the teacher, or shrink in memory with prunereg.shrink",
-    "steps": "rounds of shrinking re-read the folder each round: shrink in memory with prunereg.shrink",
-}
-
-
-@with_options_signature(ShrinkOptions, leave_out=FOLDER_REFUSES)
-def shrink_folder(
-    model_dir: str | Path,
-    output_dir: str | Path,
-    method: str | ShrinkMethod = "flap",
-    calibration: Any = None,
-    *,
-    tokenizer: Any = None,
-    num_samples: int | None = None,
-    seq_len: int | None = None,
-    replace: bool = False,
-    **options: Any,
-) -> ShrinkReport:
-    """Shrink the Hugging Face causal LM in ``model_dir`` block by block into ``output_dir``, never all in memory.
-
-    Arguments as :func:`prunereg.shrink` (a calibration text is tokenised with
-    ``tokenizer`` or else ``model_dir``'s own); the weights in ``model_dir`` must be
-    safetensors files. ``output_dir`` gets the shrunk weights, one shard per
-    kept block, the shrunk config and the folder's other files, so stock
-    ``from_pretrained(output_dir)`` loads the smaller model. Peak memory: the
-    weights outside the blocks, one block and one block's calibration activations.
-
-    ``model_dir`` is read as untrusted input, as :func:`prunereg.oneshot_folder`
-    reads it; ``output_dir`` appears only when complete, replacing a folder that
-    holds files only with ``replace=True`` and never when it is or holds ``model_dir``.
-    """
-    settings, method_options = ShrinkOptions.split(options, refused=FOLDER_REFUSES)
-    refuse_global_streaming(settings)
-    folder = output_folder(output_dir, model_dir, replace=replace)
-    if calibration is not None:
-        calibration = calibration_ids(
-            calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
-            label="model_dir",
-        )  # fmt: skip
-    with folder as staging:
-        return shrink_folder_into(
-            Path(model_dir), folder, staging, method, calibration, settings, method_options, label="model_dir"
-        )
 
 
 def refuse_global_streaming(options: ShrinkOptions) -> None:
@@ -153,19 +126,23 @@ def shrink_folder_into(
     method_options: dict[str, Any],
     *,
     label: str,
+    follower: BlockFollower | None = None,
 ) -> ShrinkReport:
-    """:func:`shrink_folder`'s work: shrink ``source`` into ``staging``, the open ``folder``'s staging folder.
+    """:func:`prunereg.shrink_folder`'s one pass: shrink ``source`` into ``staging``, the open ``folder``'s staging.
 
-    ``label`` names ``source`` in errors; a failure leaves the model half shrunk
-    (``options.restore_on_error`` is not read: the staging folder is discarded).
+    ``follower`` runs on each cut block before its shard is written (recovery),
+    as in memory. ``label`` names ``source`` in errors; a failure leaves the
+    model half shrunk (``options.restore_on_error`` is not read: the staging
+    folder is discarded).
     """
     refuse_global_streaming(options)
     opened = open_folder(source, folder, staging, label, blocks=options.blocks, streamed=ShrunkBlocks)
     streamed = opened.blocks
     assert isinstance(streamed, ShrunkBlocks)
     options = dataclasses.replace(options, blocks=opened.blocks_path)
-    job = ShrinkJob.prepare(opened.model, method, calibration, options, method_options)
+    job = ShrinkJob.prepare(opened.model, method, calibration, options, method_options, follower)
     report = job.run(options.progress, streamed, restore_on_error=False)
+    streamed.drop_taken_back()
     streamed.drop_and_renumber(opened.n_blocks, report.removed_blocks)
     streamed.finish(opened.rest, source)
     shrunk_config: Any = opened.model.config

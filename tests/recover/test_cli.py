@@ -89,25 +89,12 @@ def test_shrink_recover_refits_in_the_same_pass_and_stock_reloads_it(llama_folde
     assert changed == {f"model.layers.{i}.mlp.down_proj.{part}" for i in range(2) for part in ("weight", "bias")}
 
 
-def test_shrink_steps_and_recover_refuse_stream_in_one_line(llama_folder: Path) -> None:
-    for extra in (["--recover", "refit"], ["--steps", "2"]):
-        result = CliRunner().invoke(main, _shrink_args(llama_folder, *extra, "--stream"))
-        assert result.exit_code == 2
-        assert "--recover and --steps work on the model in memory; drop --stream" in result.output
-        assert not (llama_folder / "small").exists()
-
-
 def test_shrink_steps_runs_as_a_real_subprocess(llama_folder: Path) -> None:
-    import subprocess
-    import sys
-
     from transformers import AutoModelForCausalLM
 
-    script = Path(sys.executable).with_name("prunereg")
-    completed = subprocess.run(
-        [str(script), *_shrink_args(llama_folder, "--recover", "refit", "--steps", "2")],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+    from tests.support.processes import run_prunereg
+
+    completed = run_prunereg(_shrink_args(llama_folder, "--recover", "refit", "--steps", "2"))
     assert completed.returncode == 0, completed.stderr
     assert "in 2 rounds" in completed.stdout and "recovered with refit" in completed.stdout
     assert AutoModelForCausalLM.from_pretrained(llama_folder / "small").config.intermediate_size == 24

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,14 +106,6 @@ def test_a_recovery_that_fails_midway_leaves_the_model_as_it_was(monkeypatch: py
     with pytest.raises(RuntimeError, match="refit broke"):
         prunereg.shrink(model, "wanda_sp", calibration_ids(), mlp=0.5, recover="refit", progress=False)
     assert_unchanged(model, before)
-
-
-def test_shrink_folder_refuses_recover_and_steps_in_one_line(tmp_path: Path) -> None:
-    for option in ({"recover": "refit"}, {"steps": 2}):
-        with pytest.raises(TypeError, match=f"{next(iter(option))}") as raised:
-            prunereg.shrink_folder(tmp_path / "in", tmp_path / "out", "flap", calibration_ids(), mlp=0.5, **option)
-        assert "\n" not in str(raised.value)
-    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ def test_the_python_signatures_show_every_setting_with_its_default() -> None:
     assert in_memory["method_options"].kind is inspect.Parameter.VAR_KEYWORD
     assert list(in_memory)[:3] == ["model", "method", "calibration"]  # still positional
     folder = inspect.signature(prunereg.shrink_folder).parameters
-    refused = ("restore_on_error", "recover", "steps")  # a folder written block by block: see FOLDER_REFUSES
+    refused = ("restore_on_error",)  # a folder written block by block: see FOLDER_REFUSES
     assert not set(refused) & set(folder) and folder["replace"].default is False
     assert {name: folder[name].default for name in defaults if name not in refused} == {
         name: default for name, default in defaults.items() if name not in refused

@@ -25,6 +25,12 @@ DEFAULT_TERMINATION = (
 """Each gated run starts as from a terminal: a test suite started under ``nohup`` would pass SIGHUP on ignored."""
 
 
+def run_prunereg(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The installed ``prunereg`` script run with ``args`` in a new process, its output captured as text."""
+    script = Path(sys.executable).with_name("prunereg")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, check=False, timeout=timeout)
+
+
 def start_gated(program: str, args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
     """``program`` (prunereg's ``main`` behind a gate) with ``args`` in a new process; ``setup`` runs first.
 
