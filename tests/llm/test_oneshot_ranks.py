@@ -21,38 +21,36 @@ pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     ONESHOT_RUNS,
+    WORLD_SIZES,
     folder_digest,
     launch,
     oneshot_arguments,
     run_oneshot,
     run_oneshot_command,
     run_oneshot_folder,
+    same_as_alone,
     values,
+    worlds_fixture,
 )
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
-WORLD_SIZES = (1, 2, 3)
 N_BATCHES = {"wanda": 4, "sparsegpt": 7, "sparsegpt_2_4": 3, "wanda_owl": 7}  # 7 samples in batches of batch_size
 
 
-@pytest.fixture(scope="module")
-def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, dict[str, Any]]]]:
-    return {size: launch(size, tmp_path_factory.mktemp(f"world{size}"), "oneshot_") for size in WORLD_SIZES}
+worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks
 
 
 @pytest.mark.parametrize("size", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(ONESHOT_RUNS))
 def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(worlds, size, name):
     alone = run_oneshot(name)
-    per_rank = values(worlds[size], f"oneshot_{name}")
-    assert [r["state"] for r in per_rank] == [alone["state"]] * size
+    batches = same_as_alone(values(worlds[size], f"oneshot_{name}"), alone)
     n = N_BATCHES[name]
     passes = 2 if "owl" in name else 1  # OWL's outlier pass runs the samples through the model once more
     assert alone["batches"] == passes * n
     # each rank ran a contiguous share of the batches through the model
-    shares = [n * (rank + 1) // size - n * rank // size for rank in range(size)]
-    assert [r["batches"] for r in per_rank] == [passes * share for share in shares]
+    assert batches == [passes * (n * (rank + 1) // size - n * rank // size) for rank in range(size)]
 
 
 @pytest.mark.parametrize("size", [2, 3])

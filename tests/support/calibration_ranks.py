@@ -219,6 +219,29 @@ def launch(world_size: int, folder: Path, prefix: str) -> list[dict[str, dict[st
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world_size)]
 
 
+#: The numbers of ranks every run is compared at.
+WORLD_SIZES = (1, 2, 3)
+
+Worlds = dict[int, list[dict[str, dict[str, Any]]]]
+
+
+def worlds_fixture(prefix: str) -> Any:
+    """A module fixture: the cases starting with ``prefix`` launched at each of :data:`WORLD_SIZES`, once."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds:
+        return {size: launch(size, tmp_path_factory.mktemp(f"world{size}"), prefix) for size in WORLD_SIZES}
+
+    return worlds
+
+
+def same_as_alone(per_rank: list[dict[str, Any]], alone: dict[str, Any]) -> list[int]:
+    """Check every rank's model hash is the one process's; the batches each rank ran, in rank order."""
+    assert [found["state"] for found in per_rank] == [alone["state"]] * len(per_rank)
+    return [found["batches"] for found in per_rank]
+
+
 def values(per_rank: list[dict[str, dict[str, Any]]], case: str) -> list[Any]:
     """What ``case`` returned on each rank, in rank order (a rank where it raised fails the test with its traceback)."""
     found = []
