@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,19 @@ class Ranks:
                 raise RankFailed(f"rank {rank} of {self.size} failed: {value}")
         return [value for _, value in gathered]
 
+    def _exchange_tensors(self, payload: Any) -> list[Any]:
+        """:meth:`exchange` of objects holding tensors, each rank's CUDA tensors landing on this rank's GPU.
+
+        (``all_gather_object`` alone would unpickle them on the sender's GPU.)
+        """
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        here = _this_gpu()
+        return [
+            torch.load(io.BytesIO(data), map_location=here, weights_only=False)  # the job's own ranks: trusted
+            for data in self.exchange(buffer.getvalue())
+        ]
+
     def fail(self, error: BaseException) -> None:
         """Send ``error`` to the other ranks' next exchange (best effort: a rank gone already cannot hear it)."""
         import torch.distributed as dist
@@ -103,7 +117,7 @@ class Ranks:
         called = {name: Tally(recorder.call_statistics) for name in recorder.called}
         block = Tally(recorder.block_statistics)
         where: dict[tuple[str, ...], int] = {}
-        for rank_groups, rank_called, rank_block in self.exchange(mine):
+        for rank_groups, rank_called, rank_block in self._exchange_tensors(mine):
             for names, parts in rank_groups:
                 if tuple(names) not in where:
                     where[tuple(names)] = len(groups)
@@ -114,6 +128,14 @@ class Ranks:
                 called[name].extend(*parts)
             block.extend(*rank_block)
         recorder.groups, recorder.tallies, recorder.called, recorder.block = groups, tallies, called, block
+
+
+def _this_gpu() -> dict[str, str] | None:
+    """A ``map_location`` that puts tensors from any GPU on this process's current one (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    here = f"cuda:{torch.cuda.current_device()}"
+    return {f"cuda:{index}": here for index in range(torch.cuda.device_count())}
 
 
 def _parts(tally: Tally) -> tuple[int, list[Any]]:

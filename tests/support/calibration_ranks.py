@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -208,14 +209,22 @@ def launch(world_size: int, folder: Path, prefix: str) -> list[dict[str, dict[st
     out = folder / "results"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cases = [name for name in CASES if name.startswith(prefix)]
-    done = subprocess.run(
+    # A session of its own: a launch that times out takes its forked ranks with it.
+    ranks = subprocess.Popen(
         [sys.executable, __file__, str(out), str(world_size), *cases],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=300,
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    try:
+        output, _ = ranks.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(ranks.pid, signal.SIGKILL)
+        output, _ = ranks.communicate()
+        raise AssertionError(f"the {world_size} ranks did not finish in 300 s:\n{output}") from None
+    assert ranks.returncode == 0, output
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world_size)]
 
 
