@@ -35,7 +35,13 @@ from tests.support.calibration_ranks import (
 
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
-N_BATCHES = {"wanda": 4, "sparsegpt": 7, "sparsegpt_2_4": 3, "wanda_owl": 7}  # 7 samples in batches of batch_size
+N_BATCHES = {
+    "wanda": 4,
+    "sparsegpt": 7,
+    "sparsegpt_2_4": 3,
+    "wanda_owl": 7,
+    "wanda_mixtral": 7,
+}  # 7 samples in batches of batch_size
 
 
 worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks

@@ -33,6 +33,7 @@ ONESHOT_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "sparsegpt": ("sparsegpt", {"sparsity": 0.5, "batch_size": 1}),
     "sparsegpt_2_4": ("sparsegpt", {"pattern": "2:4", "batch_size": 3}),
     "wanda_owl": ("wanda", {"sparsity": 0.6, "allocation": "owl", "owl_lambda": 0.1, "batch_size": 1}),
+    "wanda_mixtral": ("wanda", {"sparsity": 0.5, "batch_size": 1}),  # experts some ranks' tokens never reach
 }
 
 
@@ -42,7 +43,11 @@ SHRINK_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "flap_global": ("flap", {"mlp": 0.5, "heads": 0.5, "allocation": "global", "batch_size": 2}),
     "wanda_sp": ("wanda_sp", {"mlp": 0.25, "batch_size": 1}),
     "block_influence": ("block_influence", {"layers": 1, "batch_size": 1}),
+    "reap_mixtral": ("reap", {"experts": 0.5, "batch_size": 1}),
 }
+
+#: The runs on a mixture of experts (the others run on a three-block Llama).
+ON_MIXTRAL = {"wanda_mixtral", "reap_mixtral"}
 
 
 def state_digest(model: nn.Module) -> str:
@@ -133,10 +138,17 @@ def counting_batches(model: nn.Module) -> list[int]:
     return seen
 
 
+def fresh_model(run: str) -> nn.Module:
+    """The model ``run`` starts from: a tiny Mixtral or a three-block tiny Llama."""
+    from tests.shrink.models import tiny_mixtral
+
+    return tiny_mixtral() if run in ON_MIXTRAL else tiny_llama(layers=3)
+
+
 def run_oneshot(name: str) -> dict[str, object]:
     """One-shot run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
     method, settings = ONESHOT_RUNS[name]
-    model = tiny_llama(layers=3)
+    model = fresh_model(name)
     seen = counting_batches(model)
     prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
     return {"state": state_digest(model), "batches": len(seen)}
@@ -145,7 +157,7 @@ def run_oneshot(name: str) -> dict[str, object]:
 def run_shrink(name: str) -> dict[str, object]:
     """Shrink run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
     method, settings = SHRINK_RUNS[name]
-    model = tiny_llama(layers=3)
+    model = fresh_model(name)
     seen = counting_batches(model)
     prunereg.shrink(model, method, calibration_ids(7, 16), **settings)
     return {"state": state_digest(model), "batches": len(seen)}
