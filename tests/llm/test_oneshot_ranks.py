@@ -124,3 +124,11 @@ def test_the_oneshot_command_under_torchrun_initializes_the_ranks_and_writes_the
     assert done.returncode == 0, done.stdout + done.stderr
     assert folder_digest(work / "pruned") == alone["folder"]
     assert done.stdout.count("wrote ") == 1  # rank 0 alone reports
+
+
+def test_a_rank_that_dies_midway_ends_rank_zero_with_an_error_and_no_output_folder(tmp_path):
+    rank_zero, rank_one = launch(2, tmp_path / "ranks", "dies_", a_rank_dies=True)
+    assert rank_one is None  # it died before writing anything
+    found = rank_zero["dies_folder_oneshot"]
+    assert found["ok"], found.get("error")
+    assert found["value"]["error"] is not None and found["value"]["left"] == ["source"]

@@ -190,6 +190,33 @@ class FailsOnRankOne(NormScore):
         return super().prune_group(weights, statistics, sparsities)
 
 
+class DiesOnRankOne(NormScore):
+    """Ends rank 1's process at its fifth group (the second block), without a word to the other ranks."""
+
+    def prune_group(
+        self, weights: Any, statistics: LayerStatistics, sparsities: Any
+    ) -> list[PrunedWeight]:  # fmt: skip
+        if dist_rank() == 1 and len(self.calls) == 4:
+            os._exit(7)
+        return super().prune_group(weights, statistics, sparsities)
+
+
+def oneshot_folder_when_a_rank_dies() -> dict[str, object]:
+    """Rank 1 dies midway through ``oneshot_folder``: rank 0 stops with an error and leaves no output folder."""
+    import torch.distributed as dist
+
+    work = Path(sys.argv[1]).parent
+    source, output = work / "source", work / "pruned"
+    if dist.get_rank() == 0:
+        save_tiny_llama_folder(source)
+    dist.barrier()
+    try:
+        prunereg.oneshot_folder(source, output, DiesOnRankOne(0.5), calibration=calibration_ids(7, 16), batch_size=1)
+    except Exception as error:
+        return {"error": type(error).__name__, "left": sorted(path.name for path in work.iterdir() if path.is_dir())}
+    return {"error": None}
+
+
 def one_rank_raises() -> dict[str, object]:
     """Rank 1's method raises midway: every rank stops with one error, its model as it was."""
     model = tiny_llama()
@@ -206,16 +233,18 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
     "folder_oneshot": oneshot_folder_written_by_rank_zero,
+    "dies_folder_oneshot": oneshot_folder_when_a_rank_dies,
     "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
     "folder_command_streamed": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "streamed", "--stream"),
     "oneshot_one_rank_raises": one_rank_raises,
 }
 
 
-def launch(world_size: int, folder: Path, prefix: str) -> list[dict[str, dict[str, Any]]]:
+def launch(world_size: int, folder: Path, prefix: str, *, a_rank_dies: bool = False) -> list[Any]:
     """Run the cases whose names start with ``prefix`` on ``world_size`` gloo ranks (one thread each).
 
-    Each rank's results, in rank order.
+    Each rank's results, in rank order; with ``a_rank_dies``, the launch may
+    fail and a rank without results has None.
     """
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "results"
@@ -236,8 +265,9 @@ def launch(world_size: int, folder: Path, prefix: str) -> list[dict[str, dict[st
         os.killpg(ranks.pid, signal.SIGKILL)
         output, _ = ranks.communicate()
         raise AssertionError(f"the {world_size} ranks did not finish in 300 s:\n{output}") from None
-    assert ranks.returncode == 0, output
-    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(world_size)]
+    assert a_rank_dies or ranks.returncode == 0, output
+    files = [Path(f"{out}.{rank}") for rank in range(world_size)]
+    return [json.loads(path.read_text()) if path.exists() else None for path in files]
 
 
 #: The numbers of ranks every run is compared at.
