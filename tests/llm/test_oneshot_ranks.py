@@ -25,7 +25,6 @@ from tests.support.calibration_ranks import (
     folder_digest,
     launch,
     oneshot_arguments,
-    run_oneshot,
     run_oneshot_command,
     run_oneshot_folder,
     same_as_alone,
@@ -50,11 +49,10 @@ worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks
 @pytest.mark.parametrize("size", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(ONESHOT_RUNS))
 def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(worlds, size, name):
-    alone = run_oneshot(name)
-    batches = same_as_alone(values(worlds[size], f"oneshot_{name}"), alone)
+    alone, batches = same_as_alone(worlds, size, f"oneshot_{name}")
     n = N_BATCHES[name]
     passes = 2 if "owl" in name else 1  # OWL's outlier pass runs the samples through the model once more
-    assert alone["batches"] == passes * n
+    assert alone == passes * n
     # each rank ran a contiguous share of the batches through the model
     assert batches == [passes * (n * (rank + 1) // size - n * rank // size) for rank in range(size)]
 

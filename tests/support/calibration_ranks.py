@@ -287,10 +287,16 @@ def worlds_fixture(prefix: str) -> Any:
     return worlds
 
 
-def same_as_alone(per_rank: list[dict[str, Any]], alone: dict[str, Any]) -> list[int]:
-    """Check every rank's model hash is the one process's; the batches each rank ran, in rank order."""
-    assert [found["state"] for found in per_rank] == [alone["state"]] * len(per_rank)
-    return [found["batches"] for found in per_rank]
+def same_as_alone(worlds: Worlds, size: int, case: str) -> tuple[int, list[int]]:
+    """Check every rank of ``size`` ends ``case`` (``oneshot_wanda``) with the one process's model, bit for bit.
+
+    The batches the one process ran through the model, and those each rank ran, in rank order.
+    """
+    kind, name = case.split("_", 1)
+    alone = {"oneshot": run_oneshot, "shrink": run_shrink}[kind](name)
+    per_rank = values(worlds[size], case)
+    assert [found["state"] for found in per_rank] == [alone["state"]] * size
+    return alone["batches"], [found["batches"] for found in per_rank]
 
 
 def values(per_rank: list[dict[str, dict[str, Any]]], case: str) -> list[Any]:
