@@ -41,13 +41,14 @@ if TYPE_CHECKING:
     from prunereg._plugins.isolation import PluginCodeError
     from prunereg._plugins.registry import MethodInfo, PluginError, PluginInfo, PluginWarning, UnknownMethodError
     from prunereg._recover.contract import RecoveryMethod
-    from prunereg._recover.data import NormalEquations, RecoveryBlock, RecoveryModel
+    from prunereg._recover.data import RecoveryBlock, RecoveryModel
     from prunereg._recover.distillation import ZeroKeeper, distillation_loss, keep_zeros
     from prunereg._recover.engine import recover
     from prunereg._recover.folder import shrink_folder
     from prunereg._recover.report import BlockRecovery, RecoverReport
     from prunereg._recover.shrinking import shrink
     from prunereg._recover.trainer import DistillationTrainer
+    from prunereg._runtime.least_squares import NormalEquations
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
     from prunereg._shrink.report import ShrinkReport
     from prunereg._slim.engine import slim
@@ -150,7 +151,7 @@ _LAZY = {
     "Importance": "prunereg._slim.importance",
     "LayerStatistics": "prunereg._oneshot.contract",
     "MethodInfo": "prunereg._plugins.registry",
-    "NormalEquations": "prunereg._recover.data",
+    "NormalEquations": "prunereg._runtime.least_squares",
     "OneShotReport": "prunereg._oneshot.report",
     "PluginCodeError": "prunereg._plugins.isolation",
     "PluginError": "prunereg._plugins.registry",

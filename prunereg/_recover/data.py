@@ -7,13 +7,14 @@ the dense model (the *teacher*) produced at the same place on its own
 trajectory, after the teacher's block and any blocks removed right after it.
 On request it gathers the float64 least-squares statistics of the block's
 writer projections (:meth:`RecoveryBlock.normal_equations`), computed on the
-block's current weights, so a method can refit one projection, then ask again.
+block's current weights, so a method can refit one projection, then ask again:
+the runtime's ``least_squares`` statistic, folded by its one recorder.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,7 +22,17 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._progress import progress as progress_bar
-from prunereg._recover.runtime import BlockInputs, call_block, input_device
+from prunereg._recover.runtime import (
+    BlockInputs,
+    Called,
+    LeastSquares,
+    NormalEquations,
+    Observation,
+    Recorder,
+    call_block,
+    gather,
+    input_device,
+)
 
 T = TypeVar("T")
 
@@ -31,42 +42,6 @@ FITS = {
     "attention": "the attention's writer (o_proj): its inputs -> the dense residual after attention less the input",
     "mlp_output": "the MLP's output -> the target less the block's residual after attention (ReplaceMe's map)",
 }
-#: Rows of the float64 products accumulated at a time.
-CHUNK = 4096
-
-
-@dataclass(frozen=True)
-class NormalEquations:
-    """Float64 statistics of a linear fit ``[X 1] A ~ R`` over the calibration tokens (one row per token).
-
-    ``gram`` is ``[X 1]^T [X 1]`` (``[inputs + 1, inputs + 1]``, the constant
-    last), ``cross`` is ``[X 1]^T R`` (``[inputs + 1, outputs]``) and
-    ``target_sq`` is the sum of ``R ** 2`` per output, so that the squared error
-    of any ``A`` is ``target_sq - 2 A^T cross + A^T gram A`` per output, without
-    the tokens. ``X`` holds the inputs as the block has them now, ``R`` what the
-    fitted map must produce for the block's output to equal the target.
-    """
-
-    gram: Tensor
-    cross: Tensor
-    target_sq: Tensor
-    n_tokens: int
-
-    @property
-    def n_inputs(self) -> int:
-        return int(self.gram.shape[0]) - 1
-
-    def squared_error(self, weight: Tensor, bias: Tensor | None = None) -> float:
-        """The sum over tokens and outputs of ``(X weight^T + bias - R) ** 2``; ``weight`` is ``[out, in]``."""
-        coefficients = torch.cat([weight.double().T, _bias_row(bias, weight)])
-        fitted = (coefficients * (self.gram @ coefficients)).sum(0) - 2 * (coefficients * self.cross).sum(0)
-        return float((self.target_sq + fitted).sum())
-
-
-def _bias_row(bias: Tensor | None, weight: Tensor) -> Tensor:
-    if bias is None:
-        return torch.zeros(1, weight.shape[0], dtype=torch.float64, device=weight.device)
-    return bias.double().reshape(1, -1)
 
 
 def zero_masks(module: nn.Module) -> dict[str, Tensor]:
@@ -108,8 +83,6 @@ def _cast(value: Any, dtype: torch.dtype | None) -> Any:
 WeightsKey = tuple[tuple[int, int], ...]
 #: A pass over the calibration set: the loss and each batch's output.
 _Evaluation = tuple[float, list[Tensor]]
-#: A forward hook on a module inside the block.
-_Hook = tuple[nn.Module, Callable[..., Any]]
 
 
 def _rows(tensor: Tensor) -> Tensor:
@@ -257,20 +230,16 @@ class RecoveryBlock:
         """
         return self._passes.get(key)
 
-    def _pass(self, hooks: Sequence[_Hook] = (), each: Callable[[int, Tensor], None] | None = None) -> _Evaluation:
-        """Run every calibration batch through the block with ``hooks`` on, ``each(batch)`` after each one.
+    def _pass(self, recorder: Recorder | None = None) -> _Evaluation:
+        """Run every calibration batch through the block, under ``recorder`` if given (its statistics folded in).
 
         Keeps the loss and outputs (:meth:`evaluation`) under the weights' key.
         """
-        outputs = []
-        with torch.no_grad(), contextlib.ExitStack() as stack:
-            for module, hook in hooks:
-                stack.enter_context(_hooked(module, hook))
-            for batch in range(self.n_batches):
-                output = self.forward(batch)
-                if each is not None:
-                    each(batch, output)
-                outputs.append(output)
+        with torch.no_grad():
+            if recorder is None:
+                outputs = [self.forward(batch) for batch in range(self.n_batches)]
+            else:
+                outputs = gather(self.module, self._inputs, recorder, keep_outputs=True)
         result = (_loss_of(outputs, self._targets), outputs)
         self._keep(self.weights_key(), result)
         return result
@@ -372,31 +341,32 @@ class RecoveryBlock:
         module = self.writer(kind) if fit != "mlp_output" else self.mlp
         if module is None:
             raise ValueError(f"block {self.index} has no {kind} writer whose output the block adds as it is")
-        seen: dict[str, Tensor] = {}
-        accumulator: list[_Accumulator] = []
         replay = _Replay(self.module, module) if fit == "mlp" else None
 
-        def keep(_: nn.Module, args: Any, output: Tensor) -> None:
-            seen["input"], seen["output"] = (output if fit == "mlp_output" else args[0]), output
-
-        def add(batch: int, output: Tensor) -> None:
+        def drawn(observation: Observation) -> tuple[Tensor, Tensor]:
+            assert observation.inputs is not None and observation.outputs is not None
+            batch = observation.batch
             if fit == "attention":
                 assert self._attention_targets is not None
-                wanted = self._attention_targets[batch] - self._inputs.hidden[batch]
-            else:  # what the module must give for the block's output to be the target: the rest stays
-                rest = output - seen["output"]
-                wanted = self._targets[batch] - rest
-                if replay is not None:
-                    replay.add(seen["input"], rest)
-            inputs = _rows(seen["input"])
-            if not accumulator:
-                accumulator.append(_Accumulator(inputs.shape[1], wanted.shape[-1], inputs.device))
-            accumulator[0].add(inputs, _rows(wanted))
+                return observation.inputs, self._attention_targets[batch] - self._inputs.hidden[batch]
+            # what the module must give for the block's output to be the target: the rest stays
+            assert observation.block_outputs is not None
+            rest = observation.block_outputs - observation.outputs
+            if replay is not None:
+                replay.add(observation.inputs, rest)
+            inputs = observation.outputs if fit == "mlp_output" else observation.inputs
+            return inputs, self._targets[batch] - rest
 
+        recorder = Recorder(
+            call_statistics={"least_squares": lambda: LeastSquares(drawn)}, calls={"fit": Called(module)}
+        )
         self._replay = None  # the one kept is of weights about to change
-        self._pass([(module, keep)], add)
+        self._pass(recorder)
         self._replay = replay
-        return accumulator[0].result()
+        equations = recorder.called["fit"].results()["least_squares"]
+        if equations is None:
+            raise ValueError(f"{type(module).__name__} did not run in block {self.index}'s forward")
+        return equations
 
 
 def _loss_of(outputs: list[Tensor], targets: list[Tensor]) -> float:
@@ -432,29 +402,6 @@ class _Replay:
         with torch.no_grad():
             outputs = [rest + self.writer(inputs) for inputs, rest in zip(self.inputs, self.rests, strict=True)]
         return _loss_of(outputs, targets), outputs
-
-
-class _Accumulator:
-    """Sums of ``[X 1]^T [X 1]``, ``[X 1]^T R`` and ``R ** 2`` in float64, :data:`CHUNK` rows at a time."""
-
-    def __init__(self, n_in: int, n_out: int, device: torch.device) -> None:
-        self.gram = torch.zeros(n_in + 1, n_in + 1, dtype=torch.float64, device=device)
-        self.cross = torch.zeros(n_in + 1, n_out, dtype=torch.float64, device=device)
-        self.target_sq = torch.zeros(n_out, dtype=torch.float64, device=device)
-        self.n_tokens = 0
-
-    def add(self, inputs: Tensor, wanted: Tensor) -> None:
-        for start in range(0, inputs.shape[0], CHUNK):
-            x = inputs[start : start + CHUNK].double()
-            r = wanted[start : start + CHUNK].double()
-            x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
-            self.gram.addmm_(x.T, x)
-            self.cross.addmm_(x.T, r)
-            self.target_sq += r.square().sum(0)
-            self.n_tokens += x.shape[0]
-
-    def result(self) -> NormalEquations:
-        return NormalEquations(self.gram, self.cross, self.target_sq, self.n_tokens)
 
 
 def _close(measured: Tensor, expected: Tensor, around: Tensor) -> bool:

@@ -2,7 +2,8 @@
 
 Calibration ids, finding the decoder blocks and their parts (MLP, attention,
 experts, their writer projections), capturing the blocks' inputs and running
-them, the run's mode and precision: the same runtime one-shot pruning and
+them, the run's mode and precision, the recorder and the least-squares
+statistic that the refits solve: the same runtime one-shot pruning and
 shrinking run on.
 """
 
@@ -13,14 +14,22 @@ from prunereg._runtime.calibration import calibration_ids, check_fits_model
 from prunereg._runtime.capture import BlockInputs, advance, batches_of, call_block, capture_first_block_inputs
 from prunereg._runtime.conformance import default_devices, method_class
 from prunereg._runtime.journal import Journal
+from prunereg._runtime.least_squares import LeastSquares, NormalEquations
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
 from prunereg._runtime.parts import UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
 from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.recorder import Called, Recorder, gather
+from prunereg._runtime.statistics import Observation
 
 __all__ = [
     "BlockInputs",
     "BlocksNotFoundError",
+    "Called",
     "Journal",
+    "LeastSquares",
+    "NormalEquations",
+    "Observation",
+    "Recorder",
     "UnitGroup",
     "add_zero_biases",
     "advance",
@@ -36,6 +45,7 @@ __all__ = [
     "find_experts",
     "find_heads",
     "find_mlp",
+    "gather",
     "input_device",
     "matmul_precision",
     "method_class",

@@ -24,14 +24,7 @@ from torch import Tensor, nn
 
 from prunereg._runtime.gram import add_upper_gram, mirror_upper_gram
 from prunereg._runtime.precision import matmul_precision
-from prunereg._runtime.statistics import Observation, Statistic
-
-
-def _typed(other: Statistic, kind: type[Statistic]) -> Any:
-    """``other``, refused with a TypeError unless it is the same statistic (combine takes its own kind only)."""
-    if not isinstance(other, kind):
-        raise TypeError(f"{kind.__name__} combines with another {kind.__name__}, not {type(other).__name__}")
-    return other
+from prunereg._runtime.statistics import Observation, Statistic, same_kind
 
 
 class InputSqNorms(Statistic):
@@ -48,7 +41,7 @@ class InputSqNorms(Statistic):
         self.sums = sq_norms if self.sums is None else self.sums.add_(sq_norms)
 
     def combine(self, other: Statistic) -> None:
-        theirs = _typed(other, InputSqNorms).sums
+        theirs = same_kind(other, InputSqNorms).sums
         if theirs is not None:
             self.sums = theirs.clone() if self.sums is None else self.sums.add_(theirs)
 
@@ -85,7 +78,7 @@ class Hessian(Statistic):
             add_upper_gram(self.running, tokens, beta=seen / self.n_tokens, alpha=2.0 / self.n_tokens)
 
     def combine(self, other: Statistic) -> None:
-        theirs = _typed(other, Hessian)
+        theirs = same_kind(other, Hessian)
         if theirs.running is None:
             return
         if self.running is None:
@@ -132,7 +125,7 @@ class ChannelMoments(Statistic):
         self._merge(tokens.shape[0], batch_mean, batch_m2, tokens.square().sum(dim=0))
 
     def combine(self, other: Statistic) -> None:
-        theirs = _typed(other, ChannelMoments)
+        theirs = same_kind(other, ChannelMoments)
         if theirs.mean is not None and theirs.m2 is not None and theirs.sq_norms is not None:
             self._merge(theirs.n_tokens, theirs.mean.clone(), theirs.m2.clone(), theirs.sq_norms.clone())
 
@@ -173,7 +166,7 @@ class BlockCosine(Statistic):
         self.cosine_sum += float(cos.double().sum())
 
     def combine(self, other: Statistic) -> None:
-        theirs = _typed(other, BlockCosine)
+        theirs = same_kind(other, BlockCosine)
         self.n_tokens += theirs.n_tokens
         self.cosine_sum += theirs.cosine_sum
 
@@ -231,7 +224,7 @@ class ExpertRouting(Statistic):
             weighted_sum[expert] += (gates * norms).sum()
 
     def combine(self, other: Statistic) -> None:
-        theirs = _typed(other, ExpertRouting).sums
+        theirs = same_kind(other, ExpertRouting).sums
         if theirs is None:
             return
         if self.sums is None:

@@ -140,6 +140,13 @@ class Statistic(ABC):
         return f"{type(self).__name__}()"
 
 
+def same_kind(other: Statistic, kind: type[Statistic]) -> Any:
+    """``other``, refused with a TypeError unless it is the same statistic (combine takes its own kind only)."""
+    if not isinstance(other, kind):
+        raise TypeError(f"{kind.__name__} combines with another {kind.__name__}, not {type(other).__name__}")
+    return other
+
+
 class ReadByName:
     """Statistics handed to a method, which also reads those without a field of their own by name.
 

@@ -95,10 +95,27 @@ def test_without_a_bias_refit_has_no_intercept(build: Any, options: dict[str, An
     _assert_same(model, expected)
 
 
-def test_on_a_masked_model_each_row_is_solved_over_its_kept_weights_and_every_zero_stays() -> None:
+def _few_exact_zeros(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """A zero or two in some rows of each block's matrices, as a shrunk model's float32 weights have by chance."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.model.layers.parameters():
+            if parameter.dim() == 2:
+                rows = torch.randperm(parameter.shape[0], generator=generator)[: parameter.shape[0] // 3]
+                for row in rows.tolist():
+                    count = int(torch.randint(1, 3, (1,), generator=generator))
+                    parameter[row, torch.randperm(parameter.shape[1], generator=generator)[:count]] = 0
+
+
+def _wanda_half(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    prunereg.oneshot(model, "wanda", calibration=ids, sparsity=0.5, progress=False)
+
+
+@pytest.mark.parametrize("prune", [_wanda_half, _few_exact_zeros])
+def test_on_a_masked_model_each_row_is_solved_over_its_kept_weights_and_every_zero_stays(prune: Any) -> None:
     model, teacher = _pair(layers=2)
     ids = calibration_ids(8, 12)
-    prunereg.oneshot(model, "wanda", calibration=ids, sparsity=0.5, progress=False)
+    prune(model, ids)
     zeros = {name: p == 0 for name, p in model.named_parameters() if p.dim() == 2}
     expected = copy.deepcopy(model)
     prunereg.recover(model, teacher, ids, "refit", ridge=RIDGE, progress=False)
