@@ -131,44 +131,59 @@ def oneshot_command(
     from prunereg._oneshot.engine import build_method
     from prunereg._oneshot.folder import prune_folder_into
     from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
+    from prunereg._runtime.ranks import Ranks, launched_group, together
 
     build_method(method, settings.sparsity, settings.pattern, options)  # the method and its -o, before any loading
     results = Results(eval_file.name if eval_file is not None else None)
-    with results.shown_on_failure(as_json), library_bars_unless(quiet):
-        tokenizer = load_tokenizer(model_dir)
-        ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
-        eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+    with launched_group(device), results.shown_on_failure(as_json), library_bars_unless(quiet):
+        ranks = Ranks.current(settings.data_parallel)  # under torchrun: rank 0 writes, the others calibrate beside it
+        with together(ranks):
+            tokenizer = load_tokenizer(model_dir)
+            ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
 
-        def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            model = load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
-            return model if torch_device is None else model.to(torch_device)
+            def load(folder: Path, label: str = "MODEL_DIR") -> Any:
+                model = load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
+                return model if torch_device is None else model.to(torch_device)
 
-        with cleanup_on_signals(), output as staging:
-            if stream:
-                if eval_ids is not None:
-                    results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
-                results.report = prune_folder_into(
-                    model_dir, output, staging, method, calibration=ids, label="MODEL_DIR", options=settings,
-                    method_options=options, device=torch_device,
-                )  # fmt: skip
-                if eval_ids is not None:
-                    results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
-            else:
-                model = load(model_dir)
-                output.require_free_space(bytes_to_write(model, masks))
-                if eval_ids is not None:
-                    results.measure("before", model, eval_ids, eval_window, not quiet)
-                with _masks_if(masks):
-                    results.report = prunereg.oneshot(
-                        model, method, calibration=ids, **dataclasses.asdict(settings), **options
-                    )
-                if eval_ids is not None:
-                    results.measure("after", model, eval_ids, eval_window, not quiet)
-                if masks:
-                    prunereg.save_pretrained(model, staging)
+            if ranks is not None and ranks.rank != 0:
+                if stream:
+                    prune_folder_into(
+                        model_dir, None, None, method, calibration=ids, label="MODEL_DIR", options=settings,
+                        method_options=options, device=torch_device,
+                    )  # fmt: skip
                 else:
-                    model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
+                    with _masks_if(masks):
+                        prunereg.oneshot(
+                            load(model_dir), method, calibration=ids, **dataclasses.asdict(settings), **options
+                        )
+                return
+            eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+            with cleanup_on_signals(), output as staging:
+                if stream:
+                    if eval_ids is not None:
+                        results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
+                    results.report = prune_folder_into(
+                        model_dir, output, staging, method, calibration=ids, label="MODEL_DIR", options=settings,
+                        method_options=options, device=torch_device,
+                    )  # fmt: skip
+                    if eval_ids is not None:
+                        results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
+                else:
+                    model = load(model_dir)
+                    output.require_free_space(bytes_to_write(model, masks))
+                    if eval_ids is not None:
+                        results.measure("before", model, eval_ids, eval_window, not quiet)
+                    with _masks_if(masks):
+                        results.report = prunereg.oneshot(
+                            model, method, calibration=ids, **dataclasses.asdict(settings), **options
+                        )
+                    if eval_ids is not None:
+                        results.measure("after", model, eval_ids, eval_window, not quiet)
+                    if masks:
+                        prunereg.save_pretrained(model, staging)
+                    else:
+                        model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
     results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")

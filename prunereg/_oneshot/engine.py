@@ -40,6 +40,7 @@ from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, copy_fits, input_device
 from prunereg._runtime.options import check_sparsity, with_options_signature
 from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.ranks import Ranks, fingerprint, own_batches, together
 from prunereg._runtime.recorder import Recorder, gather
 from prunereg._runtime.registry import at_site
 from prunereg._runtime.weights import BlockWeights, InMemory
@@ -115,16 +116,20 @@ def oneshot(
     available now.
     """
     settings, method_options = OneShotOptions.split(options)
-    folder = model_folder(model)
-    calibration = calibration_ids(
-        calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=folder
-    )
-    model = load_model(model)
-    job = OneShotJob.prepare(model, method, calibration=calibration, options=settings, method_options=method_options)
-    restore_on_error = settings.restore_on_error
-    if restore_on_error is None:
-        restore_on_error = copy_fits(job.weight_bytes())
-    report = job.run(InMemory(), progress=settings.progress, restore_on_error=restore_on_error)
+    ranks = Ranks.current(settings.data_parallel)
+    with together(ranks):
+        folder = model_folder(model)
+        calibration = calibration_ids(
+            calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=folder
+        )
+        model = load_model(model)
+        job = OneShotJob.prepare(
+            model, method, calibration=calibration, options=settings, method_options=method_options, ranks=ranks
+        )
+        restore_on_error = settings.restore_on_error
+        if restore_on_error is None:
+            restore_on_error = copy_fits(job.weight_bytes())
+        report = job.run(InMemory(), progress=settings.progress, restore_on_error=restore_on_error)
     if folder is not None:
         report.model = model
     return report
@@ -142,6 +147,7 @@ class OneShotJob:
     layer_names: list[list[str]]
     batches: list[Tensor]
     options: OneShotOptions
+    ranks: Ranks | None = None
 
     @classmethod
     def prepare(
@@ -152,8 +158,13 @@ class OneShotJob:
         calibration: Tensor | Iterable[Tensor],
         options: OneShotOptions,
         method_options: dict[str, Any],
+        ranks: Ranks | None = None,
     ) -> OneShotJob:
-        """Check every argument and build the method; nothing in ``model`` changes."""
+        """Check every argument and build the method; nothing in ``model`` changes.
+
+        With ``ranks``, every rank's arguments are then checked against the
+        others' (one collective): ranks that disagree are refused on every rank.
+        """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         instance, name = build_method(method, options.sparsity, options.pattern, method_options)
@@ -168,7 +179,10 @@ class OneShotJob:
         if not batches:
             raise ValueError("calibration holds no token ids")
         check_fits_model(model, batches)
-        return cls(model, instance, name, blocks_path, block_list, layer_names, batches, options)
+        job = cls(model, instance, name, blocks_path, block_list, layer_names, batches, options, ranks)
+        if ranks is not None:
+            ranks.agree("prunereg.oneshot", fingerprint(model, instance, options, batches))
+        return job
 
     def weight_bytes(self) -> int:
         """The bytes of the weights this job prunes."""
@@ -240,14 +254,17 @@ class OneShotJob:
             label = f"{self.method_name} {self.blocks_path}"
             for index in progress_bar(range(len(self.blocks)), label=label, enabled=progress):
                 self._prune_block(index, inputs, sparsities[index], weights, report, touched, originals)
+        if self.ranks is not None:  # a rank that failed after the last block's statistics fails every rank's run here
+            self.ranks.exchange(None)
         report.timings.total = time.perf_counter() - start
         return report
 
     # -- the passes ------------------------------------------------------------------
 
     def _capture(self, timings: Timings) -> BlockInputs:
+        """The first block's inputs for this rank's share of the batches (all of them in one process)."""
         start = time.perf_counter()
-        inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
+        inputs = capture_first_block_inputs(self.model, self.blocks[0], *own_batches(self.ranks, self.batches))
         timings.capture += time.perf_counter() - start
         return inputs
 
@@ -353,10 +370,12 @@ class OneShotJob:
     def _gather(
         self, block: nn.Module, names: list[str], needs: Iterable[str], inputs: BlockInputs, timings: Timings
     ) -> list[tuple[list[str], LayerStatistics]]:
-        """Run the calibration batches through ``block`` and return each input group's statistics."""
+        """Run the calibration batches through ``block`` and return each input group's statistics (all ranks')."""
         start = time.perf_counter()
         recorder = Recorder(at_site(needs, SITE), layers={name: block.get_submodule(name) for name in names})
         gather(block, inputs, recorder)
+        if self.ranks is not None:
+            self.ranks.merge(recorder)
         timings.statistics += recorder.seconds
         timings.forward += time.perf_counter() - start - recorder.seconds
         return [(group, layer_statistics(n_tokens, results)) for group, n_tokens, results in recorder.group_results()]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from prunereg._oneshot.report import OneShotReport
 from prunereg._oneshot.settings import OneShotOptions
 from prunereg._runtime.calibration import calibration_ids
 from prunereg._runtime.options import with_options_signature
-from prunereg._runtime.streamed import open_folder, output_folder
+from prunereg._runtime.ranks import Ranks, together
+from prunereg._runtime.streamed import ReadBlocks, open_folder, output_folder
 
 #: The settings :func:`oneshot_folder` does not take, and why.
 FOLDER_REFUSES = {
@@ -68,22 +70,27 @@ def oneshot_folder(
     ``model_dir``.
     """
     settings, method_options = OneShotOptions.split(options, refused=FOLDER_REFUSES)
-    folder = output_folder(output_dir, model_dir, replace=replace)
-    calibration = calibration_ids(
-        calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
-        label="model_dir",
-    )  # fmt: skip
-    with folder as staging:
-        return prune_folder_into(
-            Path(model_dir), folder, staging, method, calibration=calibration, label="model_dir",
+    ranks = Ranks.current(settings.data_parallel)
+    with together(ranks):  # the others wait at its last exchange until rank 0's folder is in place
+        folder = output_folder(output_dir, model_dir, replace=replace)
+        calibration = calibration_ids(
+            calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
+            label="model_dir",
+        )  # fmt: skip
+        run = partial(
+            prune_folder_into, Path(model_dir), method=method, calibration=calibration, label="model_dir",
             options=settings, method_options=method_options, device=None if device is None else torch.device(device),
         )  # fmt: skip
+        if ranks is not None and ranks.rank != 0:  # rank 0 writes the folder; the others calibrate beside it
+            return run(None, None)
+        with folder as staging:
+            return run(folder, staging)
 
 
 def prune_folder_into(
     source: Path,
-    folder: AtomicFolder,
-    staging: Path,
+    folder: AtomicFolder | None,
+    staging: Path | None,
     method: str | CalibratedMethod,
     *,
     calibration: Tensor | Iterable[Tensor],
@@ -95,12 +102,18 @@ def prune_folder_into(
     """:func:`oneshot_folder`'s work: prune ``source`` into ``staging``, the open ``folder``'s staging folder.
 
     ``options.permanent`` is ignored (the folder gets plain weights); ``label`` names ``source`` in errors.
+    Under torch.distributed (``options.data_parallel``) the ranks split the
+    calibration; a rank other than 0 passes no ``folder`` nor ``staging`` and writes nothing.
     """
-    opened = open_folder(source, folder, staging, label, blocks=options.blocks, device=device)
+    if folder is None or staging is None:
+        opened = open_folder(source, None, source, label, blocks=options.blocks, device=device, streamed=ReadBlocks)
+    else:
+        opened = open_folder(source, folder, staging, label, blocks=options.blocks, device=device)
     settings = dataclasses.replace(options, blocks=opened.blocks_path, permanent=True)
     job = OneShotJob.prepare(
-        opened.model, method, calibration=calibration, options=settings, method_options=method_options
-    )
+        opened.model, method, calibration=calibration, options=settings, method_options=method_options,
+        ranks=Ranks.current(settings.data_parallel),
+    )  # fmt: skip
     report = job.run(opened.blocks, progress=options.progress, restore_on_error=False)
     opened.blocks.finish(opened.rest, source)
     return report

@@ -23,6 +23,7 @@ from prunereg._runtime.options import (
     batch_size_setting,
     blocks_setting,
     check_sparsity,
+    data_parallel_setting,
     matmul_precision_setting,
     progress_setting,
     setting,
@@ -75,6 +76,7 @@ class OneShotOptions(Options):
         "On a failure midway, put every pruned weight back [default: when a copy takes at most half the free memory].",
         flag=None,
     )
+    data_parallel: bool = data_parallel_setting()
 
     def __post_init__(self) -> None:
         for name in ("layers", "ignore"):  # a single glob, or any sequence of them, is kept as a tuple

@@ -32,19 +32,29 @@ class RestNotNeeded(Exception):
 
 @dataclass
 class BlockInputs:
-    """Per calibration batch: the hidden states a block reads and the other arguments it is called with."""
+    """Per calibration batch: the hidden states a block reads and the other arguments it is called with.
+
+    ``first`` is the index of the first of these batches in the whole
+    calibration set (a rank holds a contiguous range of it).
+    """
 
     hidden: list[Tensor] = field(default_factory=list)
     args: list[tuple[Any, ...]] = field(default_factory=list)
     kwargs: list[dict[str, Any]] = field(default_factory=list)
+    first: int = 0
 
     def __len__(self) -> int:
         return len(self.hidden)
 
 
-def capture_first_block_inputs(model: nn.Module, first_block: nn.Module, batches: Iterable[Tensor]) -> BlockInputs:
-    """Run each batch of token ids through ``model`` up to ``first_block`` and keep the block's arguments."""
-    captured = BlockInputs()
+def capture_first_block_inputs(
+    model: nn.Module, first_block: nn.Module, batches: Iterable[Tensor], first: int = 0
+) -> BlockInputs:
+    """Run each batch of token ids through ``model`` up to ``first_block`` and keep the block's arguments.
+
+    ``first``: the index of the first of ``batches`` in the whole calibration set.
+    """
+    captured = BlockInputs(first=first)
 
     def store(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden, *rest = args if args else (kwargs.pop("hidden_states"),)

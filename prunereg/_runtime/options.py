@@ -72,6 +72,17 @@ def batch_size_setting() -> Any:
     return setting(2, "Calibration samples per forward.", metavar="N", minimum=1)
 
 
+def data_parallel_setting() -> Any:
+    """``data_parallel``: split the calibration over the ranks of torch.distributed, for every block-by-block engine."""
+    return setting(
+        True,
+        "When torch.distributed is initialized (torchrun), each rank calibrates on its share of the samples and the "
+        "ranks combine their statistics: the result of one process on all samples, on every rank. False: every rank "
+        "runs alone on all its samples.",
+        flag=None,
+    )
+
+
 def matmul_precision_setting(exact: str) -> Any:
     """``matmul_precision`` of the calibration forwards; ``exact`` names what always runs in full float32."""
     return setting(
@@ -125,13 +136,19 @@ class Options:
         return {f.name: (f.default, f.metadata["setting"]) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
 
     def check_engine_settings(self) -> None:
-        """Check the settings every block-by-block engine has: ``blocks``, ``batch_size``, ``matmul_precision``."""
+        """Check the settings every block-by-block engine has: ``blocks``, ``batch_size``, ``matmul_precision``.
+
+        And ``data_parallel``, where the engine has it.
+        """
         batch_size, blocks = getattr(self, "batch_size"), getattr(self, "blocks")  # noqa: B009  # a subclass's fields
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if blocks is not None and not isinstance(blocks, str):
             raise TypeError(f"blocks must be a module path like 'model.layers', not {type(blocks).__name__}")
         check_matmul_precision(getattr(self, "matmul_precision"))  # noqa: B009
+        data_parallel = getattr(self, "data_parallel", True)
+        if not isinstance(data_parallel, bool):
+            raise TypeError(f"data_parallel must be True or False, not {type(data_parallel).__name__}")
 
     @classmethod
     def split(

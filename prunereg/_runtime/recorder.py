@@ -35,6 +35,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from prunereg._runtime.capture import BlockInputs, RestNotNeeded, call_block
+from prunereg._runtime.pairwise import PairwiseTree, Span
 from prunereg._runtime.precision import matmul_precision
 from prunereg._runtime.statistics import Observation, Statistic
 
@@ -42,8 +43,8 @@ from prunereg._runtime.statistics import Observation, Statistic
 Factory = Callable[[], Statistic]
 
 
-class Tally:
-    """The statistics gathered at one site, and the tokens they saw."""
+class Partial:
+    """The statistics at one site over some calibration batches, and the tokens they saw."""
 
     def __init__(self, factories: Mapping[str, Factory]) -> None:
         self.n_tokens = 0
@@ -54,8 +55,8 @@ class Tally:
         for statistic in self.statistics.values():
             statistic.fold(observation)
 
-    def combine(self, other: Tally) -> None:
-        """Take in ``other`` (the same statistics over other batches), statistic by statistic in name order."""
+    def combine(self, other: Partial) -> None:
+        """Take in ``other`` (the same statistics over later batches), statistic by statistic in name order."""
         self.n_tokens += other.n_tokens
         for name in sorted(self.statistics):
             self.statistics[name].combine(other.statistics[name])
@@ -63,6 +64,60 @@ class Tally:
     def results(self) -> dict[str, Any]:
         """Each statistic's result by name."""
         return {name: statistic.result() for name, statistic in self.statistics.items()}
+
+
+class Tally:
+    """The statistics gathered at one site, and the tokens they saw.
+
+    Each batch is folded into statistics of its own, and the batches' partial
+    results are combined along one fixed binary tree over the batch indices
+    (:mod:`prunereg._runtime.pairwise`): so the results are the same bits
+    whether one process saw every batch or ranks saw contiguous ranges of them
+    and their tallies were combined in rank order (:meth:`combine`).
+    Observations of one batch (a layer called twice, several module calls)
+    share its partial; batches must come in increasing order.
+    """
+
+    def __init__(self, factories: Mapping[str, Factory]) -> None:
+        self.factories = dict(factories)
+        self.n_tokens = 0
+        self._tree: PairwiseTree[Partial] = PairwiseTree()
+        self._batch = 0
+        self._current: Partial | None = None
+
+    def fold(self, observation: Observation) -> None:
+        if self._current is None or observation.batch != self._batch:
+            self._close_batch()
+            self._current, self._batch = Partial(self.factories), observation.batch
+        self.n_tokens += observation.n_tokens()
+        self._current.fold(observation)
+
+    def spans(self) -> list[Span[Partial]]:
+        """The partial results so far, as spans of batches in batch order (what a rank hands the others)."""
+        self._close_batch()
+        return self._tree.spans
+
+    def combine(self, other: Tally) -> None:
+        """Take in ``other`` (the same statistics over the batches after this one's: another rank's), span by span."""
+        self.extend(other.n_tokens, other.spans())
+
+    def extend(self, n_tokens: int, spans: list[Span[Partial]]) -> None:
+        """Take in the ``spans`` (over ``n_tokens`` tokens) of later batches, as :meth:`spans` gave them."""
+        self._close_batch()
+        self.n_tokens += n_tokens
+        for span in spans:
+            self._tree.push(span)
+
+    def results(self) -> dict[str, Any]:
+        """Each statistic's result by name, over every batch folded or combined in."""
+        self._close_batch()
+        total = self._tree.total()
+        return (total if total is not None else Partial(self.factories)).results()
+
+    def _close_batch(self) -> None:
+        if self._current is not None:
+            self._tree.add(self._batch, self._current)
+            self._current = None
 
 
 @dataclass
@@ -263,7 +318,7 @@ def gather(block: nn.Module, inputs: BlockInputs, recorder: Recorder, *, keep_ou
     outputs: list[Tensor] = []
     with recorder:
         for index in range(len(inputs)):
-            with recorder.batch(index, inputs.hidden[index]) as batch:
+            with recorder.batch(inputs.first + index, inputs.hidden[index]) as batch:
                 batch.outputs = call_block(block, inputs, index)
             if keep_outputs and batch.outputs is not None:
                 outputs.append(batch.outputs)

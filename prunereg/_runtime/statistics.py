@@ -126,7 +126,10 @@ class Statistic(ABC):
 
         Exact and in a fixed order, so that ranks can combine their partial
         results: sums add, moments merge with their counts (never a mean of
-        means), and ``other`` is left unchanged.
+        means), and ``other`` is left unchanged. Every run uses it: each batch
+        is folded into an empty statistic of its own, and the batches' partial
+        results are combined along one fixed tree over the batch indices
+        (:mod:`prunereg._runtime.pairwise`), in one process as over ranks.
         """
 
     @abstractmethod

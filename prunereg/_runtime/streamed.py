@@ -157,6 +157,16 @@ def empty_block(module: nn.Module) -> None:
                 submodule._parameters[name] = nn.Parameter(meta, requires_grad=parameter.requires_grad)
 
 
+class ReadBlocks(StreamedBlocks):
+    """Block weights fetched from a checkpoint folder and never written: a rank that runs beside the one that writes."""
+
+    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
+        empty_block(block)
+
+    def finish(self, rest: Sequence[str], source: Path) -> None:
+        """Nothing: another rank writes the output folder."""
+
+
 @dataclass
 class StreamedModel:
     """A folder's model, built empty with the weights outside its blocks loaded, and its blocks to stream."""
@@ -186,7 +196,7 @@ def output_folder(output_dir: str | Path, model_dir: str | Path, *, replace: boo
 
 def open_folder(
     source: Path,
-    folder: AtomicFolder,
+    folder: AtomicFolder | None,
     staging: Path,
     label: str,
     *,
@@ -197,12 +207,14 @@ def open_folder(
     """``source``'s model built empty with the weights outside its blocks on ``device``; its blocks go to ``staging``.
 
     ``folder`` (open, ``staging`` its staging folder) is asked for the free
-    space of the weights first. Weights the folder lacks or the model does not
+    space of the weights first (None: a rank that writes nothing, its
+    ``streamed`` a :class:`ReadBlocks`). Weights the folder lacks or the model does not
     know are refused (:func:`check_complete`); ``label`` names ``source`` in errors.
     """
     check_model_folder(source, label)
     reader = CheckpointReader(source, label)
-    folder.require_free_space(reader.size())
+    if folder is not None:
+        folder.require_free_space(reader.size())
     model = empty_causal_lm(source, label)
     blocks_path, block_list = find_blocks(model, blocks)
     streamed_blocks = streamed(model, reader, blocks_path, staging, len(block_list), device)

@@ -41,6 +41,7 @@ from prunereg._runtime.journal import Journal
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
 from prunereg._runtime.parts import Experts, UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
 from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.ranks import Ranks, fingerprint, own_batches, together
 from prunereg._runtime.recorder import Called
 from prunereg._runtime.weights import BlockWeights, InMemory
 from prunereg._selection.select import removal_order
@@ -70,11 +71,18 @@ def shrink_model(
     method_options: dict[str, Any],
     follower: BlockFollower | None = None,
 ) -> ShrinkReport:
-    """One shrink run of :func:`prunereg.shrink` (calibration already as token ids), ``follower`` after each cut."""
-    if isinstance(model, nn.Module):  # (streaming fills a model built on the meta device itself)
-        refuse_meta(model)
-    job = ShrinkJob.prepare(model, method, calibration, settings, method_options, follower)
-    return job.run(settings.progress, restore_on_error=settings.restore_on_error)
+    """One shrink run of :func:`prunereg.shrink` (calibration already as token ids), ``follower`` after each cut.
+
+    Under torch.distributed (and ``data_parallel``) the ranks split the
+    calibration batches and combine their statistics; with a ``follower``
+    (recovery, whose statistics are its own) every rank still runs on all of them.
+    """
+    ranks = Ranks.current(settings.data_parallel) if follower is None else None
+    with together(ranks):
+        if isinstance(model, nn.Module):  # (streaming fills a model built on the meta device itself)
+            refuse_meta(model)
+        job = ShrinkJob.prepare(model, method, calibration, settings, method_options, follower, ranks=ranks)
+        return job.run(settings.progress, restore_on_error=settings.restore_on_error)
 
 
 @dataclass
@@ -114,6 +122,8 @@ class ShrinkJob:
     """Token ids that check the cuts of a method that needs no calibration (the first batch, or a made-up one)."""
     follower: BlockFollower | None = None
     """What runs on each block right after its cut (recovery), on the calibration batches."""
+    ranks: Ranks | None = None
+    """The ranks that split the calibration batches and combine their statistics (None: this process alone)."""
 
     @classmethod
     def prepare(
@@ -124,12 +134,16 @@ class ShrinkJob:
         options: ShrinkOptions,
         method_options: dict[str, Any],
         follower: BlockFollower | None = None,
+        *,
+        ranks: Ranks | None = None,
     ) -> ShrinkJob:
         """Check every argument and build the method; nothing in ``model`` changes.
 
         A ``follower`` (recovery) needs calibration data, the same width in every
         block and no blocks removed (the blocks after a removed one are only known
-        at the end of the pass).
+        at the end of the pass). With ``ranks``, every rank's request is then
+        checked against the others' (one collective): ranks that disagree are
+        refused on every rank.
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -174,9 +188,11 @@ class ShrinkJob:
             check_batch = _check_batch(model, calibration, options.batch_size)
         width = _width_config(config, plans, instance, widths=not across)
         precision = options.matmul_precision
+        if ranks is not None:
+            ranks.agree("prunereg.shrink", fingerprint(model, instance, options, batches))
         return cls(
             model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width,
-            options.allocation, check_batch, follower,
+            options.allocation, check_batch, follower, ranks,
         )  # fmt: skip
 
     def run(
@@ -199,7 +215,11 @@ class ShrinkJob:
         try:
             with calibration_mode(self.model), matmul_precision(self.matmul_precision):
                 calibrated = bool(self.needs) or self.follower is not None
-                inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches) if calibrated else None
+                inputs = None
+                if calibrated:  # this rank's share of the batches (all of them in one process)
+                    inputs = capture_first_block_inputs(
+                        self.model, self.blocks[0], *own_batches(self.ranks, self.batches)
+                    )
                 probe = self._probe(inputs) if self.follower is None else None
                 student = self._start_follower(inputs, journal)
                 report.n_tokens = sum(batch.numel() for batch in self.batches) if calibrated else 0
@@ -221,6 +241,8 @@ class ShrinkJob:
                             report.blocks.append(self._shrink_block(index, inputs, probe, journal, weights))
                     if self.follower is not None:
                         self.follower.finish(self.model)
+            if self.ranks is not None:  # a rank that failed after the last statistics fails every rank's run here
+                self.ranks.exchange(None)
             if self.layers:
                 scores = [block.score for block in report.blocks]
                 order = removal_order(torch.tensor(scores, dtype=torch.float64))
@@ -350,7 +372,9 @@ class ShrinkJob:
             return f"{where} fails its forward on the calibration data before its cut: {module} raised {error}"
 
         with failures_named(block, where, message):
-            return observe_block(block, inputs, writers, experts, self.needs, keep_outputs=keep_outputs)
+            return observe_block(
+                block, inputs, writers, experts, self.needs, keep_outputs=keep_outputs, ranks=self.ranks
+            )
 
     def _observe_all(
         self, inputs: BlockInputs | None, progress: bool | None, label: str

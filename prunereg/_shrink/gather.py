@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._runtime.capture import BlockInputs
+from prunereg._runtime.ranks import Ranks
 from prunereg._runtime.recorder import Called, Recorder, Tally, gather
 from prunereg._runtime.registry import at_site
 from prunereg._runtime.standard import Moments, Routing
@@ -47,6 +48,7 @@ def observe_block(
     needs: Collection[str],
     *,
     keep_outputs: bool,
+    ranks: Ranks | None = None,
 ) -> BlockObservation:
     """Run every calibration batch through ``block`` and gather the statistics ``needs`` names.
 
@@ -55,7 +57,8 @@ def observe_block(
     observed (None for none). ``keep_outputs``: keep the block's outputs, the
     next block's inputs when this block is not changed (else each batch's
     output lives only while its statistics are taken, and memory stays one set
-    of activations).
+    of activations). With ``ranks``, ``inputs`` are this rank's share and the
+    statistics are every rank's, combined.
     """
     by_site = {target: at_site(needs, site) for target, site in SITE_OF.items()}
     recorder = Recorder(
@@ -67,6 +70,8 @@ def observe_block(
         stop_early=not keep_outputs,
     )
     observation = BlockObservation(gather(block, inputs, recorder, keep_outputs=keep_outputs))
+    if ranks is not None:
+        ranks.merge(recorder)
     for kinds, n_tokens, results in recorder.group_results():
         for kind in kinds:
             observation.channels[kind] = channel_statistics(n_tokens, results)

@@ -20,6 +20,7 @@ from prunereg._runtime.options import (
     batch_size_setting,
     blocks_setting,
     check_sparsity,
+    data_parallel_setting,
     matmul_precision_setting,
     progress_setting,
     setting,
@@ -65,6 +66,7 @@ class ShrinkOptions(Options):
         "On a failure midway, put every replaced tensor, attribute and config value back (keeps a copy of them).",
         flag=None,
     )
+    data_parallel: bool = data_parallel_setting()
 
     def __post_init__(self) -> None:
         self.check()

@@ -131,7 +131,8 @@ class _Seen(Statistic):
         self.observations.append(observation)
 
     def combine(self, other: Statistic) -> None:
-        raise NotImplementedError
+        assert isinstance(other, _Seen)
+        self.observations += other.observations
 
     def result(self) -> list[Observation]:
         return self.observations
@@ -174,7 +175,8 @@ class _Counted(Statistic):
         self.count += 1
 
     def combine(self, other: Statistic) -> None:
-        raise NotImplementedError
+        assert isinstance(other, _Counted)
+        self.count += other.count
 
     def result(self) -> int:
         return self.count
@@ -252,7 +254,10 @@ class _NormalEquations(Statistic):
         self.cross = cross if self.cross is None else self.cross + cross
 
     def combine(self, other: Statistic) -> None:
-        raise NotImplementedError
+        assert isinstance(other, _NormalEquations)
+        if other.gram is not None and other.cross is not None:
+            self.gram = other.gram if self.gram is None else self.gram + other.gram
+            self.cross = other.cross if self.cross is None else self.cross + other.cross
 
     def result(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self.gram, self.cross

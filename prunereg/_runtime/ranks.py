@@ -1,0 +1,235 @@
+"""Calibration split over the ranks of ``torch.distributed``: each rank's batches, the statistics of all, one error.
+
+When a process group is initialized (``torchrun``), each rank runs the
+calibration forwards of a contiguous range of the batches (:meth:`Ranks.share`)
+and :meth:`Ranks.merge` hands every rank the statistics of all of them,
+combined in rank order along the recorder's fixed tree over the batches: the
+same bits as one process over every batch, on every rank. Every collective is
+one :meth:`Ranks.exchange` (an ``all_gather_object``), which also carries a
+failure: a rank whose run raises inside :func:`together` sends its error to the
+others' next exchange, so every rank stops with one error instead of waiting
+for a collective that never comes (a rank that dies is the process group's
+timeout to catch). The ranks are one job's processes, trusted as torch trusts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from prunereg._runtime.recorder import Recorder, Tally
+from prunereg._text import describe
+
+_OK, _FAILED = "ok", "failed"
+
+
+class RankFailed(RuntimeError):
+    """Another rank's run raised: this rank stops too, with that rank's error."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the ranks of the default process group."""
+
+    rank: int
+    size: int
+
+    @classmethod
+    def current(cls, enabled: bool = True) -> Ranks | None:
+        """The ranks of the initialized default process group, or None (not initialized, or not ``enabled``)."""
+        if not enabled:
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def share(self, n_batches: int) -> range:
+        """This rank's batches: a contiguous range, the ranks' ranges in rank order covering ``range(n_batches)``."""
+        return range(n_batches * self.rank // self.size, n_batches * (self.rank + 1) // self.size)
+
+    def exchange(self, payload: Any) -> list[Any]:
+        """Every rank's ``payload``, in rank order; :class:`RankFailed` where a rank sent its failure instead."""
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.size
+        dist.all_gather_object(gathered, (_OK, payload))
+        for rank, (status, value) in enumerate(gathered):
+            if status == _FAILED:
+                raise RankFailed(f"rank {rank} of {self.size} failed: {value}")
+        return [value for _, value in gathered]
+
+    def _exchange_tensors(self, payload: Any) -> list[Any]:
+        """:meth:`exchange` of objects holding tensors, each rank's CUDA tensors landing on this rank's GPU.
+
+        (``all_gather_object`` alone would unpickle them on the sender's GPU.)
+        """
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        here = _this_gpu()
+        return [
+            torch.load(io.BytesIO(data), map_location=here, weights_only=False)  # the job's own ranks: trusted
+            for data in self.exchange(buffer.getvalue())
+        ]
+
+    def fail(self, error: BaseException) -> None:
+        """Send ``error`` to the other ranks' next exchange (best effort: a rank gone already cannot hear it)."""
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):
+            dist.all_gather_object([None] * self.size, (_FAILED, describe(error)))
+
+    def agree(self, what: str, fingerprint: Mapping[str, str]) -> None:
+        """Refuse, on every rank alike, ranks whose ``fingerprint`` (what must match, by name) differs from rank 0's."""
+        everyone = self.exchange(dict(fingerprint))
+        for name in fingerprint:
+            differing = [rank for rank, theirs in enumerate(everyone) if theirs.get(name) != everyone[0].get(name)]
+            if differing:
+                ranks = ", ".join(map(str, differing))
+                raise ValueError(
+                    f"{what}: the ranks disagree on the {name} (rank {ranks} of {self.size} differs from rank 0); "
+                    "give every rank the same model, method, settings and calibration samples"
+                )
+
+    def merge(self, recorder: Recorder) -> None:
+        """Give ``recorder`` every rank's statistics, combined in rank order (the same on every rank).
+
+        Input groups are matched by their layer names, in the order the ranks
+        found them (rank 0's first): an expert no token of a rank reached is
+        in that rank's groups only.
+        """
+        mine = (
+            [(names, _parts(tally)) for names, tally in zip(recorder.groups, recorder.tallies, strict=True)],
+            {name: _parts(tally) for name, tally in recorder.called.items()},
+            _parts(recorder.block),
+        )
+        groups: list[list[str]] = []
+        tallies: list[Tally] = []
+        called = {name: Tally(recorder.call_statistics) for name in recorder.called}
+        block = Tally(recorder.block_statistics)
+        where: dict[tuple[str, ...], int] = {}
+        for rank_groups, rank_called, rank_block in self._exchange_tensors(mine):
+            for names, parts in rank_groups:
+                if tuple(names) not in where:
+                    where[tuple(names)] = len(groups)
+                    groups.append(list(names))
+                    tallies.append(Tally(recorder.layer_statistics))
+                tallies[where[tuple(names)]].extend(*parts)
+            for name, parts in rank_called.items():
+                called[name].extend(*parts)
+            block.extend(*rank_block)
+        recorder.groups, recorder.tallies, recorder.called, recorder.block = groups, tallies, called, block
+
+
+def _this_gpu() -> dict[str, str] | None:
+    """A ``map_location`` that puts tensors from any GPU on this process's current one (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    here = f"cuda:{torch.cuda.current_device()}"
+    return {f"cuda:{index}": here for index in range(torch.cuda.device_count())}
+
+
+def _parts(tally: Tally) -> tuple[int, list[Any]]:
+    return tally.n_tokens, tally.spans()
+
+
+@contextlib.contextmanager
+def launched_group(device: str | None) -> Iterator[None]:
+    """Around a command: the process group ``torchrun`` asks for (its ``RANK``, ``WORLD_SIZE``, ...), if none is up.
+
+    NCCL where ``device`` is CUDA (each rank on its ``LOCAL_RANK``'s GPU), gloo
+    otherwise; destroyed at the end. Outside ``torchrun`` (or on one rank) nothing happens.
+    """
+    import torch.distributed as dist
+
+    launched = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    if not launched or int(os.environ["WORLD_SIZE"]) < 2 or not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def together(ranks: Ranks | None) -> Iterator[None]:
+    """Around one rank's whole run: its failure reaches every rank, and no rank ends while another failed.
+
+    A rank whose run raises sends the error to the others (their next
+    exchange raises :class:`RankFailed`) and re-raises it; a run that ends
+    well ends with one more exchange, so a rank that failed after the last
+    collective still stops every rank. Without ranks this does nothing.
+    """
+    if ranks is None:
+        yield
+        return
+    try:
+        yield
+    except RankFailed:
+        raise
+    except BaseException as error:
+        if not getattr(error, _SENT, False):  # an inner run sent it already: the others hear it once
+            with contextlib.suppress(AttributeError):
+                setattr(error, _SENT, True)
+            ranks.fail(error)
+        raise
+    ranks.exchange(None)
+
+
+#: The attribute that marks an error sent to the other ranks already.
+_SENT = "_prunereg_sent_to_ranks"
+
+
+def digest(*parts: object) -> str:
+    """A short hash of ``parts`` (their ``repr``; tensors by their bytes), for fingerprints that ranks compare."""
+    hashed = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Tensor):
+            hashed.update(repr((part.dtype, tuple(part.shape))).encode())
+            hashed.update(part.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            hashed.update(repr(part).encode())
+        hashed.update(b"\0")
+    return hashed.hexdigest()[:16]
+
+
+def fingerprint(model: nn.Module, method: object, settings: object, batches: Sequence[Tensor]) -> dict[str, str]:
+    """What every rank's run must share, hashed: the model's shapes, the settings, the method, the samples.
+
+    ``settings`` is an engine's settings dataclass; ``progress`` and
+    ``restore_on_error`` may differ between ranks. ``method`` is compared by
+    its class and attributes.
+    """
+    shared = [(name, value) for name, value in vars(settings).items() if name not in ("progress", "restore_on_error")]
+    return {
+        "model": model_digest(model),
+        "settings": digest(shared),
+        "method": digest(type(method).__module__, type(method).__qualname__, sorted(vars(method).items())),
+        "calibration samples": digest(len(batches), *batches),
+    }
+
+
+def own_batches(ranks: Ranks | None, batches: Sequence[Tensor]) -> tuple[list[Tensor], int]:
+    """This rank's share of ``batches`` and the index of its first one (all of them from 0 without ranks)."""
+    share = ranks.share(len(batches)) if ranks is not None else range(len(batches))
+    return list(batches[share.start : share.stop]), share.start
+
+
+def model_digest(model: nn.Module) -> str:
+    """A hash of ``model``'s class and of its parameters' and buffers' names, shapes and dtypes (not their values)."""
+    tensors: Iterable[tuple[str, Tensor]] = [*model.named_parameters(), *model.named_buffers()]
+    return digest(type(model).__qualname__, [(name, tuple(t.shape), str(t.dtype)) for name, t in tensors])

@@ -1,0 +1,33 @@
+"""Shrinking under torch.distributed (gloo, CPU): each rank calibrates on its share, all end as one process.
+
+FLAP's moments (merged with their counts), Wanda-sp's norms and the blocks'
+cosines are combined over the ranks; each case of tests/support/calibration_ranks.py
+is compared with the same run in this process, over all the samples, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+from tests.support.calibration_ranks import (
+    SHRINK_RUNS,
+    WORLD_SIZES,
+    same_as_alone,
+    worlds_fixture,
+)
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+
+
+worlds = worlds_fixture("shrink_")  # every case launched at 1, 2 and 3 ranks
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+@pytest.mark.parametrize("name", list(SHRINK_RUNS))
+def test_every_rank_ends_with_the_model_one_process_shrinks_from_all_the_samples(worlds, size, name):
+    alone, batches = same_as_alone(worlds, size, f"shrink_{name}")
+    # each rank ran only its share of the batches through the model (the embedding sees each once)
+    assert sum(batches) == alone and (size == 1 or max(batches) < alone)

@@ -1,0 +1,316 @@
+"""The ranks of the data-parallel calibration tests: one-shot and shrink runs on a tiny Llama, over gloo ranks.
+
+``calibration_ranks.py RESULTS WORLD_SIZE``: distributed_worker.py's launcher and
+result files (``RESULTS.<rank>``, JSON), running the cases below instead of its
+own. A run's result is a hash of every tensor of the model after it and how
+many calibration batches this rank ran through the model, so that the tests
+compare each rank with one process over all the samples, bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import prunereg
+from prunereg import LayerStatistics, PrunedWeight
+from tests.support.tiny_lm import NormScore, calibration_ids, random_text, save_tiny_llama_folder, tiny_llama
+
+#: name -> the method and the settings of a one-shot run (7 samples: batches that 2 and 3 ranks split unevenly).
+ONESHOT_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "wanda": ("wanda", {"sparsity": 0.5, "batch_size": 2}),
+    "sparsegpt": ("sparsegpt", {"sparsity": 0.5, "batch_size": 1}),
+    "sparsegpt_2_4": ("sparsegpt", {"pattern": "2:4", "batch_size": 3}),
+    "wanda_owl": ("wanda", {"sparsity": 0.6, "allocation": "owl", "owl_lambda": 0.1, "batch_size": 1}),
+    "wanda_mixtral": ("wanda", {"sparsity": 0.5, "batch_size": 1}),  # experts some ranks' tokens never reach
+}
+
+
+#: name -> the method and the settings of a shrink run, on the same samples.
+SHRINK_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
+    "flap": ("flap", {"mlp": 0.5, "heads": 0.5, "batch_size": 1}),
+    "flap_global": ("flap", {"mlp": 0.5, "heads": 0.5, "allocation": "global", "batch_size": 2}),
+    "wanda_sp": ("wanda_sp", {"mlp": 0.25, "batch_size": 1}),
+    "block_influence": ("block_influence", {"layers": 1, "batch_size": 1}),
+    "reap_mixtral": ("reap", {"experts": 0.5, "batch_size": 1}),
+}
+
+#: The runs on a mixture of experts (the others run on a three-block Llama).
+ON_MIXTRAL = {"wanda_mixtral", "reap_mixtral"}
+
+
+def state_digest(model: nn.Module) -> str:
+    """A hash of every tensor of ``model``'s state dict, names, dtypes and bytes (equal hashes: equal bits)."""
+    hashed = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        hashed.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        hashed.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hashed.hexdigest()
+
+
+def folder_digest(folder: Path) -> str:
+    """A hash of every tensor in the safetensors files of ``folder``, by name (how they are sharded aside)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    model = nn.Module()
+    for index, name in enumerate(sorted(tensors)):
+        model.register_buffer(f"t{index}", tensors[name])
+    return state_digest(model) + " " + ",".join(sorted(tensors))
+
+
+def run_oneshot_folder(work: Path) -> str:
+    """``oneshot_folder`` of a tiny Llama folder in ``work`` into ``work/pruned`` (rank 0 saves the source first)."""
+    source, output = work / "source", work / "pruned"
+    if not dist_rank():
+        save_tiny_llama_folder(source)
+    if dist_rank() is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+    prunereg.oneshot_folder(source, output, "sparsegpt", calibration=calibration_ids(7, 16), batch_size=1)
+    return folder_digest(output)
+
+
+def oneshot_arguments(work: Path, *flags: str) -> list[str]:
+    """The ``prunereg oneshot`` arguments of :func:`run_oneshot_command` (``work``'s source into ``work/pruned``)."""
+    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
+    return [
+        "oneshot", str(source), str(output), "-m", "sparsegpt", "--calibration", str(text), "--samples", "7",
+        "--seq-len", "16", "--batch-size", "1", "--quiet", *flags,
+    ]  # fmt: skip
+
+
+def run_oneshot_command(work: Path, *flags: str) -> dict[str, object]:
+    """``prunereg oneshot`` (click's runner) of a tiny Llama folder in ``work`` into ``work/pruned``.
+
+    Rank 0 (or the one process) saves the source folder and calibration text
+    first; the result is the exit code, the output folder's hash and the command's output.
+    """
+    from click.testing import CliRunner
+
+    from prunereg._cli.app import main
+
+    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
+    if not dist_rank():
+        save_tiny_llama_folder(source)
+        text.write_text(random_text(200))
+    if dist_rank() is not None:
+        import torch.distributed as dist
+
+        dist.barrier()
+    result = CliRunner().invoke(main, oneshot_arguments(work, *flags))
+    written = output.is_dir()
+    return {"code": result.exit_code, "folder": folder_digest(output) if written else None, "output": result.output}
+
+
+def dist_rank() -> int | None:
+    """This process's rank, or None outside torch.distributed."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else None
+
+
+def oneshot_folder_written_by_rank_zero() -> dict[str, object]:
+    """Every rank calls oneshot_folder; rank 0 writes it, and each finds it complete when the call returns."""
+    work = Path(sys.argv[1]).parent
+    digest = run_oneshot_folder(work)
+    return {"folder": digest, "entries": sorted(path.name for path in work.iterdir() if path.is_dir())}
+
+
+def counting_batches(model: nn.Module) -> list[int]:
+    """A list that grows by one for every batch ``model``'s embedding reads."""
+    seen: list[int] = []
+    model.get_input_embeddings().register_forward_hook(lambda *_: seen.append(1))
+    return seen
+
+
+def fresh_model(run: str) -> nn.Module:
+    """The model ``run`` starts from: a tiny Mixtral or a three-block tiny Llama."""
+    from tests.shrink.models import tiny_mixtral
+
+    return tiny_mixtral() if run in ON_MIXTRAL else tiny_llama(layers=3)
+
+
+def run_oneshot(name: str) -> dict[str, object]:
+    """One-shot run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
+    method, settings = ONESHOT_RUNS[name]
+    model = fresh_model(name)
+    seen = counting_batches(model)
+    prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
+    return {"state": state_digest(model), "batches": len(seen)}
+
+
+def run_shrink(name: str) -> dict[str, object]:
+    """Shrink run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
+    method, settings = SHRINK_RUNS[name]
+    model = fresh_model(name)
+    seen = counting_batches(model)
+    prunereg.shrink(model, method, calibration_ids(7, 16), **settings)
+    return {"state": state_digest(model), "batches": len(seen)}
+
+
+def refused_when_ranks_disagree() -> dict[str, object]:
+    """Rank 1 asks for another sparsity: every rank is refused, its model unchanged."""
+    import torch.distributed as dist
+
+    model = tiny_llama()
+    before = state_digest(model)
+    sparsity = 0.6 if dist.get_rank() == 1 else 0.5
+    try:
+        prunereg.oneshot(model, "wanda", calibration=calibration_ids(7, 16), sparsity=sparsity)
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "unchanged": state_digest(model) == before}
+    return {"error": None}
+
+
+class FailsOnRankOne(NormScore):
+    """Raises on rank 1 at its third group (the second block), after the other ranks pruned their first block."""
+
+    def prune_group(
+        self, weights: Any, statistics: LayerStatistics, sparsities: Any
+    ) -> list[PrunedWeight]:  # fmt: skip
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1 and len(self.calls) == 4:
+            raise RuntimeError("rank one's method broke")
+        return super().prune_group(weights, statistics, sparsities)
+
+
+class DiesOnRankOne(NormScore):
+    """Ends rank 1's process at its fifth group (the second block), without a word to the other ranks."""
+
+    def prune_group(
+        self, weights: Any, statistics: LayerStatistics, sparsities: Any
+    ) -> list[PrunedWeight]:  # fmt: skip
+        if dist_rank() == 1 and len(self.calls) == 4:
+            os._exit(7)
+        return super().prune_group(weights, statistics, sparsities)
+
+
+def oneshot_folder_when_a_rank_dies() -> dict[str, object]:
+    """Rank 1 dies midway through ``oneshot_folder``: rank 0 stops with an error and leaves no output folder."""
+    import torch.distributed as dist
+
+    work = Path(sys.argv[1]).parent
+    source, output = work / "source", work / "pruned"
+    if dist.get_rank() == 0:
+        save_tiny_llama_folder(source)
+    dist.barrier()
+    try:
+        prunereg.oneshot_folder(source, output, DiesOnRankOne(0.5), calibration=calibration_ids(7, 16), batch_size=1)
+    except Exception as error:
+        return {"error": type(error).__name__, "left": sorted(path.name for path in work.iterdir() if path.is_dir())}
+    return {"error": None}
+
+
+def one_rank_raises() -> dict[str, object]:
+    """Rank 1's method raises midway: every rank stops with one error, its model as it was."""
+    model = tiny_llama()
+    before = state_digest(model)
+    try:
+        prunereg.oneshot(model, FailsOnRankOne(0.5), calibration=calibration_ids(7, 16))
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "unchanged": state_digest(model) == before}
+    return {"error": None}
+
+
+CASES: dict[str, Callable[[], object]] = {
+    **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
+    **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
+    "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
+    "folder_oneshot": oneshot_folder_written_by_rank_zero,
+    "dies_folder_oneshot": oneshot_folder_when_a_rank_dies,
+    "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
+    "folder_command_streamed": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "streamed", "--stream"),
+    "oneshot_one_rank_raises": one_rank_raises,
+}
+
+
+def launch(world_size: int, folder: Path, prefix: str, *, a_rank_dies: bool = False) -> list[Any]:
+    """Run the cases whose names start with ``prefix`` on ``world_size`` gloo ranks (one thread each).
+
+    Each rank's results, in rank order; with ``a_rank_dies``, the launch may
+    fail and a rank without results has None.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "results"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cases = [name for name in CASES if name.startswith(prefix)]
+    # A session of its own: a launch that times out takes its forked ranks with it.
+    ranks = subprocess.Popen(
+        [sys.executable, __file__, str(out), str(world_size), *cases],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = ranks.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(ranks.pid, signal.SIGKILL)
+        output, _ = ranks.communicate()
+        raise AssertionError(f"the {world_size} ranks did not finish in 300 s:\n{output}") from None
+    assert a_rank_dies or ranks.returncode == 0, output
+    files = [Path(f"{out}.{rank}") for rank in range(world_size)]
+    return [json.loads(path.read_text()) if path.exists() else None for path in files]
+
+
+#: The numbers of ranks every run is compared at.
+WORLD_SIZES = (1, 2, 3)
+
+Worlds = dict[int, list[dict[str, dict[str, Any]]]]
+
+
+def worlds_fixture(prefix: str) -> Any:
+    """A module fixture: the cases starting with ``prefix`` launched at each of :data:`WORLD_SIZES`, once."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds:
+        return {size: launch(size, tmp_path_factory.mktemp(f"world{size}"), prefix) for size in WORLD_SIZES}
+
+    return worlds
+
+
+def same_as_alone(worlds: Worlds, size: int, case: str) -> tuple[int, list[int]]:
+    """Check every rank of ``size`` ends ``case`` (``oneshot_wanda``) with the one process's model, bit for bit.
+
+    The batches the one process ran through the model, and those each rank ran, in rank order.
+    """
+    kind, name = case.split("_", 1)
+    alone = {"oneshot": run_oneshot, "shrink": run_shrink}[kind](name)
+    per_rank = values(worlds[size], case)
+    assert [found["state"] for found in per_rank] == [alone["state"]] * size
+    return alone["batches"], [found["batches"] for found in per_rank]
+
+
+def values(per_rank: list[dict[str, dict[str, Any]]], case: str) -> list[Any]:
+    """What ``case`` returned on each rank, in rank order (a rank where it raised fails the test with its traceback)."""
+    found = []
+    for rank in per_rank:
+        assert rank[case]["ok"], rank[case].get("error")
+        found.append(rank[case]["value"])
+    return found
+
+
+if __name__ == "__main__":
+    from tests.support import distributed_worker as worker
+
+    worker.CASES.clear()
+    worker.CASES.update(CASES)
+    worker.main()
