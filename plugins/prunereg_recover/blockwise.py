@@ -75,7 +75,7 @@ class Blockwise(RecoveryMethod):
                 parameter.requires_grad_(True)
             optimizer = torch.optim.Adam(parameters, lr=self.lr)
             steps = self.epochs * block.n_batches
-            with torch.enable_grad(), prunereg.keep_zeros(module, optimizer):
+            with torch.enable_grad(), prunereg.keep_zeros(module, optimizer, masks=block.masks):
                 order: list[int] = []
                 for _ in block.progress(range(steps), label="blockwise"):
                     if not order:

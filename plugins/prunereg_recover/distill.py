@@ -92,7 +92,7 @@ class Distill(RecoveryMethod):
         tokens, seconds = 0, 0.0
         self.curve = []
         try:
-            with torch.enable_grad(), prunereg.keep_zeros(student, optimizer):
+            with torch.enable_grad(), prunereg.keep_zeros(student, optimizer, masks=model.masks):
                 order: list[int] = []
                 for _ in model.progress(range(steps), label="distill"):
                     if seconds >= self.max_seconds or tokens >= self.max_tokens:

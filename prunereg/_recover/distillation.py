@@ -11,7 +11,7 @@ would otherwise move them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -121,7 +121,7 @@ class ZeroKeeper(AbstractContextManager["ZeroKeeper"]):
         return iter(self.masks)
 
 
-def keep_zeros(model: nn.Module, optimizer: Any = None) -> ZeroKeeper:
+def keep_zeros(model: nn.Module, optimizer: Any = None, masks: Mapping[str, Tensor] | None = None) -> ZeroKeeper:
     """Make training keep every exact zero of ``model``'s weights (a pruned model's) zero.
 
     Each parameter of two dims or more that holds zeros and requires a
@@ -129,7 +129,9 @@ def keep_zeros(model: nn.Module, optimizer: Any = None) -> ZeroKeeper:
     optimizer) the pruned weights are also zeroed again after each of its
     steps, else call :meth:`ZeroKeeper.apply` after each step. Use it as a
     context manager, or call :meth:`ZeroKeeper.remove`, to take the hooks off.
+    ``masks`` (by parameter name, True where kept) names the pruned entries
+    instead: a recovery method passes its block's ``masks``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    return ZeroKeeper(model, zero_masks(model), optimizer)
+    return ZeroKeeper(model, zero_masks(model, share=0.0) if masks is None else dict(masks), optimizer)

@@ -51,6 +51,29 @@ def test_replace_leaves_a_pruned_down_projection_as_it_was() -> None:
     assert not any(step.changed for step in report.steps)
 
 
+def _with_chance_zeros(model: nn.Module) -> None:
+    """Zero a few entries (under 1 %) of every block weight, as a checkpoint dequantised from 4 bits has them."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() >= 2 and ".layers." in name:
+                chosen = torch.randperm(parameter.numel(), generator=generator)[: max(1, parameter.numel() // 500)]
+                parameter.view(-1)[chosen] = 0
+
+
+def test_a_dense_model_with_a_few_chance_zeros_is_not_taken_for_a_pruned_one() -> None:
+    model = build("llama", 1)
+    _with_chance_zeros(model)
+    teacher = copy.deepcopy(model)
+    removed = prunereg.shrink(model, "block_influence", calibration_ids(), layers=1, progress=False).removed_blocks
+    report = prunereg.recover(model, teacher, calibration_ids(), "replace", removed_blocks=removed, progress=False)
+    assert not any("holds pruned zeros" in step.note for step in report.steps), str(report)
+    assert any("mlp.down_proj.weight" in step.changed for step in report.steps), str(report)
+    # Training may fill them too; an explicit keep_zeros still keeps every zero it finds.
+    with_zeros = {name for name, p in model.named_parameters() if p.dim() >= 2 and bool((p == 0).any())}
+    assert with_zeros and set(prunereg.keep_zeros(model)) == with_zeros
+
+
 def test_keep_zeros_holds_through_adamw_steps_with_weight_decay() -> None:
     model, _, zeros = _pruned()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)

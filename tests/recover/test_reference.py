@@ -96,13 +96,13 @@ def test_without_a_bias_refit_has_no_intercept(build: Any, options: dict[str, An
 
 
 def _few_exact_zeros(model: torch.nn.Module, ids: torch.Tensor) -> None:
-    """A zero or two in some rows of each block's matrices, as a shrunk model's float32 weights have by chance."""
+    """A zero or two in each row of the blocks' matrices: pruned (over 1 % of each), one short mask per row."""
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for parameter in model.model.layers.parameters():
             if parameter.dim() == 2:
-                rows = torch.randperm(parameter.shape[0], generator=generator)[: parameter.shape[0] // 3]
-                for row in rows.tolist():
+                assert parameter.shape[1] <= 100  # so that one zero a row is over the share that counts as pruned
+                for row in range(parameter.shape[0]):
                     count = int(torch.randint(1, 3, (1,), generator=generator))
                     parameter[row, torch.randperm(parameter.shape[1], generator=generator)[:count]] = 0
 
