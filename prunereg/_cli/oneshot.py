@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
+from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.shared import (
     Results,
     bytes_to_write,
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     pass
 
 
-@main.command("oneshot")
+@main.command("oneshot", epilog=EXIT_CODES)
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--method", "-m", required=True, help="A calibrated method: wanda, sparsegpt, magnitude (prunereg list).")

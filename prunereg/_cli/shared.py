@@ -90,13 +90,14 @@ dtype_option = click.option(
     type=click.Choice(DTYPES),
     default="auto",
     show_default=True,
-    help="The dtype to load the model in (auto: the checkpoint's own, which --stream always keeps).",
+    help="The dtype to load the model in (auto: the checkpoint's own).",
 )
 
 stream_option = click.option(
     "--stream",
     is_flag=True,
-    help="Read one block at a time from MODEL_DIR's safetensors files (models larger than memory).",
+    help="Read one block at a time from MODEL_DIR's safetensors files (models larger than memory), in the "
+    "checkpoint's own dtype; --eval still loads the whole model.",
 )
 
 eval_options = _stacked(
@@ -104,7 +105,7 @@ eval_options = _stacked(
         "--eval",
         "eval_file",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help="Text file: print perplexity before and after (loads the whole model, also with --stream).",
+        help="Text file: print perplexity before and after (loads the whole model).",
     ),
     click.option(
         "--eval-window",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from prunereg._cli.app import main
+from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.shared import (
     Results,
     bytes_to_write,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     pass
 
 
-@main.command("shrink")
+@main.command("shrink", epilog=EXIT_CODES)
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
@@ -96,7 +97,8 @@ def shrink_command(
     it (with --allocation global the blocks differ: prunereg.from_pretrained
     loads it). MODEL_DIR is untrusted: none of its code runs, no link out of it
     is followed. OUTPUT_DIR appears only when complete; one that holds files is
-    replaced only with --force.
+    replaced only with --force. Every argument is checked before the model
+    loads; any error is one line (--debug: the traceback).
 
     \b
     prunereg shrink ./SmolLM2 ./SmolLM2-flap -m flap --mlp 0.5 --heads 0.34 --calibration text.txt

@@ -57,6 +57,7 @@ _SHRINK_HINT = (
 @click.option(
     "--ratio",
     type=Number(float, 0, below=1),
+    metavar="X",
     help="Share of every dependency group's channels (heads, convolution groups) to remove, in [0, 1). Without "
     "it: the channels MODEL_DIR's masks pruned whole.",
 )
