@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,10 @@ from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_mar
 from prunereg._runtime.blocks import find_blocks
 
 INDEX_NAME = SAFETENSORS_INDEX
+_UNTIED = (
+    "{label}'s config ties the input and output embeddings, but its weights hold {names} with different values; "
+    "they are loaded apart, as transformers loads them (set tie_word_embeddings to false in config.json to say so)"
+)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 
 
@@ -105,9 +110,13 @@ class StreamedBlocks:
                                 if prefix + name in self.names})  # fmt: skip
         empty_block(block)
 
-    def finish(self, rest: Sequence[str], source: Path) -> None:
-        """Write the weights outside the blocks unchanged, the index, and the folder's other files."""
-        self._write(self.n_shards - 1, self.reader.read(rest))
+    def finish(self, rest: Mapping[str, str], source: Path) -> None:
+        """Write the weights outside the blocks unchanged, the index, and the folder's other files.
+
+        ``rest`` maps each name written to the checkpoint key it is read from.
+        """
+        tensors = self.reader.read(set(rest.values()))
+        self._write(self.n_shards - 1, {name: tensors[key] for name, key in rest.items()})
         index = {"metadata": {"total_size": self.total_size}, "weight_map": dict(sorted(self.weight_map.items()))}
         (self.output / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
         for path in sorted(source.iterdir()):
@@ -138,6 +147,48 @@ def check_complete(
     used = set(names.values())
     unexpected = [k for k in checkpoint_keys if k not in used and not any(p.search(k) for p in ignored)]
     refuse_incomplete(missing, unexpected, source, label)
+
+
+def tied_embedding_names(model: nn.Module) -> list[str]:
+    """The names of the input embedding's weight where the model ties its head to it, the one it saves by first.
+
+    Empty where the config does not tie them (``tie_word_embeddings``) or the built model does not share the tensor.
+    """
+    config = getattr(model, "config", None)
+    tie_weights = getattr(model, "tie_weights", None)
+    if not (getattr(config, "tie_word_embeddings", False) and callable(tie_weights)):
+        return []
+    tie_weights()  # the meta model is built with the pair apart
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()  # type: ignore[operator]
+    if inputs is None or outputs is None or inputs.weight is not outputs.weight:
+        return []
+    return [name for name, parameter in model.named_parameters(remove_duplicate=False) if parameter is inputs.weight]
+
+
+def tied_embedding_once(
+    model: nn.Module, rest: dict[str, str], tensors: Mapping[str, Tensor], label: str
+) -> tuple[dict[str, str], dict[str, str], bool]:
+    """The weights outside the blocks to load (model name -> key) and to write (name -> key), and whether to tie.
+
+    ``rest`` maps model names to the checkpoint keys read into ``tensors``. A
+    folder may hold a tied embedding under any of its names (``save_model``
+    keeps the head's): that one tensor is loaded once and written under the
+    name the model saves it by. Held under several names with different values,
+    the pair is loaded apart, as transformers loads it, with a warning.
+    """
+    tied = tied_embedding_names(model)
+    held = [name for name in tied if name in rest]
+    as_read = {key: key for key in rest.values()}
+    if not held:
+        return rest, as_read, True
+    if any(not torch.equal(tensors[rest[held[0]]], tensors[rest[name]]) for name in held[1:]):
+        warnings.warn(_UNTIED.format(label=label, names=" and ".join(held)), UserWarning, stacklevel=2)
+        return rest, as_read, False
+    loaded = {name: key for name, key in rest.items() if name not in held}
+    written = {key: key for key in loaded.values()}
+    key = loaded[tied[0]] = rest[held[0]]
+    written[key if held[0] == tied[0] else tied[0]] = key  # a head-named folder's tensor goes by the embedding's name
+    return loaded, written, True
 
 
 def buffers_to(model: nn.Module, device: torch.device) -> None:
@@ -175,8 +226,8 @@ class StreamedModel:
     blocks: StreamedBlocks
     blocks_path: str
     n_blocks: int
-    rest: list[str]
-    """The checkpoint keys of the weights outside the blocks (:meth:`StreamedBlocks.finish` copies them)."""
+    rest: dict[str, str]
+    """The weights outside the blocks: name written -> checkpoint key (:meth:`StreamedBlocks.finish` copies them)."""
 
 
 def output_folder(output_dir: str | Path, model_dir: str | Path, *, replace: bool) -> AtomicFolder:
@@ -220,12 +271,13 @@ def open_folder(
     streamed_blocks = streamed(model, reader, blocks_path, staging, len(block_list), device)
     rest = {name: key for name, key in streamed_blocks.names.items() if not name.startswith(f"{blocks_path}.")}
     tensors = reader.read(rest.values())
+    rest, written, ties = tied_embedding_once(model, rest, tensors, label)
     model.load_state_dict({name: tensors[key].to(device) for name, key in rest.items()}, strict=False, assign=True)
     if device is not None:
         buffers_to(model, device)
     del tensors
     tie_weights = getattr(model, "tie_weights", None)
-    if callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
+    if ties and callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
         tie_weights()
-    check_complete(model, streamed_blocks.names, reader.files, source, label)
-    return StreamedModel(model, streamed_blocks, blocks_path, len(block_list), list(rest.values()))
+    check_complete(model, streamed_blocks.names | rest, reader.files, source, label)
+    return StreamedModel(model, streamed_blocks, blocks_path, len(block_list), written)
