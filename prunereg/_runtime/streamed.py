@@ -214,7 +214,7 @@ class ReadBlocks(StreamedBlocks):
     def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
         empty_block(block)
 
-    def finish(self, rest: Sequence[str], source: Path) -> None:
+    def finish(self, rest: Mapping[str, str], source: Path) -> None:
         """Nothing: another rank writes the output folder."""
 
 
