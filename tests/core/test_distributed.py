@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support.processes import Worlds
+
 pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
@@ -51,22 +53,10 @@ def launch(world_size: int, tmp_path: Path, device: str = "cpu") -> dict[str, di
     return per_rank[0] | failures
 
 
-class Worlds(dict[int, dict[str, dict[str, object]]]):
-    """Every case's result for each world size, launched the first time a test asks for it."""
-
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
-        super().__init__()
-        self.tmp_path_factory = tmp_path_factory
-
-    def __missing__(self, world_size: int) -> dict[str, dict[str, object]]:
-        self[world_size] = launch(world_size, self.tmp_path_factory.mktemp(f"world{world_size}"))
-        return self[world_size]
-
-
 @pytest.fixture(scope="module")
-def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds:
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds[dict[str, dict[str, object]]]:
     """The launches, shared by the tests below (one per world size)."""
-    return Worlds(tmp_path_factory)
+    return Worlds(lambda size: launch(size, tmp_path_factory.mktemp(f"world{size}")))
 
 
 CASE_NAMES = [

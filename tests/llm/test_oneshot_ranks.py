@@ -21,7 +21,6 @@ pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     ONESHOT_RUNS,
-    WORLD_SIZES,
     folder_digest,
     launch,
     oneshot_arguments,
@@ -29,6 +28,7 @@ from tests.support.calibration_ranks import (
     run_oneshot_folder,
     same_as_alone,
     values,
+    world_sizes,
     worlds_fixture,
 )
 
@@ -43,10 +43,10 @@ N_BATCHES = {
 }  # 7 samples in batches of batch_size
 
 
-worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks
+worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
 
 
-@pytest.mark.parametrize("size", WORLD_SIZES)
+@pytest.mark.parametrize("size", world_sizes())
 @pytest.mark.parametrize("name", list(ONESHOT_RUNS))
 def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(worlds, size, name):
     alone, batches = same_as_alone(worlds, size, f"oneshot_{name}")
@@ -57,7 +57,7 @@ def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(w
     assert batches == [passes * (n * (rank + 1) // size - n * rank // size) for rank in range(size)]
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", world_sizes((2, 3)))
 def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_any_change(worlds, size):
     for found in values(worlds[size], "oneshot_refused_when_ranks_disagree"):
         assert found["error"] == "ValueError" and found["unchanged"]
@@ -66,7 +66,7 @@ def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_an
         )
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", world_sizes((2, 3)))
 def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it_was(worlds, size):
     found = values(worlds[size], "oneshot_one_rank_raises")
     assert found[1] == {"error": "RuntimeError", "message": "rank one's method broke", "unchanged": True}

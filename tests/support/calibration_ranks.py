@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -272,22 +272,35 @@ def launch(world_size: int, folder: Path, prefix: str, *, a_rank_dies: bool = Fa
 
 #: The numbers of ranks every run is compared at.
 WORLD_SIZES = (1, 2, 3)
+#: Those the fast loop runs: each size is one launch of forked ranks (a real process each), so the others are slow.
+FAST_WORLD_SIZES = (2,)
 
-Worlds = dict[int, list[dict[str, dict[str, Any]]]]
+
+def world_sizes(sizes: tuple[int, ...] = WORLD_SIZES) -> list[Any]:
+    """``sizes`` to parametrize a test with, those outside :data:`FAST_WORLD_SIZES` marked slow."""
+    import pytest
+
+    return [size if size in FAST_WORLD_SIZES else pytest.param(size, marks=pytest.mark.slow) for size in sizes]
+
+
+if TYPE_CHECKING:  # the ranks run this file as a script, without pytest
+    from tests.support.processes import Worlds
 
 
 def worlds_fixture(prefix: str) -> Any:
-    """A module fixture: the cases starting with ``prefix`` launched at each of :data:`WORLD_SIZES`, once."""
+    """A module fixture: the cases starting with ``prefix``, launched once at each world size a test asks for."""
     import pytest
 
+    from tests.support.processes import Worlds
+
     @pytest.fixture(scope="module")
-    def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds:
-        return {size: launch(size, tmp_path_factory.mktemp(f"world{size}"), prefix) for size in WORLD_SIZES}
+    def worlds(tmp_path_factory: pytest.TempPathFactory) -> Worlds[list[dict[str, dict[str, Any]]]]:
+        return Worlds(lambda size: launch(size, tmp_path_factory.mktemp(f"world{size}"), prefix))
 
     return worlds
 
 
-def same_as_alone(worlds: Worlds, size: int, case: str) -> tuple[int, list[int]]:
+def same_as_alone(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, case: str) -> tuple[int, list[int]]:
     """Check every rank of ``size`` ends ``case`` (``oneshot_wanda``) with the one process's model, bit for bit.
 
     The batches the one process ran through the model, and those each rank ran, in rank order.

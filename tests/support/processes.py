@@ -14,8 +14,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import pytest
 
@@ -76,3 +77,18 @@ def small_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", str(mount_point)], check=True)
+
+
+Launched = TypeVar("Launched")
+
+
+class Worlds(dict[int, Launched], Generic[Launched]):
+    """What a launch of ranks gave, per world size, launched the first time a test asks for that size."""
+
+    def __init__(self, launch_world: Callable[[int], Launched]) -> None:
+        super().__init__()
+        self._launch_world = launch_world
+
+    def __missing__(self, world_size: int) -> Launched:
+        self[world_size] = self._launch_world(world_size)
+        return self[world_size]
