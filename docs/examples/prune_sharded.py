@@ -10,6 +10,7 @@ NCCL carries the collectives).
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -26,7 +27,15 @@ def main() -> None:
     if use_cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if use_cuda else "gloo")
-    device = "cuda" if use_cuda else "cpu"
+    prune_sharded_model("cuda" if use_cuda else "cpu")
+    dist.barrier()
+    # FSDP2's hooks hold the process group in reference cycles: collect them while
+    # Python still runs, or gloo's threads may abort the process as it exits.
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def prune_sharded_model(device: str) -> None:
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     rank = dist.get_rank()
 
@@ -63,8 +72,6 @@ def main() -> None:
             print(f"{tuple(layer.weight.shape)}: {count / layer.weight.numel():.1%} pruned")
         total = sum(layer.weight.numel() for layer in layers)
         print(f"all weights: {sum(zeros.tolist()) / total:.1%} pruned on {dist.get_world_size()} ranks")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
