@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from prunereg._shrink.contract import BlockStatistics, ChannelStatistics, ExpertStatistics, ShrinkMethod
     from prunereg._shrink.report import ShrinkReport
     from prunereg._slim.engine import slim
+    from prunereg._slim.folder import slim_folder
     from prunereg._slim.graph import SlimError
     from prunereg._slim.importance import Importance, get_importance, register_importance
     from prunereg._slim.report import SlimReport
@@ -130,6 +131,7 @@ __all__ = [
     "shrink",
     "shrink_folder",
     "slim",
+    "slim_folder",
     "slimmed_shapes",
     "summary",
 ]
@@ -201,6 +203,7 @@ _LAZY = {
     "shrink": "prunereg._recover.shrinking",
     "shrink_folder": "prunereg._recover.folder",
     "slim": "prunereg._slim.engine",
+    "slim_folder": "prunereg._slim.folder",
     "slimmed_shapes": "prunereg._models.slimmed",
     "summary": "prunereg._models.summary",
 }

@@ -25,22 +25,14 @@ from prunereg._cli import shared
 from prunereg._cli.app import main
 from prunereg._cli.errors import EXIT_CODES
 from prunereg._cli.values import Number
-from prunereg._disk.input_file import copy_regular
-from prunereg._disk.model_dir import replace_hint
 from prunereg._disk.signals import cleanup_on_signals
 from prunereg._text import printable
-
-_BESIDE_THE_WEIGHTS = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
-    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "preprocessor_config.json",
-)  # fmt: skip
-"""Files a model folder holds besides its config and weights, copied as they are."""
-
 
 EXAMPLES = (
     "prunereg slim ./resnet-50 ./resnet-50-slim --ratio 0.5",
     "prunereg slim ./vit-base ./vit-base-slim --ratio 0.3 --importance taylor --json",
     "prunereg slim ./pruned ./pruned-slim        # the channels the folder's masks pruned",
+    "prunereg slim ./Llama-3.1-70B ./Llama-slim --ratio 0.25 --stream   # tensor by tensor, never all in memory",
 )
 """``--help``'s examples, the same lines as docs/cli.md's (a test holds them equal)."""
 
@@ -83,6 +75,7 @@ _SHRINK_HINT = (
     help="How a grouped convolution loses channels: whole groups, or the same channels inside every group.",
 )
 @shared.dtype_option
+@shared.stream_option
 @shared.eval_options
 @shared.force_option
 @shared.json_option
@@ -99,6 +92,7 @@ def slim_command(
     round_to: int,
     grouped: str,
     dtype: str,
+    stream: bool,
     eval_file: Path | None,
     eval_window: int,
     eval_tokens: int | None,
@@ -120,6 +114,8 @@ def slim_command(
     """
     if calibration is not None and (importance or "magnitude") != "taylor":
         raise click.UsageError("--calibration gives --importance taylor its gradient; the other importances need none")
+    if stream and dtype != "auto":
+        raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     output = shared.output_folder(output_dir, model_dir, force)
     try:
         import transformers  # noqa: F401
@@ -127,13 +123,14 @@ def slim_command(
         raise click.ClickException(
             "prunereg slim needs transformers: pip install -c constraints.txt -e '.[hf]' in prunereg's clone"
         ) from error
-    import prunereg
-    from prunereg._models.hf_folder import is_causal_lm, load_config, load_tokenizer, model_class
+    from prunereg._models.hf_folder import checked_model_class, is_causal_lm, load_config, load_tokenizer, model_class
     from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
     from prunereg._slim.engine import ArgumentError, check_arguments
+    from prunereg._slim.folder import check_streamed_arguments
 
     try:  # before the model loads; an unknown importance is an error of status 1, as an unknown method
-        check_arguments(ratio, importance, list(ignore), round_to, grouped)
+        check = check_streamed_arguments if stream else check_arguments
+        check(ratio, importance, list(ignore), round_to, grouped)
     except ArgumentError as error:
         raise click.UsageError(error.command_line_message) from None
     config = load_config(model_dir)
@@ -147,37 +144,80 @@ def slim_command(
         tokenizer = load_tokenizer(model_dir) if calibration is not None or eval_file is not None else None
         ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING) if calibration else None
         eval_ids = shared.read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
-        model = _load(model_dir, masked=ratio is None, dtype=dtype)
         if causal:  # once the folder has passed its checks, before the minutes slimming takes
+            checked_model_class(model_dir)
             click.echo(_SHRINK_HINT.format(name=cls.__name__), err=True)
-        if eval_ids is not None:
-            results.measure("before", model, eval_ids, eval_window, not quiet)
-        results.report = prunereg.slim(
-            model,
-            _example_inputs(model),
-            ratio=ratio,
-            importance=_taylor_on(ids) if ids is not None else importance,
-            ignore=list(ignore),
-            round_to=round_to,
-            grouped=grouped,
-        )
-        if eval_ids is not None:
-            results.measure("after", model, eval_ids, eval_window, not quiet)
-        with cleanup_on_signals(), output as staging:
-            if prunereg.is_pruned(model):
-                prunereg.save_pretrained(model, staging)
-            else:
-                model.save_pretrained(staging)
-            for name in _BESIDE_THE_WEIGHTS:
-                source = model_dir / name
-                if source.is_file() and not source.is_symlink():
-                    copy_regular(source, Path(staging) / name, "file of a model folder", replace_hint(name))
+        run = _slim_streamed if stream else _slim_in_memory
+        run(model_dir, output, results, ratio, importance if ids is None else _taylor_on(ids), ignore, round_to,
+            grouped, dtype, eval_ids, (eval_window, not quiet))  # fmt: skip
     results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")
 
 
 slim_command.help = (slim_command.help or "").replace("{examples}", "\n    ".join(EXAMPLES))
+
+
+def _slim_in_memory(
+    model_dir: Path,
+    output: Any,
+    results: shared.Results,
+    ratio: float | None,
+    importance: Any,
+    ignore: tuple[str, ...],
+    round_to: int,
+    grouped: str,
+    dtype: str,
+    eval_ids: Any,
+    eval_settings: tuple[int, bool],
+) -> None:
+    """Load MODEL_DIR's model, slim it, and write it to OUTPUT_DIR (``--eval``: measured before and after)."""
+    import prunereg
+    from prunereg._slim.folder import copy_beside_the_weights, example_inputs
+
+    model = _load(model_dir, masked=ratio is None, dtype=dtype)
+    if eval_ids is not None:
+        results.measure("before", model, eval_ids, *eval_settings)
+    results.report = prunereg.slim(
+        model, example_inputs(model), ratio=ratio, importance=importance, ignore=list(ignore), round_to=round_to,
+        grouped=grouped,
+    )  # fmt: skip
+    if eval_ids is not None:
+        results.measure("after", model, eval_ids, *eval_settings)
+    with cleanup_on_signals(), output as staging:
+        if prunereg.is_pruned(model):
+            prunereg.save_pretrained(model, staging)
+        else:
+            model.save_pretrained(staging)
+        copy_beside_the_weights(model_dir, Path(staging))
+
+
+def _slim_streamed(
+    model_dir: Path,
+    output: Any,
+    results: shared.Results,
+    ratio: float | None,
+    importance: Any,
+    ignore: tuple[str, ...],
+    round_to: int,
+    grouped: str,
+    dtype: str,
+    eval_ids: Any,
+    eval_settings: tuple[int, bool],
+) -> None:
+    """``--stream``: slim MODEL_DIR into OUTPUT_DIR tensor by tensor; ``--eval`` loads the model before and after."""
+    from prunereg._models.hf_folder import load_model
+    from prunereg._slim.folder import slim_folder_into
+
+    if eval_ids is not None:
+        results.measure("before", load_model(model_dir), eval_ids, *eval_settings)
+    with cleanup_on_signals(), output as staging:
+        results.report = slim_folder_into(
+            model_dir, output, Path(staging), "MODEL_DIR", ratio=ratio, importance=importance, ignore=ignore,
+            round_to=round_to, grouped=grouped,
+        )  # fmt: skip
+        if eval_ids is not None:
+            results.measure("after", load_model(staging, label="OUTPUT_DIR"), eval_ids, *eval_settings)
 
 
 def _taylor_on(ids: Any) -> Any:
@@ -202,22 +242,3 @@ def _load(model_dir: Path, *, masked: bool, dtype: str) -> Any:
         )
     config, cls = checked_model_class(model_dir)
     return from_pretrained(cls, model_dir, config=config, dtype=shared.torch_dtype(dtype)).eval()
-
-
-def _example_inputs(model: Any) -> dict[str, Any]:
-    """An input the model's config describes: 16 token ids, or one image of its size."""
-    import torch
-
-    config = model.config
-    name = getattr(model, "main_input_name", "input_ids")
-    generator = torch.Generator().manual_seed(0)
-    if name == "pixel_values":
-        size = getattr(config, "image_size", 224)
-        height, width = (size, size) if isinstance(size, int) else tuple(size)
-        dtype = next(model.parameters()).dtype
-        pixels = torch.randn(1, getattr(config, "num_channels", 3), height, width, generator=generator)
-        return {name: pixels.to(dtype)}
-    if name == "input_ids" and isinstance(getattr(config, "vocab_size", None), int):
-        length = min(16, getattr(config, "max_position_embeddings", None) or 16)
-        return {name: torch.randint(config.vocab_size, (1, length), generator=generator)}
-    raise click.ClickException(f"MODEL_DIR's model takes {name!r}, for which prunereg slim cannot make an input")

@@ -112,3 +112,63 @@ def _problem(entry: object, data_size: int) -> str | None:
     if dtype in _BYTES and (end - begin) != math.prod(shape) * _BYTES[dtype]:
         return f"declares shape {shape} of {dtype} in {end - begin} bytes"
     return None
+
+
+_CODES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}  # fmt: skip
+"""safetensors' name of each torch dtype a model folder holds (``torch.float32`` -> ``F32``)."""
+
+
+class SafetensorsWriter:
+    """A safetensors file written one tensor at a time, so that no more than one tensor is ever in memory.
+
+    The header is written first, from the names, dtypes and shapes to come
+    (``entries``), laid out as ``safetensors.torch.save_file`` lays it out
+    (tensors by falling entry size, then by name; the JSON padded with spaces
+    to 8 bytes): the file is the one ``save_file`` writes of the same tensors.
+    :attr:`order` is the order :meth:`write` takes them in. A context manager:
+    the file is closed on leaving it.
+    """
+
+    def __init__(self, path: Path, entries: dict[str, tuple[Any, tuple[int, ...]]], metadata: dict[str, str]) -> None:
+        codes = {name: _CODES[str(dtype).removeprefix("torch.")] for name, (dtype, _) in entries.items()}
+        self.order = sorted(entries, key=lambda name: (-_BYTES[codes[name]], name))
+        self._shapes = {name: tuple(shape) for name, (_, shape) in entries.items()}
+        self._dtypes = {name: dtype for name, (dtype, _) in entries.items()}
+        header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+        offset = 0
+        for name in self.order:
+            size = math.prod(self._shapes[name]) * _BYTES[codes[name]]
+            header[name] = {
+                "dtype": codes[name],
+                "shape": list(self._shapes[name]),
+                "data_offsets": [offset, offset + size],
+            }
+            offset += size
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        self._next = 0
+        self._handle = open(path, "wb")  # noqa: SIM115 (closed by close(), on success or failure)
+        self._handle.write(len(text).to_bytes(8, "little") + text)
+
+    def write(self, name: str, tensor: Any) -> None:
+        """Append ``name``'s data: it must be the next name of :attr:`order`, with the dtype and shape declared."""
+        expected = self.order[self._next] if self._next < len(self.order) else None
+        if name != expected or tensor.dtype != self._dtypes[name] or tuple(tensor.shape) != self._shapes[name]:
+            raise ValueError(f"safetensors writer: got {name!r} {tensor.dtype} {tuple(tensor.shape)}, not {expected!r}")
+        import torch
+
+        data = tensor.detach().to("cpu").contiguous().reshape(-1)
+        self._handle.write(memoryview(data.view(torch.uint8).numpy()))
+        self._next += 1
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        """Close the file; when nothing failed, every declared tensor must have been written."""
+        self._handle.close()
+        if kind is None and self._next != len(self.order):
+            raise ValueError(f"safetensors writer: {len(self.order) - self._next} declared tensors were not written")

@@ -207,6 +207,27 @@ def checked_model_class(folder: str | os.PathLike[str], label: str = "MODEL_DIR"
     return checked.config, cls
 
 
+def empty_model(folder: str | os.PathLike[str], label: str = "MODEL_DIR") -> nn.Module:
+    """The folder's model as :func:`load_model` builds it, every tensor on the meta device: no weight is read.
+
+    In the dtype ``from_pretrained`` picks by default: the config's, else the first floating-point weight's.
+    """
+    import torch
+
+    config, cls = checked_model_class(folder, label)
+    if getattr(config, "dtype", None) is None:
+        headers = weight_headers(folder, label)
+        stored = [entry.dtype for entry in headers.tensors.values()] if headers is not None else []
+        config.dtype = next((_FLOATS[code] for code in stored if code in _FLOATS), None)
+    record = getattr(config, CONFIG_KEY, None)
+    with torch.device("meta"), _no_folder_code(folder, label):
+        model = cls._from_config(config)
+    return (apply_slimmed_shapes(model, record) if record else model).eval()
+
+
+_FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
 def _loaded(cls: Any, config: Any, folder: str | os.PathLike[str], dtype: Any, label: str) -> nn.Module:
     """``cls.from_pretrained(folder)`` with the checked ``config``, refused unless every weight came from the folder."""
     weight_files(folder, label)  # refuses an index naming files outside the folder

@@ -55,6 +55,8 @@ class Slimmed:
     outputs: list[Tensor]
     before: Record
     """The shapes before the cut (:func:`prunereg.slimmed_shapes`' record)."""
+    keep: dict[TensorDim, Tensor]
+    """Per tensor dimension that lost positions, the sorted positions it kept."""
 
 
 @dataclass
@@ -130,7 +132,7 @@ def attempt(
         if failure is not None:
             return failure
     return Slimmed(groups, chosen.removed, changes, (params_before, parameter_count(model)), macs, notes, outputs,
-                   before)  # fmt: skip
+                   before, keep)  # fmt: skip
 
 
 class Fallback:

@@ -32,6 +32,7 @@ from prunereg._slim.groups import Chosen, Group
 from prunereg._slim.importance import Importance, resolve_importance
 from prunereg._slim.masked import choose_pruned
 from prunereg._slim.report import SlimReport
+from prunereg._slim.units import TensorDim
 from prunereg._slim.widths import rewrite_config
 
 
@@ -77,6 +78,29 @@ def slim(
     when the model cannot be slimmed as asked; the model is then unchanged.
     A slim that removes nothing warns (and notes in the report) why.
     """
+    report, _ = slim_keeping(
+        model, example_inputs, ratio=ratio, importance=importance, ignore=ignore, round_to=round_to, grouped=grouped
+    )
+    return report
+
+
+def slim_keeping(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    ratio: float | None = None,
+    importance: str | Importance | None = None,
+    ignore: Sequence[str | nn.Module] = (),
+    round_to: int = 1,
+    grouped: str = "whole",
+    config_by_shapes: bool = False,
+) -> tuple[SlimReport, dict[TensorDim, Tensor]]:
+    """:func:`slim`, and per tensor dimension that lost positions, the sorted positions it kept.
+
+    ``config_by_shapes``: a Hugging Face config is rewritten when a model built
+    from it has the slimmed shapes, without running it (a model on the meta
+    device, whose weights stay in a folder, has no outputs to compare).
+    """
     args, kwargs = _inputs(model, example_inputs)
     scorer, ignored = check_arguments(ratio, importance, ignore, round_to, grouped)
     pinned = _module_names(model, ignored)
@@ -102,8 +126,9 @@ def slim(
         if not any(outcome.removed.values()) and ratio != 0:
             _nothing_removed(outcome.groups, ratio, round_to, notes)
         shapes.record(model, outcome.before)
-        rewritten = rewrite_config(model, outcome.before, lambda m: tensors(forward(m, args, kwargs)), outcome.outputs)
-    return SlimReport(
+        run = None if config_by_shapes else (lambda m: tensors(forward(m, args, kwargs)))
+        rewritten = rewrite_config(model, outcome.before, run, outcome.outputs)
+    report = SlimReport(
         ratio=ratio,
         importance=None if ratio is None else name,
         params_before=outcome.params[0],
@@ -116,6 +141,7 @@ def slim(
         notes=notes,
         config_rewritten=rewritten,
     )
+    return report, outcome.keep
 
 
 def _by_masks(masks: dict[str, Tensor]) -> Chooser:

@@ -116,14 +116,15 @@ _CONFIG_KV = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 
 
 def rewrite_config(
-    model: nn.Module, before: Record, run: Callable[[nn.Module], list[Tensor]], expected: list[Tensor]
+    model: nn.Module, before: Record, run: Callable[[nn.Module], list[Tensor]] | None, expected: list[Tensor]
 ) -> bool:
     """State the slimmed widths in ``model.config`` if a model built from it is this one.
 
     A model built from the rewritten config must have exactly the slimmed
     shapes and, given these weights, compute ``expected`` again with ``run``
     (Gemma scales by the square root of ``hidden_size``: a config can state
-    the shapes and still change what the model computes). Otherwise the
+    the shapes and still change what the model computes); with ``run=None``,
+    only the shapes are checked (a model whose weights are not in memory). Otherwise the
     config keeps its fields and gets the record of shapes as
     ``prunereg_slimmed``, which :func:`prunereg.from_pretrained` applies.
     """
@@ -236,7 +237,7 @@ def _saveable(candidate: Any) -> bool:
 
 
 def _is_this_model(
-    model: nn.Module, candidate: Any, run: Callable[[nn.Module], list[Tensor]], expected: list[Tensor]
+    model: nn.Module, candidate: Any, run: Callable[[nn.Module], list[Tensor]] | None, expected: list[Tensor]
 ) -> bool:
     """Whether a model built from ``candidate`` has the slimmed shapes and, with these weights, computes ``expected``.
 
@@ -259,7 +260,7 @@ def _is_this_model(
         return False
     if _plain_shapes(fresh) != _plain_shapes(model):
         return False
-    if not runnable:
+    if not runnable or run is None:
         return True
     try:
         fresh.load_state_dict(_plain_state(model), assign=True, strict=True)
