@@ -31,7 +31,7 @@ from prunereg._disk.safetensors_file import SafetensorsWriter
 from prunereg._models.config_check import checkpoint_names
 from prunereg._models.hf_folder import empty_model
 from prunereg._runtime.streamed import CheckpointReader, check_complete, output_folder
-from prunereg._slim.engine import ArgumentError, check_arguments, slim_keeping
+from prunereg._slim.engine import ArgumentError, _importance_name, check_arguments, slim_keeping
 from prunereg._slim.importance import Importance, MagnitudeImportance, RandomImportance
 from prunereg._slim.report import SlimReport
 from prunereg._slim.units import Group, TensorDim
@@ -156,8 +156,7 @@ def slim_folder_into(
         model, inputs, ratio=ratio, importance=scorer, ignore=list(ignore), round_to=round_to, grouped=grouped,
         config_by_shapes=True,
     )  # fmt: skip
-    if isinstance(scorer, _MeasuredAsRead):
-        report = dataclasses.replace(report, importance="magnitude")
+    report = dataclasses.replace(report, importance=_importance_name(importance or "magnitude"))
     _write_weights(model, reader, keys, _kept_under_every_name(aliases, keep), staging, max_shard_size)
     _write_configs(model, source, staging)
     copy_beside_the_weights(source, staging)
@@ -214,9 +213,10 @@ def _write_weights(
 ) -> None:
     """The slimmed model's state as ``save_pretrained`` writes it, each tensor read, sliced and written on its own."""
     from huggingface_hub import split_torch_state_dict_into_shards
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
 
-    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    model._weight_conversions = []  # as from_pretrained leaves a model whose names needed no conversion
+    state = revert_weight_conversion(model, remove_tied_weights_from_state_dict(model.state_dict(), model))
     split = split_torch_state_dict_into_shards(
         state, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
     )
