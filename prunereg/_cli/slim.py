@@ -16,8 +16,9 @@ widths, else ``prunereg.from_pretrained``). Needs the ``hf`` extra.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -125,7 +126,7 @@ def slim_command(
         ) from error
     from prunereg._models.hf_folder import checked_model_class, is_causal_lm, load_config, load_tokenizer, model_class
     from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
-    from prunereg._slim.engine import ArgumentError, check_arguments
+    from prunereg._slim.engine import ArgumentError, SlimArguments, check_arguments
     from prunereg._slim.folder import check_streamed_arguments
 
     try:  # before the model loads; an unknown importance is an error of status 1, as an unknown method
@@ -147,9 +148,9 @@ def slim_command(
         if causal:  # once the folder has passed its checks, before the minutes slimming takes
             checked_model_class(model_dir)
             click.echo(_SHRINK_HINT.format(name=cls.__name__), err=True)
-        run = _slim_streamed if stream else _slim_in_memory
-        run(model_dir, output, results, ratio, importance if ids is None else _taylor_on(ids), ignore, round_to,
-            grouped, dtype, eval_ids, (eval_window, not quiet))  # fmt: skip
+        arguments = SlimArguments(ratio, importance if ids is None else _taylor_on(ids), ignore, round_to, grouped)
+        run = _Run(model_dir, output, results, arguments, dtype, eval_ids, (eval_window, not quiet))
+        run.streamed() if stream else run.in_memory()
     results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")
@@ -158,66 +159,52 @@ def slim_command(
 slim_command.help = (slim_command.help or "").replace("{examples}", "\n    ".join(EXAMPLES))
 
 
-def _slim_in_memory(
-    model_dir: Path,
-    output: Any,
-    results: shared.Results,
-    ratio: float | None,
-    importance: Any,
-    ignore: tuple[str, ...],
-    round_to: int,
-    grouped: str,
-    dtype: str,
-    eval_ids: Any,
-    eval_settings: tuple[int, bool],
-) -> None:
-    """Load MODEL_DIR's model, slim it, and write it to OUTPUT_DIR (``--eval``: measured before and after)."""
-    import prunereg
-    from prunereg._slim.folder import copy_beside_the_weights, example_inputs
+@dataclass
+class _Run:
+    """One ``prunereg slim``, its flags checked: the folders, the arguments of the slim, and ``--eval``'s text."""
 
-    model = _load(model_dir, masked=ratio is None, dtype=dtype)
-    if eval_ids is not None:
-        results.measure("before", model, eval_ids, *eval_settings)
-    results.report = prunereg.slim(
-        model, example_inputs(model), ratio=ratio, importance=importance, ignore=list(ignore), round_to=round_to,
-        grouped=grouped,
-    )  # fmt: skip
-    if eval_ids is not None:
-        results.measure("after", model, eval_ids, *eval_settings)
-    with cleanup_on_signals(), output as staging:
-        if prunereg.is_pruned(model):
-            prunereg.save_pretrained(model, staging)
-        else:
-            model.save_pretrained(staging)
-        copy_beside_the_weights(model_dir, Path(staging))
+    model_dir: Path
+    output: Any
+    results: shared.Results
+    arguments: Any
+    """A :class:`~prunereg._slim.engine.SlimArguments`."""
+    dtype: str
+    eval_ids: Any
+    eval_settings: tuple[int, bool]
 
+    def in_memory(self) -> None:
+        """Load MODEL_DIR's model, slim it, and write it to OUTPUT_DIR (``--eval``: measured before and after)."""
+        import prunereg
+        from prunereg._slim.engine import slim_keeping
+        from prunereg._slim.folder import copy_beside_the_weights, example_inputs
 
-def _slim_streamed(
-    model_dir: Path,
-    output: Any,
-    results: shared.Results,
-    ratio: float | None,
-    importance: Any,
-    ignore: tuple[str, ...],
-    round_to: int,
-    grouped: str,
-    dtype: str,
-    eval_ids: Any,
-    eval_settings: tuple[int, bool],
-) -> None:
-    """``--stream``: slim MODEL_DIR into OUTPUT_DIR tensor by tensor; ``--eval`` loads the model before and after."""
-    from prunereg._models.hf_folder import load_model
-    from prunereg._slim.folder import slim_folder_into
+        model = _load(self.model_dir, masked=self.arguments.ratio is None, dtype=self.dtype)
+        self._measure("before", model)
+        self.results.report, _ = slim_keeping(model, example_inputs(model), self.arguments)
+        self._measure("after", model)
+        with cleanup_on_signals(), self.output as staging:
+            if prunereg.is_pruned(model):
+                prunereg.save_pretrained(model, staging)
+            else:
+                model.save_pretrained(staging)
+            copy_beside_the_weights(self.model_dir, Path(staging))
 
-    if eval_ids is not None:
-        results.measure("before", load_model(model_dir), eval_ids, *eval_settings)
-    with cleanup_on_signals(), output as staging:
-        results.report = slim_folder_into(
-            model_dir, output, Path(staging), "MODEL_DIR", ratio=ratio, importance=importance, ignore=ignore,
-            round_to=round_to, grouped=grouped,
-        )  # fmt: skip
-        if eval_ids is not None:
-            results.measure("after", load_model(staging, label="OUTPUT_DIR"), eval_ids, *eval_settings)
+    def streamed(self) -> None:
+        """``--stream``: slim MODEL_DIR into OUTPUT_DIR tensor by tensor (``--eval`` loads the model)."""
+        from prunereg._models.hf_folder import load_model
+        from prunereg._slim.folder import slim_folder_into
+
+        if self.eval_ids is not None:
+            self._measure("before", load_model(self.model_dir))
+        with cleanup_on_signals(), self.output as staging:
+            report = slim_folder_into(self.model_dir, self.output, Path(staging), "MODEL_DIR", self.arguments)
+            self.results.report = report
+            if self.eval_ids is not None:
+                self._measure("after", load_model(staging, label="OUTPUT_DIR"))
+
+    def _measure(self, when: Literal["before", "after"], model: Any) -> None:
+        if self.eval_ids is not None:
+            self.results.measure(when, model, self.eval_ids, *self.eval_settings)
 
 
 def _taylor_on(ids: Any) -> Any:

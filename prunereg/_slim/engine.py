@@ -16,6 +16,7 @@ import math
 import shlex
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -78,22 +79,22 @@ def slim(
     when the model cannot be slimmed as asked; the model is then unchanged.
     A slim that removes nothing warns (and notes in the report) why.
     """
-    report, _ = slim_keeping(
-        model, example_inputs, ratio=ratio, importance=importance, ignore=ignore, round_to=round_to, grouped=grouped
-    )
-    return report
+    return slim_keeping(model, example_inputs, SlimArguments(ratio, importance, ignore, round_to, grouped))[0]
+
+
+@dataclass(frozen=True)
+class SlimArguments:
+    """:func:`slim`'s keyword arguments, as :func:`slim_keeping` takes them."""
+
+    ratio: float | None = None
+    importance: str | Importance | None = None
+    ignore: Sequence[str | nn.Module] = ()
+    round_to: int = 1
+    grouped: str = "whole"
 
 
 def slim_keeping(
-    model: nn.Module,
-    example_inputs: Any,
-    *,
-    ratio: float | None = None,
-    importance: str | Importance | None = None,
-    ignore: Sequence[str | nn.Module] = (),
-    round_to: int = 1,
-    grouped: str = "whole",
-    config_by_shapes: bool = False,
+    model: nn.Module, example_inputs: Any, arguments: SlimArguments, *, config_by_shapes: bool = False
 ) -> tuple[SlimReport, dict[TensorDim, Tensor]]:
     """:func:`slim`, and per tensor dimension that lost positions, the sorted positions it kept.
 
@@ -101,8 +102,9 @@ def slim_keeping(
     from it has the slimmed shapes, without running it (a model on the meta
     device, whose weights stay in a folder, has no outputs to compare).
     """
+    ratio, importance, round_to, grouped = arguments.ratio, arguments.importance, arguments.round_to, arguments.grouped
     args, kwargs = _inputs(model, example_inputs)
-    scorer, ignored = check_arguments(ratio, importance, ignore, round_to, grouped)
+    scorer, ignored = check_arguments(ratio, importance, arguments.ignore, round_to, grouped)
     pinned = _module_names(model, ignored)
     on_meta = _refuse_meta(model, args, kwargs, masked=ratio is None)
     name = _importance_name(importance or "magnitude")

@@ -31,7 +31,7 @@ from prunereg._disk.safetensors_file import SafetensorsWriter
 from prunereg._models.config_check import checkpoint_names
 from prunereg._models.hf_folder import empty_model
 from prunereg._runtime.streamed import CheckpointReader, check_complete, output_folder
-from prunereg._slim.engine import ArgumentError, _importance_name, check_arguments, slim_keeping
+from prunereg._slim.engine import ArgumentError, SlimArguments, _importance_name, check_arguments, slim_keeping
 from prunereg._slim.importance import Importance, MagnitudeImportance, RandomImportance
 from prunereg._slim.report import SlimReport
 from prunereg._slim.units import Group, TensorDim
@@ -75,9 +75,8 @@ def slim_folder(
     folder = output_folder(output_dir, model_dir, replace=replace)
     with folder as staging:
         return slim_folder_into(
-            Path(model_dir), folder, staging, "model_dir", ratio=ratio, importance=importance, ignore=ignore,
-            round_to=round_to, grouped=grouped,
-        )  # fmt: skip
+            Path(model_dir), folder, staging, "model_dir", SlimArguments(ratio, importance, ignore, round_to, grouped)
+        )
 
 
 def check_streamed_arguments(
@@ -128,12 +127,8 @@ def slim_folder_into(
     folder: AtomicFolder,
     staging: Path,
     label: str,
+    arguments: SlimArguments,
     *,
-    ratio: float | None,
-    importance: str | Importance | None,
-    ignore: Sequence[str],
-    round_to: int,
-    grouped: str,
     max_shard_size: int | str = MAX_SHARD_SIZE,
 ) -> SlimReport:
     """:func:`slim_folder`'s work, its arguments checked: slim ``source`` into ``staging``, ``folder``'s staging folder.
@@ -147,16 +142,13 @@ def slim_folder_into(
     check_complete(model, names, reader.files, source, label)
     aliases = _aliases(model)
     keys = _checkpoint_keys(aliases, names)
-    scorer = _streamed_importance(importance)
+    scorer = _streamed_importance(arguments.importance)
     if isinstance(scorer, _MeasuredAsRead):
         for name, tensor in _parameters_as_read(model, reader, keys):
             scorer.add(name, tensor)
     inputs = {name: value.to("meta") for name, value in example_inputs(model, label).items()}
-    report, keep = slim_keeping(
-        model, inputs, ratio=ratio, importance=scorer, ignore=list(ignore), round_to=round_to, grouped=grouped,
-        config_by_shapes=True,
-    )  # fmt: skip
-    report = dataclasses.replace(report, importance=_importance_name(importance or "magnitude"))
+    report, keep = slim_keeping(model, inputs, dataclasses.replace(arguments, importance=scorer), config_by_shapes=True)
+    report = dataclasses.replace(report, importance=_importance_name(arguments.importance or "magnitude"))
     _write_weights(model, reader, keys, _kept_under_every_name(aliases, keep), staging, max_shard_size)
     _write_configs(model, source, staging)
     copy_beside_the_weights(source, staging)

@@ -23,6 +23,7 @@ from prunereg._disk.folder import AtomicFolder
 from prunereg._models.hf_folder import load_model
 from prunereg._runtime.streamed import CheckpointReader
 from prunereg._slim import folder as streamed
+from prunereg._slim.engine import SlimArguments
 from tests.support import slim_models
 from tests.support.processes import DEFAULT_TERMINATION
 from tests.support.tiny_lm import save_tiny_llama_folder
@@ -77,10 +78,7 @@ def test_a_large_slimmed_model_is_sharded_as_save_pretrained_shards_it(tmp_path:
     streamed.copy_beside_the_weights(folder, tmp_path / "memory")
     out = AtomicFolder(tmp_path / "stream")
     with out as staging:
-        got = streamed.slim_folder_into(
-            folder, out, staging, "model_dir", ratio=0.5, importance=None, ignore=(), round_to=1, grouped="whole",
-            max_shard_size=20_000,
-        )  # fmt: skip
+        got = streamed.slim_folder_into(folder, out, staging, "model_dir", SlimArguments(0.5), max_shard_size=20_000)
     assert got.as_dict() == report.as_dict()
     files = _files(tmp_path / "stream")
     assert "model.safetensors.index.json" in files and "model-00002-of-00002.safetensors" in files
