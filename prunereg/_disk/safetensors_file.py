@@ -11,6 +11,9 @@ it gives are shapes the file really stores.
 :func:`open_safetensors` is ``safetensors.safe_open`` on the file
 :func:`~prunereg._disk.input_file.open_regular` checked (a regular file, opened
 without blocking), never on a name that may have been swapped for a FIFO since.
+
+:class:`SafetensorsWriter` writes a file one tensor at a time (``prunereg
+slim --stream``), the bytes ``save_file`` writes of the same tensors.
 """
 
 from __future__ import annotations
@@ -119,6 +122,11 @@ _CODES = {
     "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
 }  # fmt: skip
 """safetensors' name of each torch dtype a model folder holds (``torch.float32`` -> ``F32``)."""
+_RANKS = {code: rank for rank, code in enumerate((
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16", "F16", "BF16", "I32",
+    "U32", "F32", "C64", "F64", "I64", "U64",
+))}  # fmt: skip
+"""safetensors' order of its dtypes: ``save_file`` lays tensors out from the last down, then by name."""
 
 
 class SafetensorsWriter:
@@ -126,7 +134,7 @@ class SafetensorsWriter:
 
     The header is written first, from the names, dtypes and shapes to come
     (``entries``), laid out as ``safetensors.torch.save_file`` lays it out
-    (tensors by falling entry size, then by name; the JSON padded with spaces
+    (tensors in safetensors' dtype order, then by name; the JSON padded with spaces
     to 8 bytes): the file is the one ``save_file`` writes of the same tensors.
     :attr:`order` is the order :meth:`write` takes them in. A context manager:
     the file is closed on leaving it.
@@ -134,7 +142,7 @@ class SafetensorsWriter:
 
     def __init__(self, path: Path, entries: dict[str, tuple[Any, tuple[int, ...]]], metadata: dict[str, str]) -> None:
         codes = {name: _CODES[str(dtype).removeprefix("torch.")] for name, (dtype, _) in entries.items()}
-        self.order = sorted(entries, key=lambda name: (-_BYTES[codes[name]], name))
+        self.order = sorted(entries, key=lambda name: (-_RANKS[codes[name]], name))
         self._shapes = {name: tuple(shape) for name, (_, shape) in entries.items()}
         self._dtypes = {name: dtype for name, (dtype, _) in entries.items()}
         header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
