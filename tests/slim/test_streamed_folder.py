@@ -7,6 +7,7 @@ the folder's tensors are ever alive at once.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -53,21 +54,30 @@ def _slim(folder: Path, out: Path, *extra: str, seed: int = 5) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize(
-    ("kind", "importance"),
-    [("llama", "magnitude"), ("llama", "random"), ("hf_bert", "magnitude"), ("hf_smollm2_llama", "magnitude")],
-    ids=["llama-magnitude", "llama-random", "bert-magnitude", "tied-llama-magnitude"],
-)
+CASES = {
+    "llama-magnitude": ("llama", ["--importance", "magnitude"]),
+    "llama-random": ("llama", ["--importance", "random"]),
+    "llama-per-layer-widths-recorded": ("llama", ["--ignore", "model.layers.0.mlp"]),
+    "tied-llama": ("hf_smollm2_llama", []),
+    "bert": ("hf_bert", []),
+    "gpt2-conv1d": ("hf_gpt2", []),
+    "resnet-batch-norm-buffers": ("hf_resnet50", []),
+}
+
+
+@pytest.mark.parametrize(("kind", "extra"), CASES.values(), ids=CASES.keys())
 def test_a_streamed_slim_writes_the_in_memory_slims_folder_byte_for_byte(
-    tmp_path: Path, kind: str, importance: str
+    tmp_path: Path, kind: str, extra: list[str]
 ) -> None:
     folder = _save(tmp_path, kind)
-    in_memory = _slim(folder, tmp_path / "memory", "--importance", importance)
-    streamed_report = _slim(folder, tmp_path / "stream", "--importance", importance, "--stream")
+    in_memory = _slim(folder, tmp_path / "memory", *extra)
+    streamed_report = _slim(folder, tmp_path / "stream", *extra, "--stream")
     assert streamed_report == in_memory
     expected, got = _files(tmp_path / "memory"), _files(tmp_path / "stream")
     assert list(got) == list(expected) and "model.safetensors" in got and "config.json" in got
     assert got == expected
+    recorded = "prunereg_slimmed" in json.loads(got["config.json"])
+    assert recorded == (kind == "llama" and "--ignore" in extra)  # else the config states the slimmed widths
 
 
 def test_a_large_slimmed_model_is_sharded_as_save_pretrained_shards_it(tmp_path: Path) -> None:
@@ -198,6 +208,7 @@ def test_no_more_than_two_of_the_folders_tensors_are_alive_at_once(
     assert alive["peak"] <= 2 * alive["largest"] < weights / 4
 
 
+@pytest.mark.slow  # a real process: torch and transformers imported again (about 7 s)
 def test_a_signal_while_writing_leaves_nothing(tmp_path: Path) -> None:
     folder = _save(tmp_path, "hf_bert")
     program = DEFAULT_TERMINATION + (
@@ -219,6 +230,7 @@ def test_a_signal_while_writing_leaves_nothing(tmp_path: Path) -> None:
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model"]
 
 
+@pytest.mark.slow  # a real process: torch and transformers imported again (about 9 s)
 def test_the_installed_command_slims_a_folder_streamed(tmp_path: Path) -> None:
     folder = _save(tmp_path, "hf_bert")
     done = subprocess.run(
