@@ -123,8 +123,9 @@ def rewrite_config(
     A model built from the rewritten config must have exactly the slimmed
     shapes and, given these weights, compute ``expected`` again with ``run``
     (Gemma scales by the square root of ``hidden_size``: a config can state
-    the shapes and still change what the model computes); with ``run=None``,
-    only the shapes are checked (a model whose weights are not in memory). Otherwise the
+    the shapes and still change what the model computes); with ``run=None``
+    (a model whose weights are not in memory), the shapes and the buffers a model
+    computes from its config (:func:`_computes_the_same_buffers`). Otherwise the
     config keeps its fields and gets the record of shapes as
     ``prunereg_slimmed``, which :func:`prunereg.from_pretrained` applies.
     """
@@ -260,8 +261,10 @@ def _is_this_model(
         return False
     if _plain_shapes(fresh) != _plain_shapes(model):
         return False
-    if not runnable or run is None:
+    if not runnable:
         return True
+    if run is None:
+        return _computes_the_same_buffers(model, fresh)
     try:
         fresh.load_state_dict(_plain_state(model), assign=True, strict=True)
         if any(t.is_meta for t in [*fresh.parameters(), *fresh.buffers()]):
@@ -271,6 +274,31 @@ def _is_this_model(
         return False
     return len(got) == len(expected) and all(
         a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(got, expected, strict=True)
+    )
+
+
+def _computes_the_same_buffers(model: nn.Module, fresh: nn.Module) -> bool:
+    """Whether ``fresh`` computes from its config the buffers a model built from ``model``'s config computes.
+
+    For a model whose weights are not in memory (it cannot run): a config that
+    states the shapes can still change what the model computes through the
+    buffers built from it (Gemma's ``embed_scale``, the square root of
+    ``hidden_size``). The buffers not saved with the weights are compared, in
+    shape and value; both models are built with real buffers and empty weights.
+    """
+    from accelerate import init_empty_weights
+
+    try:
+        with init_empty_weights(include_buffers=False):
+            before = type(model)(copy.deepcopy(model.config))  # type: ignore[call-arg]
+    except Exception:  # a config the model cannot be built from again: not known to be the same
+        return False
+    saved = set(fresh.state_dict())
+    expected = dict(before.named_buffers())
+    return all(
+        name in expected and expected[name].shape == buffer.shape and torch.equal(expected[name], buffer)
+        for name, buffer in fresh.named_buffers()
+        if name not in saved
     )
 
 

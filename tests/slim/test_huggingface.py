@@ -129,17 +129,6 @@ def test_shapes_naming_what_a_model_lacks_are_refused_before_anything_changes() 
     assert all(torch.equal(weight[k], v) for k, v in model.state_dict().items())
 
 
-def _gemma() -> slim_models.Built:
-    from transformers import GemmaConfig, GemmaForCausalLM
-
-    torch.manual_seed(0)
-    config = GemmaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
-    )  # fmt: skip
-    return GemmaForCausalLM(config).eval(), (torch.randint(128, (1, 8)),)
-
-
 def _swin() -> slim_models.Built:
     from transformers import SwinConfig, SwinForImageClassification
 
@@ -151,7 +140,7 @@ def _swin() -> slim_models.Built:
 
 
 FALLBACKS = {
-    "gemma (its config states the shapes but scales by sqrt(hidden_size))": _gemma,
+    "gemma (its config states the shapes but scales by sqrt(hidden_size))": slim_models.hf_gemma,
     "swin (transformers renames its keys on saving; windows, padding, patch merging)": _swin,
 }
 

@@ -62,6 +62,7 @@ CASES = {
     "bert": ("hf_bert", []),
     "gpt2-conv1d": ("hf_gpt2", []),
     "resnet-batch-norm-buffers": ("hf_resnet50", []),
+    "gemma-config-kept-and-recorded": ("hf_gemma", []),
 }
 
 
@@ -77,7 +78,8 @@ def test_a_streamed_slim_writes_the_in_memory_slims_folder_byte_for_byte(
     assert list(got) == list(expected) and "model.safetensors" in got and "config.json" in got
     assert got == expected
     recorded = "prunereg_slimmed" in json.loads(got["config.json"])
-    assert recorded == (kind == "llama" and "--ignore" in extra)  # else the config states the slimmed widths
+    # per-layer widths, or Gemma's embed_scale from hidden_size: the record; else the config states the widths
+    assert recorded == (kind == "hf_gemma" or "--ignore" in extra)
 
 
 def test_a_large_slimmed_model_is_sharded_as_save_pretrained_shards_it(tmp_path: Path) -> None:

@@ -508,6 +508,18 @@ def _tokens(vocab: int, full: bool) -> tuple[torch.Tensor, ...]:
     return (torch.randint(0, vocab, (1, TEXT_LENGTH[full])),)
 
 
+def hf_gemma(seed: int = 0) -> Built:
+    """A tiny Gemma: its config can state slimmed widths, but it scales the embeddings by sqrt(hidden_size)."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    _seeded(seed)
+    config = GemmaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+    )  # fmt: skip
+    return GemmaForCausalLM(config).eval(), (torch.randint(128, (1, 8)),)
+
+
 def hf_resnet50(seed: int = 0, *, full: bool = False) -> Built:
     """ResNet-50 (ResNetConfig's defaults, 1000 classes) at 224 x 224; tiny: two bottleneck stages at 32 x 32."""
     from transformers import ResNetConfig, ResNetForImageClassification
