@@ -27,7 +27,7 @@ from prunereg._slim import folder as streamed
 from prunereg._slim.engine import SlimArguments
 from tests.support import slim_models
 from tests.support.processes import DEFAULT_TERMINATION
-from tests.support.tiny_lm import save_tiny_llama_folder
+from tests.support.tiny_lm import random_text, save_tiny_llama_folder
 
 pytest.importorskip("transformers")
 
@@ -80,6 +80,15 @@ def test_a_streamed_slim_writes_the_in_memory_slims_folder_byte_for_byte(
     recorded = "prunereg_slimmed" in json.loads(got["config.json"])
     # per-layer widths, or Gemma's embed_scale from hidden_size: the record; else the config states the widths
     assert recorded == (kind == "hf_gemma" or "--ignore" in extra)
+
+
+def test_eval_with_stream_measures_the_model_before_and_the_written_one_after_as_in_memory(tmp_path: Path) -> None:
+    folder = _save(tmp_path, "llama")
+    (tmp_path / "text.txt").write_text(random_text(400))
+    flags = ["--eval", str(tmp_path / "text.txt"), "--eval-window", "64"]
+    in_memory = json.loads(_slim(folder, tmp_path / "memory", *flags))
+    assert json.loads(_slim(folder, tmp_path / "stream", *flags, "--stream")) == in_memory
+    assert in_memory["perplexity_before"] != in_memory["perplexity_after"]
 
 
 def test_a_large_slimmed_model_is_sharded_as_save_pretrained_shards_it(tmp_path: Path) -> None:
