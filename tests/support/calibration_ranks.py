@@ -1,4 +1,4 @@
-"""The ranks of the data-parallel calibration tests: one-shot and shrink runs on a tiny Llama, over gloo ranks.
+"""The ranks of the data-parallel calibration tests: one-shot, shrink and recovery runs on tiny models, over gloo.
 
 ``calibration_ranks.py RESULTS WORLD_SIZE``: distributed_worker.py's launcher and
 result files (``RESULTS.<rank>``, JSON), running the cases below instead of its
@@ -44,6 +44,16 @@ SHRINK_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "wanda_sp": ("wanda_sp", {"mlp": 0.25, "batch_size": 1}),
     "block_influence": ("block_influence", {"layers": 1, "batch_size": 1}),
     "reap_mixtral": ("reap", {"experts": 0.5, "batch_size": 1}),
+    "flap_refit": ("flap", {"mlp": 0.5, "heads": 0.5, "batch_size": 1, "recover": "refit"}),
+    "wanda_sp_refit": ("wanda_sp", {"mlp": 0.25, "batch_size": 2, "recover": "refit"}),
+}
+
+#: name -> how the student is made from the dense model (a shrink or one-shot run alone, and what it removed),
+#: then the recovery method and its settings, on the same samples.
+RECOVER_RUNS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
+    "refit": ("flap", {"mlp": 0.5, "heads": 0.5}, "refit", {"batch_size": 1}),
+    "replace": ("block_influence", {"layers": 1}, "replace", {"batch_size": 2}),
+    "refit_masked": ("wanda", {"sparsity": 0.5}, "refit", {"batch_size": 1}),
 }
 
 #: The runs on a mixture of experts (the others run on a three-block Llama).
@@ -163,6 +173,34 @@ def run_shrink(name: str) -> dict[str, object]:
     return {"state": state_digest(model), "batches": len(seen)}
 
 
+def run_recover(name: str) -> dict[str, object]:
+    """Recovery run ``name``: a fresh tiny Llama shrunk or pruned alone, then recovered; its hash and batches run."""
+    make, made_with, method, settings = RECOVER_RUNS[name]
+    teacher = fresh_model(name)
+    model = fresh_model(name)
+    calibration = calibration_ids(7, 16)
+    removed: dict[str, Any] = {}
+    if make == "wanda":
+        prunereg.oneshot(model, make, calibration=calibration, data_parallel=False, **made_with)
+    else:
+        report = prunereg.shrink(model, make, calibration, data_parallel=False, **made_with)
+        removed = {"removed_blocks": report.removed_blocks}
+    seen = counting_batches(model)
+    prunereg.recover(model, teacher, calibration, method, **removed, **settings)
+    return {"state": state_digest(model), "batches": len(seen)}
+
+
+def recover_refused(run: Callable[[nn.Module], object]) -> dict[str, object]:
+    """``run`` on a tiny Llama, which every rank refuses: the error, and whether the model is unchanged."""
+    model = tiny_llama(layers=3)
+    before = state_digest(model)
+    try:
+        run(model)
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "unchanged": state_digest(model) == before}
+    return {"error": None}
+
+
 def refused_when_ranks_disagree() -> dict[str, object]:
     """Rank 1 asks for another sparsity: every rank is refused, its model unchanged."""
     import torch.distributed as dist
@@ -232,6 +270,16 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
+    **{f"recover_{name}": (lambda name=name: run_recover(name)) for name in RECOVER_RUNS},
+    "recover_blockwise_refused": lambda: recover_refused(
+        lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(7, 16), "blockwise")
+    ),
+    "recover_shrink_blockwise_refused": lambda: recover_refused(
+        lambda model: prunereg.shrink(model, "flap", calibration_ids(7, 16), mlp=0.5, recover="blockwise")
+    ),
+    "recover_fewer_batches_than_ranks": lambda: recover_refused(
+        lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(2, 16), "refit", batch_size=2)
+    ),
     "folder_oneshot": oneshot_folder_written_by_rank_zero,
     "dies_folder_oneshot": oneshot_folder_when_a_rank_dies,
     "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
@@ -306,7 +354,7 @@ def same_as_alone(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, ca
     The batches the one process ran through the model, and those each rank ran, in rank order.
     """
     kind, name = case.split("_", 1)
-    alone = {"oneshot": run_oneshot, "shrink": run_shrink}[kind](name)
+    alone = {"oneshot": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
     per_rank = values(worlds[size], case)
     assert [found["state"] for found in per_rank] == [alone["state"]] * size
     return alone["batches"], [found["batches"] for found in per_rank]
