@@ -25,6 +25,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import prunereg
 from prunereg import LayerStatistics, PrunedWeight
+from prunereg_shrink.methods import WandaSP
 from tests.support.tiny_lm import NormScore, calibration_ids, random_text, save_tiny_llama_folder, tiny_llama
 
 #: name -> the method and the settings of a one-shot run (7 samples: batches that 2 and 3 ranks split unevenly).
@@ -82,17 +83,84 @@ def folder_digest(folder: Path) -> str:
     return state_digest(model) + " " + ",".join(sorted(tensors))
 
 
-def run_oneshot_folder(work: Path) -> str:
-    """``oneshot_folder`` of a tiny Llama folder in ``work`` into ``work/pruned`` (rank 0 saves the source first)."""
-    source, output = work / "source", work / "pruned"
+def saved_source(work: Path) -> Path:
+    """``work/source``: a tiny Llama folder (and a calibration text) rank 0 (or the one process) saves, all wait."""
+    source = work / "source"
     if not dist_rank():
         save_tiny_llama_folder(source)
+        (work / "calibration.txt").write_text(random_text(200))
     if dist_rank() is not None:
         import torch.distributed as dist
 
         dist.barrier()
+    return source
+
+
+def run_oneshot_folder(work: Path) -> str:
+    """``oneshot_folder`` of a tiny Llama folder in ``work`` into ``work/pruned`` (rank 0 saves the source first)."""
+    source, output = saved_source(work), work / "pruned"
     prunereg.oneshot_folder(source, output, "sparsegpt", calibration=calibration_ids(7, 16), batch_size=1)
     return folder_digest(output)
+
+
+#: name -> the settings of a streamed shrink run (``shrink_folder``) with its recovery, on 7 samples.
+STREAMED_SHRINK_RUNS: dict[str, dict[str, Any]] = {
+    "flap_refit": {"mlp": 0.5, "heads": 0.5, "recover": "refit", "batch_size": 1},
+    "wanda_sp_steps": {"mlp": 0.5, "steps": 2, "recover": "refit", "batch_size": 2},
+}
+
+
+def run_shrink_folder(work: Path, name: str, *, in_memory: bool = False) -> dict[str, object]:
+    """``shrink_folder`` run ``name`` of a tiny Llama folder in ``work`` into ``work/shrunk``, or (``in_memory``)
+    ``shrink`` of the model loaded from it, saved there: the folder's hash and the folders left in ``work``."""
+    from transformers import AutoModelForCausalLM
+
+    settings = dict(STREAMED_SHRINK_RUNS[name])
+    method = "wanda_sp" if "steps" in settings else "flap"
+    source, output = saved_source(work), work / "shrunk"
+    if in_memory:
+        model = AutoModelForCausalLM.from_pretrained(source).eval()
+        prunereg.shrink(model, method, calibration_ids(7, 16), **settings)
+        model.save_pretrained(output)
+    else:
+        prunereg.shrink_folder(source, output, method, calibration_ids(7, 16), **settings)
+    return {"folder": folder_digest(output), "entries": sorted(path.name for path in work.iterdir() if path.is_dir())}
+
+
+class FailsOnRankOneSecondBlock(WandaSP):
+    """Wanda-sp that raises on rank 1 at its second block, after every rank cut (and rank 0 wrote) the first."""
+
+    def __init__(self) -> None:
+        self.blocks = 0
+
+    def channel_scores(self, weight: torch.Tensor, statistics: Any) -> torch.Tensor:
+        self.blocks += 1
+        if dist_rank() == 1 and self.blocks > 1:
+            raise RuntimeError("rank one's method broke")
+        return super().channel_scores(weight, statistics)
+
+
+def shrink_folder_when_a_rank_raises(work: Path) -> dict[str, object]:
+    """Rank 1 raises midway through ``shrink_folder``: every rank stops with one error and no output folder."""
+    source = saved_source(work)
+    try:
+        prunereg.shrink_folder(source, work / "shrunk", FailsOnRankOneSecondBlock(), calibration_ids(7, 16), mlp=0.5)
+    except Exception as error:
+        import torch.distributed as dist
+
+        dist.barrier()  # every rank has stopped (and rank 0 cleaned up) before any looks
+        left = sorted(path.name for path in work.iterdir())
+        return {"error": type(error).__name__, "message": str(error), "left": left}
+    return {"error": None}
+
+
+def shrink_arguments(work: Path, *flags: str) -> list[str]:
+    """The ``prunereg shrink`` arguments of :func:`run_command` (``work``'s source into ``work/pruned``)."""
+    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
+    return [
+        "shrink", str(source), str(output), "-m", "flap", "--mlp", "0.5", "--heads", "0.5", "--recover", "refit",
+        "--calibration", str(text), "--samples", "7", "--seq-len", "16", "--batch-size", "1", "--quiet", *flags,
+    ]  # fmt: skip
 
 
 def oneshot_arguments(work: Path, *flags: str) -> list[str]:
@@ -105,7 +173,12 @@ def oneshot_arguments(work: Path, *flags: str) -> list[str]:
 
 
 def run_oneshot_command(work: Path, *flags: str) -> dict[str, object]:
-    """``prunereg oneshot`` (click's runner) of a tiny Llama folder in ``work`` into ``work/pruned``.
+    """``prunereg oneshot`` of a tiny Llama folder in ``work`` into ``work/pruned``: :func:`run_command`."""
+    return run_command(work, oneshot_arguments(work, *flags))
+
+
+def run_command(work: Path, arguments: list[str]) -> dict[str, object]:
+    """A ``prunereg`` command (click's runner) on ``work``'s tiny Llama folder, written into ``work/pruned``.
 
     Rank 0 (or the one process) saves the source folder and calibration text
     first; the result is the exit code, the output folder's hash and the command's output.
@@ -114,15 +187,9 @@ def run_oneshot_command(work: Path, *flags: str) -> dict[str, object]:
 
     from prunereg._cli.app import main
 
-    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
-    if not dist_rank():
-        save_tiny_llama_folder(source)
-        text.write_text(random_text(200))
-    if dist_rank() is not None:
-        import torch.distributed as dist
-
-        dist.barrier()
-    result = CliRunner().invoke(main, oneshot_arguments(work, *flags))
+    saved_source(work)
+    output = work / "pruned"
+    result = CliRunner().invoke(main, arguments)
     written = output.is_dir()
     return {"code": result.exit_code, "folder": folder_digest(output) if written else None, "output": result.output}
 
@@ -285,6 +352,17 @@ CASES: dict[str, Callable[[], object]] = {
     "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
     "folder_command_streamed": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "streamed", "--stream"),
     "oneshot_one_rank_raises": one_rank_raises,
+    **{
+        f"streamed_shrink_{name}": (lambda name=name: run_shrink_folder(Path(sys.argv[1]).parent / name, name))
+        for name in STREAMED_SHRINK_RUNS
+    },
+    "streamed_shrink_command": lambda: run_command(
+        Path(sys.argv[1]).parent / "command", shrink_arguments(Path(sys.argv[1]).parent / "command", "--stream")
+    ),
+    "streamed_shrink_command_in_memory": lambda: run_command(
+        Path(sys.argv[1]).parent / "in_memory", shrink_arguments(Path(sys.argv[1]).parent / "in_memory")
+    ),
+    "streamed_shrink_raises": lambda: shrink_folder_when_a_rank_raises(Path(sys.argv[1]).parent / "raises"),
 }
 
 
