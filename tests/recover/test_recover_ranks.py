@@ -43,3 +43,9 @@ def test_fewer_batches_than_ranks_are_refused_on_every_rank(worlds):
         assert found["error"] == "ValueError" and found["unchanged"], found
         message = "2 ranks need a calibration batch each, and there are 1: give more samples or a smaller batch_size"
         assert found["message"] == message
+
+
+def test_a_method_whose_blocks_differ_between_ranks_is_an_error_on_every_rank(worlds):
+    for found in values(worlds[2], "recover_method_reads_its_own_share"):
+        assert found["error"] == "RuntimeError", found
+        assert found["message"].startswith("the ranks recovered model.layers.0 differently: the method read its own")

@@ -24,7 +24,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import prunereg
-from prunereg import LayerStatistics, PrunedWeight
+from prunereg import LayerStatistics, PrunedWeight, RecoveryBlock, RecoveryMethod
 from prunereg_shrink.methods import WandaSP
 from tests.support.tiny_lm import NormScore, calibration_ids, random_text, save_tiny_llama_folder, tiny_llama
 
@@ -257,6 +257,23 @@ def run_recover(name: str) -> dict[str, object]:
     return {"state": state_digest(model), "batches": len(seen)}
 
 
+class ReadsItsOwnShare(RecoveryMethod):
+    """Claims DATA_PARALLEL but writes how many batches this rank holds into a bias: too small to change a loss."""
+
+    DATA_PARALLEL = True
+
+    @property
+    def writer_biases(self) -> frozenset[str]:
+        return frozenset({"mlp"})
+
+    def recover_block(self, block: RecoveryBlock) -> str | None:
+        writer = block.writer("mlp")
+        assert writer is not None and isinstance(writer.bias, torch.Tensor)
+        with torch.no_grad():
+            writer.bias[0] = 1e-30 * block.n_batches  # 3 and 4 of 7 batches at 2 ranks
+        return None
+
+
 def recover_refused(run: Callable[[nn.Module], object]) -> dict[str, object]:
     """``run`` on a tiny Llama, which every rank refuses: the error, and whether the model is unchanged."""
     model = tiny_llama(layers=3)
@@ -343,6 +360,11 @@ CASES: dict[str, Callable[[], object]] = {
     ),
     "recover_shrink_blockwise_refused": lambda: recover_refused(
         lambda model: prunereg.shrink(model, "flap", calibration_ids(7, 16), mlp=0.5, recover="blockwise")
+    ),
+    "recover_method_reads_its_own_share": lambda: recover_refused(
+        lambda model: prunereg.recover(
+            model, tiny_llama(layers=3), calibration_ids(7, 16), ReadsItsOwnShare(), batch_size=1
+        )
     ),
     "recover_fewer_batches_than_ranks": lambda: recover_refused(
         lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(2, 16), "refit", batch_size=2)
