@@ -460,6 +460,12 @@ def same_as_alone(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, ca
     return alone["batches"], [found["batches"] for found in per_rank]
 
 
+def same_as_alone_from_shares(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, case: str) -> None:
+    """:func:`same_as_alone`, and each rank ran only its share of the batches (the embedding sees each once)."""
+    alone, batches = same_as_alone(worlds, size, case)
+    assert sum(batches) == alone and (size == 1 or max(batches) < alone)
+
+
 def values(per_rank: list[dict[str, dict[str, Any]]], case: str) -> list[Any]:
     """What ``case`` returned on each rank, in rank order (a rank where it raised fails the test with its traceback)."""
     found = []
