@@ -9,6 +9,8 @@ process, streamed and in memory, bit for bit.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch.distributed as dist
 
@@ -16,9 +18,11 @@ pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     STREAMED_SHRINK_RUNS,
+    folder_digest,
     run_command,
     run_shrink_folder,
     shrink_arguments,
+    under_torchrun,
     values,
     world_sizes,
     worlds_fixture,
@@ -70,3 +74,14 @@ def test_a_rank_that_raises_midway_ends_every_rank_with_its_error_and_no_output_
                 "message": f"rank 1 of {size} failed: RuntimeError: rank one's method broke",
                 "left": ["calibration.txt", "source"],
             }
+
+
+@pytest.mark.slow
+def test_the_streamed_shrink_command_under_torchrun_writes_the_one_process_folder(tmp_path):
+    work = tmp_path / "work"
+    alone = run_command(work, shrink_arguments(work, "--stream"))  # also saves the source folder and the text
+    shutil.rmtree(work / "pruned")
+    done = under_torchrun(shrink_arguments(work, "--stream"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert folder_digest(work / "pruned") == alone["folder"]
+    assert done.stdout.count("wrote ") == 1  # rank 0 alone reports

@@ -194,6 +194,16 @@ def run_command(work: Path, arguments: list[str]) -> dict[str, object]:
     return {"code": result.exit_code, "folder": folder_digest(output) if written else None, "output": result.output}
 
 
+def under_torchrun(arguments: list[str], n_ranks: int = 2) -> subprocess.CompletedProcess[str]:
+    """The installed ``prunereg`` command with ``arguments``, started by ``torchrun`` on ``n_ranks`` local ranks."""
+    command = str(Path(sys.executable).with_name("prunereg"))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n_ranks)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [*torchrun, "--no-python", command, *arguments], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 def dist_rank() -> int | None:
     """This process's rank, or None outside torch.distributed."""
     import torch.distributed as dist
