@@ -297,12 +297,12 @@ class RecoveryBlock:
         if kind not in ("attention", "mlp"):
             raise ValueError(f"kind must be 'attention' or 'mlp', not {kind!r}")
         if kind not in self._checked:
-            self._checked[kind] = self._candidates[kind] if self._rank_zero_says(self._checked_writer(kind)) else None
+            found = self._rank_zero_says(self._checked_writer(kind) is not None)
+            self._checked[kind] = self._candidates[kind] if found else None
         return self._checked[kind]
 
-    def _rank_zero_says(self, found: object) -> bool:
-        """Whether rank 0 (holding the first calibration batch) found something; ``found`` itself without ranks."""
-        here = found is not None and found is not False
+    def _rank_zero_says(self, here: bool) -> bool:
+        """What rank 0 (which holds the first calibration batch) found on it; ``here`` itself without ranks."""
         return here if self.ranks is None else bool(self.ranks.exchange(here)[0])
 
     def _checked_writer(self, kind: str) -> nn.Module | None:
