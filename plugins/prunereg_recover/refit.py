@@ -41,6 +41,7 @@ class Refit(RecoveryMethod):
     """
 
     STATISTICS = frozenset({"attention_residual"})
+    DATA_PARALLEL = True  # it reads the batches through the block's normal equations and losses only
 
     def __init__(self, ridge: float = 1e-4, writers: str | Sequence[str] = AUTO, bias: bool = True) -> None:
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not ridge >= 0:

@@ -36,6 +36,8 @@ class Replace(RecoveryMethod):
     first block has no block to fold into and is left as it is.
     """
 
+    DATA_PARALLEL = True  # it reads the batches through the block's normal equations and losses only
+
     def __init__(self, ridge: float = 1e-4, bias: bool = True) -> None:
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not ridge >= 0:
             raise ValueError(f"ridge must be a number >= 0, not {ridge!r}")

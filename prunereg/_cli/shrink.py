@@ -124,36 +124,48 @@ def shrink_command(
     from prunereg._models.hf_folder import load_causal_lm, load_tokenizer
     from prunereg._recover.folder import StreamedShrink
     from prunereg._runtime.calibration import CLI_SPELLING, samples_from_text_file
+    from prunereg._runtime.ranks import Ranks, launched_group, together
 
     results = Results(eval_file.name if eval_file is not None else None)
-    with results.shown_on_failure(as_json), library_bars_unless(quiet):
-        tokenizer = load_tokenizer(model_dir)
-        ids = None
-        if calibration is not None:
-            ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
-        eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+    with launched_group(None), results.shown_on_failure(as_json), library_bars_unless(quiet):
+        ranks = Ranks.current(settings.data_parallel)  # under torchrun: rank 0 writes, the others calibrate beside it
+        with together(ranks):
+            tokenizer = load_tokenizer(model_dir)
+            ids = None
+            if calibration is not None:
+                ids = samples_from_text_file(tokenizer, calibration, samples, seq_len, CLI_SPELLING)
 
-        def load(folder: Path, label: str = "MODEL_DIR") -> Any:
-            return load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
+            def load(folder: Path, label: str = "MODEL_DIR") -> Any:
+                return load_causal_lm(folder, dtype=torch_dtype(dtype), label=label)
 
-        with cleanup_on_signals(), output as staging:
-            if stream:
-                if eval_ids is not None:
-                    results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
-                request = StreamedShrink(output, method, ids, method_options, label="MODEL_DIR")
-                results.report = request.run(model_dir, staging, settings)
-                if eval_ids is not None:
-                    results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
-            else:
-                model = load(model_dir)
-                output.require_free_space(bytes_to_write(model))
-                if eval_ids is not None:
-                    results.measure("before", model, eval_ids, eval_window, not quiet)
-                results.report = prunereg.shrink(model, method, ids, **dataclasses.asdict(settings), **method_options)
-                if eval_ids is not None:
-                    results.measure("after", model, eval_ids, eval_window, not quiet)
-                model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
+            def shrunk(model: Any) -> Any:
+                return prunereg.shrink(model, method, ids, **dataclasses.asdict(settings), **method_options)
+
+            if ranks is not None and ranks.rank != 0:
+                if stream:
+                    StreamedShrink(None, method, ids, method_options, label="MODEL_DIR").run(model_dir, None, settings)
+                else:
+                    shrunk(load(model_dir))
+                return
+            eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
+            with cleanup_on_signals(), output as staging:
+                if stream:
+                    if eval_ids is not None:
+                        results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
+                    request = StreamedShrink(output, method, ids, method_options, label="MODEL_DIR")
+                    results.report = request.run(model_dir, staging, settings)
+                    if eval_ids is not None:
+                        results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
+                else:
+                    model = load(model_dir)
+                    output.require_free_space(bytes_to_write(model))
+                    if eval_ids is not None:
+                        results.measure("before", model, eval_ids, eval_window, not quiet)
+                    results.report = shrunk(model)
+                    if eval_ids is not None:
+                        results.measure("after", model, eval_ids, eval_window, not quiet)
+                    model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
     results.show(as_json)
     if not as_json:
         click.echo(f"wrote {printable(str(output_dir))}")

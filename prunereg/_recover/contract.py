@@ -44,11 +44,19 @@ class RecoveryMethod:
     projections of those kinds a zero bias in every block, where the config
     has a flag that makes stock ``from_pretrained`` build one (Llama's
     ``mlp_bias`` / ``attention_bias``), before the first block.
+
+    ``DATA_PARALLEL = True`` says that a block method reads the calibration
+    data only through what the block combines over the ranks of
+    torch.distributed (:meth:`~prunereg._recover.data.RecoveryBlock.normal_equations`,
+    ``loss``, ``evaluate``, ``writer``, ``mlp``), so that each rank can hold a
+    share of the batches and every rank ends with one process's result. A
+    method without it (one that trains on the batches itself) is refused under ranks.
     """
 
     PRUNING_TYPE: ClassVar[str] = KIND
     SCOPE: ClassVar[str] = "block"
     STATISTICS: ClassVar[frozenset[str]] = frozenset()
+    DATA_PARALLEL: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -28,6 +28,7 @@ from prunereg._recover.runtime import (
     LeastSquares,
     NormalEquations,
     Observation,
+    Ranks,
     Recorder,
     call_block,
     gather,
@@ -115,7 +116,13 @@ class RecoveryBlock:
       residual stream as they are (``"attention"``: ``o_proj``, ``"mlp"``:
       ``down_proj``), :attr:`mlp` the MLP module (a mixture of experts too);
       :meth:`normal_equations` the float64 statistics to refit them;
-    - ``seed`` for random draws; :meth:`progress` a bar that follows the run's ``progress`` setting.
+    - ``seed`` for random draws; :meth:`progress` a bar that follows the run's ``progress`` setting;
+    - ``ranks``: under torch.distributed, the ranks that each hold a contiguous
+      share of the calibration batches (``inputs.first`` the index of this
+      rank's first): :meth:`loss`, :meth:`evaluate`'s loss, :meth:`n_tokens`
+      and :meth:`normal_equations` are then over every rank's batches, the same
+      bits as one process, and the checks on the first batch are rank 0's.
+      Only :meth:`forward`, :meth:`target` and :attr:`n_batches` are this rank's own.
     """
 
     def __init__(
@@ -134,6 +141,7 @@ class RecoveryBlock:
         seed: int = 0,
         show_progress: bool | None = False,
         label: str = "",
+        ranks: Ranks | None = None,
     ) -> None:
         if len(inputs) != len(targets) or not targets:
             raise ValueError(f"a block needs one target per calibration batch: {len(inputs)} and {len(targets)}")
@@ -144,6 +152,7 @@ class RecoveryBlock:
         self.changed = changed
         self.seed = seed
         self.label = label
+        self.ranks = ranks
         self._inputs = inputs
         self._targets = targets
         self._attention_targets = attention_targets
@@ -164,7 +173,9 @@ class RecoveryBlock:
 
     @property
     def n_tokens(self) -> int:
-        return sum(_rows(target).shape[0] for target in self._targets)
+        """The calibration tokens of every rank's batches."""
+        mine = sum(_rows(target).shape[0] for target in self._targets)
+        return mine if self.ranks is None else sum(self.ranks.exchange(mine))
 
     @property
     def removed_after(self) -> int:
@@ -222,7 +233,7 @@ class RecoveryBlock:
         key = self.weights_key()
         found = self.evaluation(key)
         if found is None and self._replay is not None:
-            found = self._replay.evaluate(key, self._targets)
+            found = self._replay.evaluate(key, self._targets, self.ranks)
             if found is not None:
                 self._keep(key, found)
         return found or self._pass()
@@ -248,7 +259,7 @@ class RecoveryBlock:
                 outputs = [self.forward(batch) for batch in range(self.n_batches)]
             else:
                 outputs = gather(self.module, self._inputs, recorder, keep_outputs=True)
-        result = (_loss_of(outputs, self._targets), outputs)
+        result = (_loss_of(outputs, self._targets, self.ranks), outputs)
         self._keep(self.weights_key(), result)
         return result
 
@@ -272,7 +283,7 @@ class RecoveryBlock:
         if self._mlp is None:
             return None
         if self._mlp_adds is None:
-            self._mlp_adds = self._adds_output(self._mlp)
+            self._mlp_adds = self._rank_zero_says(self._adds_output(self._mlp))
         return self._mlp if self._mlp_adds else None
 
     def writer(self, kind: str) -> nn.Module | None:
@@ -286,8 +297,13 @@ class RecoveryBlock:
         if kind not in ("attention", "mlp"):
             raise ValueError(f"kind must be 'attention' or 'mlp', not {kind!r}")
         if kind not in self._checked:
-            self._checked[kind] = self._checked_writer(kind)
+            found = self._rank_zero_says(self._checked_writer(kind) is not None)
+            self._checked[kind] = self._candidates[kind] if found else None
         return self._checked[kind]
+
+    def _rank_zero_says(self, here: bool) -> bool:
+        """What rank 0 (which holds the first calibration batch) found on it; ``here`` itself without ranks."""
+        return here if self.ranks is None else bool(self.ranks.exchange(here)[0])
 
     def _checked_writer(self, kind: str) -> nn.Module | None:
         writer = self._candidates.get(kind)
@@ -353,7 +369,7 @@ class RecoveryBlock:
 
         def drawn(observation: Observation) -> tuple[Tensor, Tensor]:
             assert observation.inputs is not None and observation.outputs is not None
-            batch = observation.batch
+            batch = observation.batch - self._inputs.first  # this rank's own list holds its batches only
             if fit == "attention":
                 assert self._attention_targets is not None
                 return observation.inputs, self._attention_targets[batch] - self._inputs.hidden[batch]
@@ -371,16 +387,27 @@ class RecoveryBlock:
         self._replay = None  # the one kept is of weights about to change
         self._pass(recorder)
         self._replay = replay
-        equations = recorder.called["fit"].results()["least_squares"]
+        tally = recorder.called["fit"]
+        if self.ranks is not None:
+            tally = self.ranks.merged(tally)
+        equations = tally.results()["least_squares"]
         if equations is None:
             raise ValueError(f"{type(module).__name__} did not run in block {self.index}'s forward")
         return equations
 
 
-def _loss_of(outputs: list[Tensor], targets: list[Tensor]) -> float:
-    """The mean squared error of ``outputs`` against ``targets``, summed in float64."""
-    total = sum(float((output.double() - target.double()).square().sum()) for output, target in zip(outputs, targets))
-    return total / max(sum(output.numel() for output in outputs), 1)
+def _loss_of(outputs: list[Tensor], targets: list[Tensor], ranks: Ranks | None = None) -> float:
+    """The mean squared error of ``outputs`` against ``targets``, summed in float64, batch by batch in order.
+
+    With ``ranks``, over every rank's batches: the per-batch sums are gathered and added in batch order.
+    """
+    sums = [float((output.double() - target.double()).square().sum()) for output, target in zip(outputs, targets)]
+    count = sum(output.numel() for output in outputs)
+    if ranks is not None:
+        everyone = ranks.exchange((sums, count))
+        sums = [each for rank_sums, _ in everyone for each in rank_sums]
+        count = sum(rank_count for _, rank_count in everyone)
+    return sum(sums) / max(count, 1)
 
 
 class _Replay:
@@ -403,13 +430,13 @@ class _Replay:
         self.inputs.append(inputs)
         self.rests.append(rest)
 
-    def evaluate(self, key: WeightsKey, targets: list[Tensor]) -> _Evaluation | None:
+    def evaluate(self, key: WeightsKey, targets: list[Tensor], ranks: Ranks | None) -> _Evaluation | None:
         """The loss and outputs on the block's weights ``key``; None where more than the writer changed."""
         if len(key) != len(self.key) or any(key[i] != self.key[i] for i in self.others):
             return None
         with torch.no_grad():
             outputs = [rest + self.writer(inputs) for inputs, rest in zip(self.inputs, self.rests, strict=True)]
-        return _loss_of(outputs, targets), outputs
+        return _loss_of(outputs, targets, ranks), outputs
 
 
 def _close(measured: Tensor, expected: Tensor, around: Tensor) -> bool:

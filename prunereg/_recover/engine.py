@@ -34,6 +34,7 @@ from prunereg._recover.parts import bias_flags, block_parts, changed_parts
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import (
     BlockInputs,
+    Ranks,
     add_zero_biases,
     batches_of,
     calibration_ids,
@@ -41,9 +42,14 @@ from prunereg._recover.runtime import (
     capture_first_block_inputs,
     check_fits_model,
     check_not_reparametrized,
+    digest,
     find_blocks,
+    fingerprint,
     input_device,
     matmul_precision,
+    model_digest,
+    own_batches,
+    together,
 )
 from prunereg._recover.step import recover_block, recover_model
 from prunereg._recover.teacher import TeacherTrajectory
@@ -90,13 +96,22 @@ def recover(
     option) is a one-line error and leaves the model as it was. If the method
     fails midway, the block it was working on is put back and the error says
     which blocks were recovered before it.
+
+    Under torch.distributed (``torchrun``; ``data_parallel=False`` opts out)
+    each rank runs a share of the calibration batches and the ranks combine
+    the statistics and losses, so every rank ends with the model one process
+    gives from all the samples, bit for bit; only a method that reads the
+    batches through them (``DATA_PARALLEL``: ``refit``, ``replace``) runs so,
+    and ranks that disagree on the models, method or samples are refused.
     """
     settings, method_options = RecoverOptions.split(options)
     if calibration is None:
         raise ValueError("recover needs calibration data: token ids, or texts with a tokenizer")
     calibration = calibration_ids(calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len)
-    job = RecoverJob.prepare(model, teacher, calibration, method, settings, method_options)
-    return job.run()
+    ranks = Ranks.current(settings.data_parallel)
+    with together(ranks):
+        job = RecoverJob.prepare(model, teacher, calibration, method, settings, method_options, ranks=ranks)
+        return job.run()
 
 
 @dataclass
@@ -115,6 +130,8 @@ class RecoverJob:
     teacher_batches: list[Tensor]
     bias_flags: dict[str, list[nn.Module]]
     options: RecoverOptions
+    ranks: Ranks | None = None
+    """The ranks that split the calibration batches and combine what the method reads (None: this process alone)."""
 
     @classmethod
     def prepare(
@@ -125,8 +142,14 @@ class RecoverJob:
         method: str | RecoveryMethod,
         options: RecoverOptions,
         method_options: dict[str, Any],
+        *,
+        ranks: Ranks | None = None,
     ) -> RecoverJob:
-        """Check every argument and build the method; nothing in ``model`` changes."""
+        """Check every argument and build the method; nothing in ``model`` changes.
+
+        With ``ranks``, the method must split its data over them, every rank
+        needs a batch, and every rank's request is checked against the others'.
+        """
         for name, value in (("model", model), ("teacher", teacher)):
             if not isinstance(value, nn.Module):
                 raise TypeError(f"{name} must be a torch.nn.Module, not {type(value).__name__}")
@@ -149,9 +172,13 @@ class RecoverJob:
         teacher_batches = [batch.to(teacher_device) for batch in batches]
         config = getattr(model, "config", None)
         flags = bias_flags(config, blocks, instance.writer_biases) if instance.SCOPE == "block" else {}
+        if ranks is not None:
+            check_data_parallel(instance, name, ranks, len(batches))
+            shared = fingerprint(model, instance, options, batches)
+            ranks.agree("prunereg.recover", {**shared, "teacher": model_digest(teacher)})
         return cls(
             model, teacher, instance, name, path, blocks, teacher_blocks, matching, batches, teacher_batches, flags,
-            options,
+            options, ranks,
         )  # fmt: skip
 
     def run(self) -> RecoverReport:
@@ -184,10 +211,13 @@ class RecoverJob:
         )
 
     def _recover_blocks(self, report: RecoverReport) -> None:
-        student_inputs = capture_first_block_inputs(self.model, self.blocks[0], self.batches)
+        """Each block in turn, on this rank's share of the batches (all of them in one process)."""
+        student_inputs = capture_first_block_inputs(self.model, self.blocks[0], *own_batches(self.ranks, self.batches))
         teacher = TeacherTrajectory(
             self.teacher_blocks,
-            capture_first_block_inputs(self.teacher, self.teacher_blocks[0], self.teacher_batches),
+            capture_first_block_inputs(
+                self.teacher, self.teacher_blocks[0], *own_batches(self.ranks, self.teacher_batches)
+            ),
             attention="attention_residual" in self.method.STATISTICS,
         )
         teacher.run(self.matching.leading)
@@ -201,6 +231,7 @@ class RecoverJob:
             except BaseException as error:
                 _say_how_far(error, self.blocks_path, index)
                 raise
+            check_ranks_agree(self.ranks, block)
             report.steps.append(step)
             student_inputs.hidden = outputs
             del block, targets, attention
@@ -230,6 +261,34 @@ class RecoverJob:
             seed=self.options.seed,
             show_progress=self.options.progress,
             label=f"{self.blocks_path}.{index}",
+            ranks=self.ranks,
+        )
+
+
+def check_data_parallel(method: RecoveryMethod, name: str, ranks: Ranks, n_batches: int) -> None:
+    """Refuse, in one line, a recovery over ``ranks`` that could not end as one process's: see ``DATA_PARALLEL``."""
+    if not method.DATA_PARALLEL:
+        raise ValueError(
+            f"recover={name!r} trains on the calibration batches itself, which the {ranks.size} ranks of "
+            "torch.distributed would split: pass data_parallel=False (every rank then recovers on all the samples), "
+            "or run it in one process"
+        )
+    if n_batches < ranks.size:
+        raise ValueError(
+            f"{ranks.size} ranks need a calibration batch each, and there are {n_batches}: "
+            "give more samples or a smaller batch_size"
+        )
+
+
+def check_ranks_agree(ranks: Ranks | None, block: RecoveryBlock) -> None:
+    """Refuse a recovered block whose weights differ between ranks (a method that read its own share of the data)."""
+    if ranks is None:
+        return
+    weights = digest(*(tensor for _, tensor in sorted(block.module.state_dict().items())))
+    if len(set(ranks.exchange(weights))) > 1:
+        raise RuntimeError(
+            f"the ranks recovered {block.label or block.index} differently: the method read its own share of the "
+            "calibration batches, not only what the block combines over the ranks; pass data_parallel=False"
         )
 
 

@@ -26,6 +26,7 @@ from prunereg._disk.folder import AtomicFolder
 from prunereg._recover.runtime import calibration_ids
 from prunereg._recover.shrinking import combined, follower_for, planned_rounds
 from prunereg._runtime.options import with_options_signature
+from prunereg._runtime.ranks import Ranks, together
 from prunereg._runtime.streamed import open_folder, output_folder
 from prunereg._shrink.contract import ShrinkMethod
 from prunereg._shrink.options import ShrinkOptions
@@ -68,56 +69,66 @@ def shrink_folder(
     """
     settings, method_options = ShrinkOptions.split(options, refused=FOLDER_REFUSES)
     refuse_global_streaming(settings)
-    folder = output_folder(output_dir, model_dir, replace=replace)
-    if calibration is not None:
-        calibration = calibration_ids(
-            calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
-            label="model_dir",
-        )  # fmt: skip
-    with folder as staging:
-        request = StreamedShrink(folder, method, calibration, method_options, label="model_dir")
-        return request.run(Path(model_dir), staging, settings)
+    ranks = Ranks.current(settings.data_parallel)
+    with together(ranks):  # the others wait at its last exchange until rank 0's folder is in place
+        folder = output_folder(output_dir, model_dir, replace=replace)
+        if calibration is not None:
+            calibration = calibration_ids(
+                calibration, tokenizer=tokenizer, num_samples=num_samples, seq_len=seq_len, folder=Path(model_dir),
+                label="model_dir",
+            )  # fmt: skip
+        if ranks is not None and ranks.rank != 0:  # rank 0 writes the folder; the others calibrate beside it
+            return StreamedShrink(None, method, calibration, method_options, "model_dir").run(
+                Path(model_dir), None, settings
+            )
+        with folder as staging:
+            request = StreamedShrink(folder, method, calibration, method_options, label="model_dir")
+            return request.run(Path(model_dir), staging, settings)
 
 
 @dataclass
 class StreamedShrink:
     """What every streamed pass of one request shares: the open output folder, the method, the calibration.
 
-    ``label`` names the source folder in errors (``model_dir``, ``MODEL_DIR``).
+    ``label`` names the source folder in errors (``model_dir``, ``MODEL_DIR``). A rank
+    other than 0 under torch.distributed has no ``folder`` and writes no output
+    (:meth:`run` without staging): only the rounds before the last, which it
+    reads back, into a temporary folder of its own.
     """
 
-    folder: AtomicFolder
+    folder: AtomicFolder | None
     method: str | ShrinkMethod
     calibration: Tensor | None
     method_options: dict[str, Any]
     label: str
 
-    def run(self, source: Path, staging: Path, settings: ShrinkOptions) -> ShrinkReport:
-        """Shrink ``source`` into ``staging`` (the open folder's), with its recovery and in its rounds."""
+    def run(self, source: Path, staging: Path | None, settings: ShrinkOptions) -> ShrinkReport:
+        """Shrink ``source`` into ``staging`` (the open folder's; None: write no output), recovered, in its rounds."""
         if settings.steps == 1:
             return self._once(source, staging, settings)
         rounds = self._planned_rounds(source, staging, settings)
         reports = []
-        passes = Path(tempfile.mkdtemp(prefix=".prunereg-rounds-", dir=staging))  # goes with the staging folder
-        read_from = source
-        for number, each in enumerate(rounds, start=1):
-            into = staging if number == len(rounds) else passes / f"round-{number}"
-            into.mkdir(exist_ok=True)
-            reports.append(self._once(read_from, into, each))
-            if read_from != source:
-                shutil.rmtree(read_from)  # the round before's folder: read, no longer needed
-            read_from = into
-        shutil.rmtree(passes)
+        # inside the staging folder, or (a rank that writes no output) a temporary folder of this rank's own
+        with tempfile.TemporaryDirectory(prefix=".prunereg-rounds-", dir=staging) as passes:
+            read_from = source
+            for number, each in enumerate(rounds, start=1):
+                into = staging if number == len(rounds) else Path(passes) / f"round-{number}"
+                if into is not None:
+                    into.mkdir(exist_ok=True)
+                reports.append(self._once(read_from, into, each))
+                if read_from != source:
+                    shutil.rmtree(read_from)  # the round before's folder: read, no longer needed
+                read_from = into or source
         return combined(reports)
 
-    def _planned_rounds(self, source: Path, staging: Path, settings: ShrinkOptions) -> list[ShrinkOptions]:
+    def _planned_rounds(self, source: Path, staging: Path | None, settings: ShrinkOptions) -> list[ShrinkOptions]:
         """The rounds, the whole request checked on ``source``'s model as streaming builds it (blocks on meta)."""
         refuse_global_streaming(settings)
-        opened = open_folder(source, self.folder, staging, self.label, blocks=settings.blocks)
+        opened = open_folder(source, self.folder, staging or source, self.label, blocks=settings.blocks)
         with_path = dataclasses.replace(settings, blocks=opened.blocks_path)
         return planned_rounds(opened.model, self.method, self.calibration, with_path, self.method_options)
 
-    def _once(self, source: Path, into: Path, settings: ShrinkOptions) -> ShrinkReport:
+    def _once(self, source: Path, into: Path | None, settings: ShrinkOptions) -> ShrinkReport:
         follower = follower_for(settings)
         report = shrink_folder_into(
             source, self.folder, into, self.method, self.calibration, settings, self.method_options,

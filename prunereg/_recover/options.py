@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prunereg._runtime.options import Options, blocks_setting, matmul_precision_setting, progress_setting, setting
+from prunereg._runtime.options import (
+    Options,
+    blocks_setting,
+    data_parallel_setting,
+    matmul_precision_setting,
+    progress_setting,
+    setting,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,7 @@ class RecoverOptions(Options):
     seed: int = setting(0, "Seed of every random draw of a training method (batch order).", metavar="N")
     matmul_precision: str = matmul_precision_setting("the least-squares statistics and solves")
     progress: bool | None = progress_setting()
+    data_parallel: bool = data_parallel_setting()
 
     def __post_init__(self) -> None:
         if self.removed_blocks is not None:

@@ -3,7 +3,7 @@
 Calibration ids, finding the decoder blocks and their parts (MLP, attention,
 experts, their writer projections), capturing the blocks' inputs and running
 them, the run's mode and precision, the recorder and the least-squares
-statistic that the refits solve: the same runtime one-shot pruning and
+statistic that the refits solve, the ranks that split the calibration: the same runtime one-shot pruning and
 shrinking run on.
 """
 
@@ -18,6 +18,7 @@ from prunereg._runtime.least_squares import LeastSquares, NormalEquations
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, input_device
 from prunereg._runtime.parts import UnitGroup, add_zero_biases, find_experts, find_heads, find_mlp
 from prunereg._runtime.precision import matmul_precision
+from prunereg._runtime.ranks import Ranks, digest, fingerprint, model_digest, own_batches, together
 from prunereg._runtime.recorder import Called, Recorder, gather
 from prunereg._runtime.statistics import Observation
 
@@ -29,6 +30,7 @@ __all__ = [
     "LeastSquares",
     "NormalEquations",
     "Observation",
+    "Ranks",
     "Recorder",
     "UnitGroup",
     "add_zero_biases",
@@ -41,12 +43,17 @@ __all__ = [
     "check_fits_model",
     "check_not_reparametrized",
     "default_devices",
+    "digest",
     "find_blocks",
     "find_experts",
     "find_heads",
     "find_mlp",
+    "fingerprint",
     "gather",
     "input_device",
     "matmul_precision",
     "method_class",
+    "model_digest",
+    "own_batches",
+    "together",
 ]

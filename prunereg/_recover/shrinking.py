@@ -28,10 +28,26 @@ from torch import Tensor, nn
 
 from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, zero_masks
-from prunereg._recover.engine import any_bias_used, build_method, config_changes, switch_off, switch_on_biases
+from prunereg._recover.engine import (
+    any_bias_used,
+    build_method,
+    check_data_parallel,
+    check_ranks_agree,
+    config_changes,
+    switch_off,
+    switch_on_biases,
+)
 from prunereg._recover.parts import BlockParts, bias_flags, block_parts
 from prunereg._recover.report import RecoverReport
-from prunereg._recover.runtime import BlockInputs, calibration_ids, find_blocks, find_experts, find_heads, find_mlp
+from prunereg._recover.runtime import (
+    BlockInputs,
+    Ranks,
+    calibration_ids,
+    find_blocks,
+    find_experts,
+    find_heads,
+    find_mlp,
+)
 from prunereg._recover.step import recover_block
 from prunereg._runtime.options import with_options_signature
 from prunereg._shrink.contract import BlockFollower, ShrinkMethod
@@ -159,6 +175,8 @@ class Recovering(BlockFollower):
 
     def __init__(self, method: RecoveryMethod, name: str, *, progress: bool | None = None) -> None:
         self.method = method
+        self.name = name
+        self.ranks: Ranks | None = None
         self.report = RecoverReport(name, "", 0)
         self.progress = progress
         self._config: Any = None
@@ -171,6 +189,10 @@ class Recovering(BlockFollower):
         self._before: dict[str, list[tuple[int, int]]] = {}
         self._mlp_outputs: list[Tensor] = []
         self._start = 0.0
+
+    def over_ranks(self, ranks: Ranks, n_batches: int) -> None:
+        check_data_parallel(self.method, self.name, ranks, n_batches)
+        self.ranks = ranks
 
     def start(self, model: nn.Module, blocks: nn.ModuleList, journal: Any) -> None:
         self._start = time.perf_counter()
@@ -216,9 +238,10 @@ class Recovering(BlockFollower):
         data = RecoveryBlock(
             block, index, (index,), inputs, dense, writers=block_parts(block, self._config).writers, mlp=parts.mlp,
             changed=changed, attention_targets=attention, masks=zero_masks(block), show_progress=self.progress,
-            label=f"{self.report.blocks_path}.{index}",
+            label=f"{self.report.blocks_path}.{index}", ranks=self.ranks,
         )  # fmt: skip
         step, outputs = recover_block(self.method, data)
+        check_ranks_agree(self.ranks, data)
         self._used.update(flag for flag, layers in added.items() if any_bias_used(layers))
         self.report.steps.append(step)
         self.report.n_tokens = data.n_tokens

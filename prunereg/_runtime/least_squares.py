@@ -11,8 +11,9 @@ so every engine's statistics are gathered, and later all-reduced, one way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -116,6 +117,15 @@ class LeastSquares(Statistic):
             self.cross += theirs.cross
             self.target_sq += theirs.target_sq
         self.n_tokens += theirs.n_tokens
+
+    def state(self) -> dict[str, Any]:
+        """The sums as tensors and numbers only (no ``fit``): what ranks exchange, loadable with ``weights_only``."""
+        return {"gram": self.gram, "cross": self.cross, "target_sq": self.target_sq, "n_tokens": self.n_tokens}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Take the sums of :meth:`state` (another rank's), in place of this statistic's own."""
+        self.gram, self.cross, self.target_sq = state["gram"], state["cross"], state["target_sq"]
+        self.n_tokens = int(state["n_tokens"])
 
     def result(self) -> NormalEquations | None:
         if self.gram is None or self.cross is None or self.target_sq is None:

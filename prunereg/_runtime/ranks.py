@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from prunereg._runtime.recorder import Recorder, Tally
+from prunereg._runtime.pairwise import Span
+from prunereg._runtime.recorder import Partial, Recorder, Tally
 from prunereg._text import describe
 
 _OK, _FAILED = "ok", "failed"
@@ -80,6 +81,29 @@ class Ranks:
             torch.load(io.BytesIO(data), map_location=here, weights_only=False)  # the job's own ranks: trusted
             for data in self.exchange(buffer.getvalue())
         ]
+
+    def _exchange_plain(self, payload: Any) -> list[Any]:
+        """:meth:`exchange` of tensors and numbers in lists and dicts, each rank's loaded ``weights_only`` (no code)."""
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        here = _this_gpu()
+        return [
+            torch.load(io.BytesIO(data), map_location=here, weights_only=True)
+            for data in self.exchange(buffer.getvalue())
+        ]
+
+    def merged(self, tally: Tally) -> Tally:
+        """``tally`` over every rank's batches, combined in rank order; only tensors and numbers cross between ranks.
+
+        Each statistic in it must be :class:`~prunereg._runtime.recorder.Stateful`
+        (a fit that holds a callable: the callable stays on each rank).
+        """
+        mine = (tally.n_tokens, [(span.level, span.index, span.value.state()) for span in tally.spans()])
+        merged = Tally(tally.factories)
+        for n_tokens, spans in self._exchange_plain(mine):
+            partials = [Span(level, index, Partial.from_state(tally.factories, state)) for level, index, state in spans]
+            merged.extend(n_tokens, partials)
+        return merged
 
     def fail(self, error: BaseException) -> None:
         """Send ``error`` to the other ranks' next exchange (best effort: a rank gone already cannot hear it)."""

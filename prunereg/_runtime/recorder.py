@@ -30,7 +30,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 from torch import Tensor, nn
 
@@ -64,6 +64,33 @@ class Partial:
     def results(self) -> dict[str, Any]:
         """Each statistic's result by name."""
         return {name: statistic.result() for name, statistic in self.statistics.items()}
+
+    def state(self) -> dict[str, Any]:
+        """These statistics as tensors and numbers only (each one :class:`Stateful`): what ranks can exchange."""
+        states = {}
+        for name, statistic in self.statistics.items():
+            if not isinstance(statistic, Stateful):
+                raise TypeError(f"{type(statistic).__name__} has no state() to exchange between ranks")
+            states[name] = statistic.state()
+        return {"n_tokens": self.n_tokens, "statistics": states}
+
+    @classmethod
+    def from_state(cls, factories: Mapping[str, Factory], state: Mapping[str, Any]) -> Partial:
+        """The partial result :meth:`state` described, its statistics made by ``factories``."""
+        partial = cls(factories)
+        partial.n_tokens = int(state["n_tokens"])
+        for name, statistic in partial.statistics.items():
+            cast(Stateful, statistic).load_state(state["statistics"][name])
+        return partial
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A statistic whose partial result is tensors and numbers only, so ranks exchange it without pickling code."""
+
+    def state(self) -> Mapping[str, Any]: ...
+
+    def load_state(self, state: Mapping[str, Any]) -> None: ...
 
 
 class Tally:

@@ -38,6 +38,7 @@ from prunereg._runtime.statistics import ReadByName
 
 if TYPE_CHECKING:
     from prunereg._runtime.capture import BlockInputs
+    from prunereg._runtime.ranks import Ranks
 
 KIND = "shrink"
 
@@ -182,6 +183,11 @@ class BlockFollower:
     notes there what :meth:`finish` needs, and a parameter :meth:`finish` sets
     to None (a bias taken back) is deleted from the written shards.
     """
+
+    def over_ranks(self, ranks: Ranks, n_batches: int) -> None:
+        """Under torch.distributed, before the pass: work on this rank's share of the ``n_batches`` and combine
+        with the other ranks, or refuse in one line (a ``ValueError``) where the result would not be one process's."""
+        raise ValueError(f"{type(self).__name__} cannot split the calibration over ranks; pass data_parallel=False")
 
     def start(self, model: torch.nn.Module, blocks: torch.nn.ModuleList, journal: object) -> None:
         """Before the first block: ``journal`` keeps what is replaced, to put back on a failure."""

@@ -74,10 +74,10 @@ def shrink_model(
     """One shrink run of :func:`prunereg.shrink` (calibration already as token ids), ``follower`` after each cut.
 
     Under torch.distributed (and ``data_parallel``) the ranks split the
-    calibration batches and combine their statistics; with a ``follower``
-    (recovery, whose statistics are its own) every rank still runs on all of them.
+    calibration batches and combine their statistics; a ``follower``
+    (recovery) combines its own (:meth:`BlockFollower.over_ranks`).
     """
-    ranks = Ranks.current(settings.data_parallel) if follower is None else None
+    ranks = Ranks.current(settings.data_parallel)
     with together(ranks):
         if isinstance(model, nn.Module):  # (streaming fills a model built on the meta device itself)
             refuse_meta(model)
@@ -189,6 +189,8 @@ class ShrinkJob:
         width = _width_config(config, plans, instance, widths=not across)
         precision = options.matmul_precision
         if ranks is not None:
+            if follower is not None:
+                follower.over_ranks(ranks, len(batches))
             ranks.agree("prunereg.shrink", fingerprint(model, instance, options, batches))
         return cls(
             model, instance, name, blocks_path, block_list, plans, layers, needs, batches, precision, width,
@@ -302,7 +304,7 @@ class ShrinkJob:
         self.follower.start(self.model, self.blocks, journal)
         if not self.method.OBSERVES_DENSE_MODEL:
             return inputs
-        return BlockInputs(list(inputs.hidden), inputs.args, inputs.kwargs)
+        return BlockInputs(list(inputs.hidden), inputs.args, inputs.kwargs, inputs.first)
 
     def _shrink_and_follow(
         self, index: int, inputs: BlockInputs, student: BlockInputs, journal: Journal, weights: BlockWeights

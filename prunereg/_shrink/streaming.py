@@ -22,7 +22,8 @@ from torch import Tensor, nn
 
 from prunereg._disk.folder import AtomicFolder
 from prunereg._models.hf_folder import CONFIG_NAME, is_gguf_marker
-from prunereg._runtime.streamed import StreamedBlocks, empty_block, open_folder
+from prunereg._runtime.ranks import Ranks
+from prunereg._runtime.streamed import ReadBlocks, StreamedBlocks, empty_block, open_folder
 from prunereg._shrink.contract import BlockFollower, ShrinkMethod
 from prunereg._shrink.engine import ShrinkJob
 from prunereg._shrink.options import ShrinkOptions
@@ -118,8 +119,8 @@ def refuse_global_streaming(options: ShrinkOptions) -> None:
 
 def shrink_folder_into(
     source: Path,
-    folder: AtomicFolder,
-    staging: Path,
+    folder: AtomicFolder | None,
+    staging: Path | None,
     method: str | ShrinkMethod,
     calibration: Tensor | Iterable[Tensor] | None,
     options: ShrinkOptions,
@@ -134,14 +135,23 @@ def shrink_folder_into(
     as in memory. ``label`` names ``source`` in errors; a failure leaves the
     model half shrunk (``options.restore_on_error`` is not read: the staging
     folder is discarded).
+
+    Under torch.distributed (``options.data_parallel``) the ranks split the
+    calibration; a rank that writes nothing passes no ``staging`` (nor
+    ``folder``: a folder-less rank that writes, writes a round of its own
+    without a free-space check).
     """
     refuse_global_streaming(options)
-    opened = open_folder(source, folder, staging, label, blocks=options.blocks, streamed=ShrunkBlocks)
+    kind = ShrunkBlocks if staging is not None else ReadBlocks
+    opened = open_folder(source, folder, staging or source, label, blocks=options.blocks, streamed=kind)
     streamed = opened.blocks
-    assert isinstance(streamed, ShrunkBlocks)
     options = dataclasses.replace(options, blocks=opened.blocks_path)
-    job = ShrinkJob.prepare(opened.model, method, calibration, options, method_options, follower)
+    ranks = Ranks.current(options.data_parallel)
+    job = ShrinkJob.prepare(opened.model, method, calibration, options, method_options, follower, ranks=ranks)
     report = job.run(options.progress, streamed, restore_on_error=False)
+    if staging is None:
+        return report
+    assert isinstance(streamed, ShrunkBlocks)
     streamed.drop_taken_back()
     streamed.drop_and_renumber(opened.n_blocks, report.removed_blocks)
     streamed.finish(opened.rest, source)

@@ -7,11 +7,7 @@ this process, over all the samples, bit for bit.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +23,7 @@ from tests.support.calibration_ranks import (
     run_oneshot_command,
     run_oneshot_folder,
     same_as_alone,
+    under_torchrun,
     values,
     world_sizes,
     worlds_fixture,
@@ -113,12 +110,7 @@ def test_the_oneshot_command_under_torchrun_initializes_the_ranks_and_writes_the
     work.mkdir()
     alone = run_oneshot_command(work)  # also saves the source folder and the text the ranks read
     shutil.rmtree(work / "pruned")
-    command = str(Path(sys.executable).with_name("prunereg"))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [*torchrun, command, *oneshot_arguments(work)], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = under_torchrun(oneshot_arguments(work))
     assert done.returncode == 0, done.stdout + done.stderr
     assert folder_digest(work / "pruned") == alone["folder"]
     assert done.stdout.count("wrote ") == 1  # rank 0 alone reports

@@ -107,3 +107,40 @@ def test_recorded_beside_another_statistic_it_fits_a_linear_module_back_to_its_o
 def test_an_observation_without_an_output_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="least_squares observes a module called with a tensor that returns one"):
         LeastSquares().fold(Observation(0, torch.ones(2, 2)))
+
+
+def test_its_state_is_tensors_and_numbers_that_load_without_code_and_combine_as_the_statistic_itself() -> None:
+    import io
+
+    from prunereg._runtime.recorder import Partial
+
+    torch.manual_seed(0)
+    pairs = [(torch.randn(2, 5, 6), torch.randn(2, 5, 3)) for _ in range(3)]
+
+    def shifted(observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:  # a fit that holds a closure
+        assert observation.inputs is not None and observation.outputs is not None
+        return observation.inputs, observation.outputs + 1
+
+    factories = {"least_squares": lambda: LeastSquares(shifted)}
+    first, second = Partial(factories), Partial(factories)
+    for batch, (x, y) in enumerate(pairs):
+        (first if batch < 2 else second).fold(Observation(batch, x, y))
+    buffer = io.BytesIO()
+    torch.save(second.state(), buffer)  # what a rank sends: no fit, nothing to unpickle but tensors
+    received = Partial.from_state(factories, torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    alone = Partial(factories)
+    alone.fold(Observation(0, *pairs[0]))
+    alone.fold(Observation(1, *pairs[1]))
+    alone.combine(second)
+    first.combine(received)
+    ours, theirs = first.results()["least_squares"], alone.results()["least_squares"]
+    assert first.n_tokens == alone.n_tokens == 30 and ours.n_tokens == 30
+    for name in ("gram", "cross", "target_sq"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name))
+
+
+def test_a_statistic_without_a_state_is_refused_for_an_exchange_in_one_line() -> None:
+    from prunereg._runtime.recorder import Partial
+
+    with pytest.raises(TypeError, match=r"^InputSqNorms has no state"):
+        Partial({"input_sq_norms": InputSqNorms}).state()

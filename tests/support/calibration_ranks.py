@@ -1,4 +1,4 @@
-"""The ranks of the data-parallel calibration tests: one-shot and shrink runs on a tiny Llama, over gloo ranks.
+"""The ranks of the data-parallel calibration tests: one-shot, shrink and recovery runs on tiny models, over gloo.
 
 ``calibration_ranks.py RESULTS WORLD_SIZE``: distributed_worker.py's launcher and
 result files (``RESULTS.<rank>``, JSON), running the cases below instead of its
@@ -24,7 +24,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import prunereg
-from prunereg import LayerStatistics, PrunedWeight
+from prunereg import LayerStatistics, PrunedWeight, RecoveryBlock, RecoveryMethod
+from prunereg_shrink.methods import WandaSP
 from tests.support.tiny_lm import NormScore, calibration_ids, random_text, save_tiny_llama_folder, tiny_llama
 
 #: name -> the method and the settings of a one-shot run (7 samples: batches that 2 and 3 ranks split unevenly).
@@ -44,6 +45,16 @@ SHRINK_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "wanda_sp": ("wanda_sp", {"mlp": 0.25, "batch_size": 1}),
     "block_influence": ("block_influence", {"layers": 1, "batch_size": 1}),
     "reap_mixtral": ("reap", {"experts": 0.5, "batch_size": 1}),
+    "flap_refit": ("flap", {"mlp": 0.5, "heads": 0.5, "batch_size": 1, "recover": "refit"}),
+    "wanda_sp_refit": ("wanda_sp", {"mlp": 0.25, "batch_size": 2, "recover": "refit"}),
+}
+
+#: name -> how the student is made from the dense model (a shrink or one-shot run alone, and what it removed),
+#: then the recovery method and its settings, on the same samples.
+RECOVER_RUNS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
+    "refit": ("flap", {"mlp": 0.5, "heads": 0.5}, "refit", {"batch_size": 1}),
+    "replace": ("block_influence", {"layers": 1}, "replace", {"batch_size": 2}),
+    "refit_masked": ("wanda", {"sparsity": 0.5}, "refit", {"batch_size": 1}),
 }
 
 #: The runs on a mixture of experts (the others run on a three-block Llama).
@@ -72,17 +83,84 @@ def folder_digest(folder: Path) -> str:
     return state_digest(model) + " " + ",".join(sorted(tensors))
 
 
-def run_oneshot_folder(work: Path) -> str:
-    """``oneshot_folder`` of a tiny Llama folder in ``work`` into ``work/pruned`` (rank 0 saves the source first)."""
-    source, output = work / "source", work / "pruned"
+def saved_source(work: Path) -> Path:
+    """``work/source``: a tiny Llama folder (and a calibration text) rank 0 (or the one process) saves, all wait."""
+    source = work / "source"
     if not dist_rank():
         save_tiny_llama_folder(source)
+        (work / "calibration.txt").write_text(random_text(200))
     if dist_rank() is not None:
         import torch.distributed as dist
 
         dist.barrier()
+    return source
+
+
+def run_oneshot_folder(work: Path) -> str:
+    """``oneshot_folder`` of a tiny Llama folder in ``work`` into ``work/pruned`` (rank 0 saves the source first)."""
+    source, output = saved_source(work), work / "pruned"
     prunereg.oneshot_folder(source, output, "sparsegpt", calibration=calibration_ids(7, 16), batch_size=1)
     return folder_digest(output)
+
+
+#: name -> the settings of a streamed shrink run (``shrink_folder``) with its recovery, on 7 samples.
+STREAMED_SHRINK_RUNS: dict[str, dict[str, Any]] = {
+    "flap_refit": {"mlp": 0.5, "heads": 0.5, "recover": "refit", "batch_size": 1},
+    "wanda_sp_steps": {"mlp": 0.5, "steps": 2, "recover": "refit", "batch_size": 2},
+}
+
+
+def run_shrink_folder(work: Path, name: str, *, in_memory: bool = False) -> dict[str, object]:
+    """``shrink_folder`` run ``name`` of a tiny Llama folder in ``work`` into ``work/shrunk``, or (``in_memory``)
+    ``shrink`` of the model loaded from it, saved there: the folder's hash and the folders left in ``work``."""
+    from transformers import AutoModelForCausalLM
+
+    settings = dict(STREAMED_SHRINK_RUNS[name])
+    method = "wanda_sp" if "steps" in settings else "flap"
+    source, output = saved_source(work), work / "shrunk"
+    if in_memory:
+        model = AutoModelForCausalLM.from_pretrained(source).eval()
+        prunereg.shrink(model, method, calibration_ids(7, 16), **settings)
+        model.save_pretrained(output)
+    else:
+        prunereg.shrink_folder(source, output, method, calibration_ids(7, 16), **settings)
+    return {"folder": folder_digest(output), "entries": sorted(path.name for path in work.iterdir() if path.is_dir())}
+
+
+class FailsOnRankOneSecondBlock(WandaSP):
+    """Wanda-sp that raises on rank 1 at its second block, after every rank cut (and rank 0 wrote) the first."""
+
+    def __init__(self) -> None:
+        self.blocks = 0
+
+    def channel_scores(self, weight: torch.Tensor, statistics: Any) -> torch.Tensor:
+        self.blocks += 1
+        if dist_rank() == 1 and self.blocks > 1:
+            raise RuntimeError("rank one's method broke")
+        return super().channel_scores(weight, statistics)
+
+
+def shrink_folder_when_a_rank_raises(work: Path) -> dict[str, object]:
+    """Rank 1 raises midway through ``shrink_folder``: every rank stops with one error and no output folder."""
+    source = saved_source(work)
+    try:
+        prunereg.shrink_folder(source, work / "shrunk", FailsOnRankOneSecondBlock(), calibration_ids(7, 16), mlp=0.5)
+    except Exception as error:
+        import torch.distributed as dist
+
+        dist.barrier()  # every rank has stopped (and rank 0 cleaned up) before any looks
+        left = sorted(path.name for path in work.iterdir())
+        return {"error": type(error).__name__, "message": str(error), "left": left}
+    return {"error": None}
+
+
+def shrink_arguments(work: Path, *flags: str) -> list[str]:
+    """The ``prunereg shrink`` arguments of :func:`run_command` (``work``'s source into ``work/pruned``)."""
+    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
+    return [
+        "shrink", str(source), str(output), "-m", "flap", "--mlp", "0.5", "--heads", "0.5", "--recover", "refit",
+        "--calibration", str(text), "--samples", "7", "--seq-len", "16", "--batch-size", "1", "--quiet", *flags,
+    ]  # fmt: skip
 
 
 def oneshot_arguments(work: Path, *flags: str) -> list[str]:
@@ -95,7 +173,12 @@ def oneshot_arguments(work: Path, *flags: str) -> list[str]:
 
 
 def run_oneshot_command(work: Path, *flags: str) -> dict[str, object]:
-    """``prunereg oneshot`` (click's runner) of a tiny Llama folder in ``work`` into ``work/pruned``.
+    """``prunereg oneshot`` of a tiny Llama folder in ``work`` into ``work/pruned``: :func:`run_command`."""
+    return run_command(work, oneshot_arguments(work, *flags))
+
+
+def run_command(work: Path, arguments: list[str]) -> dict[str, object]:
+    """A ``prunereg`` command (click's runner) on ``work``'s tiny Llama folder, written into ``work/pruned``.
 
     Rank 0 (or the one process) saves the source folder and calibration text
     first; the result is the exit code, the output folder's hash and the command's output.
@@ -104,17 +187,21 @@ def run_oneshot_command(work: Path, *flags: str) -> dict[str, object]:
 
     from prunereg._cli.app import main
 
-    source, output, text = work / "source", work / "pruned", work / "calibration.txt"
-    if not dist_rank():
-        save_tiny_llama_folder(source)
-        text.write_text(random_text(200))
-    if dist_rank() is not None:
-        import torch.distributed as dist
-
-        dist.barrier()
-    result = CliRunner().invoke(main, oneshot_arguments(work, *flags))
+    saved_source(work)
+    output = work / "pruned"
+    result = CliRunner().invoke(main, arguments)
     written = output.is_dir()
     return {"code": result.exit_code, "folder": folder_digest(output) if written else None, "output": result.output}
+
+
+def under_torchrun(arguments: list[str], n_ranks: int = 2) -> subprocess.CompletedProcess[str]:
+    """The installed ``prunereg`` command with ``arguments``, started by ``torchrun`` on ``n_ranks`` local ranks."""
+    command = str(Path(sys.executable).with_name("prunereg"))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n_ranks)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [*torchrun, "--no-python", command, *arguments], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def dist_rank() -> int | None:
@@ -161,6 +248,51 @@ def run_shrink(name: str) -> dict[str, object]:
     seen = counting_batches(model)
     prunereg.shrink(model, method, calibration_ids(7, 16), **settings)
     return {"state": state_digest(model), "batches": len(seen)}
+
+
+def run_recover(name: str) -> dict[str, object]:
+    """Recovery run ``name``: a fresh tiny Llama shrunk or pruned alone, then recovered; its hash and batches run."""
+    make, made_with, method, settings = RECOVER_RUNS[name]
+    teacher = fresh_model(name)
+    model = fresh_model(name)
+    calibration = calibration_ids(7, 16)
+    removed: dict[str, Any] = {}
+    if make == "wanda":
+        prunereg.oneshot(model, make, calibration=calibration, data_parallel=False, **made_with)
+    else:
+        report = prunereg.shrink(model, make, calibration, data_parallel=False, **made_with)
+        removed = {"removed_blocks": report.removed_blocks}
+    seen = counting_batches(model)
+    prunereg.recover(model, teacher, calibration, method, **removed, **settings)
+    return {"state": state_digest(model), "batches": len(seen)}
+
+
+class ReadsItsOwnShare(RecoveryMethod):
+    """Claims DATA_PARALLEL but writes how many batches this rank holds into a bias: too small to change a loss."""
+
+    DATA_PARALLEL = True
+
+    @property
+    def writer_biases(self) -> frozenset[str]:
+        return frozenset({"mlp"})
+
+    def recover_block(self, block: RecoveryBlock) -> str | None:
+        writer = block.writer("mlp")
+        assert writer is not None and isinstance(writer.bias, torch.Tensor)
+        with torch.no_grad():
+            writer.bias[0] = 1e-30 * block.n_batches  # 3 and 4 of 7 batches at 2 ranks
+        return None
+
+
+def recover_refused(run: Callable[[nn.Module], object]) -> dict[str, object]:
+    """``run`` on a tiny Llama, which every rank refuses: the error, and whether the model is unchanged."""
+    model = tiny_llama(layers=3)
+    before = state_digest(model)
+    try:
+        run(model)
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error), "unchanged": state_digest(model) == before}
+    return {"error": None}
 
 
 def refused_when_ranks_disagree() -> dict[str, object]:
@@ -232,11 +364,37 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
+    **{f"recover_{name}": (lambda name=name: run_recover(name)) for name in RECOVER_RUNS},
+    "recover_blockwise_refused": lambda: recover_refused(
+        lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(7, 16), "blockwise")
+    ),
+    "recover_shrink_blockwise_refused": lambda: recover_refused(
+        lambda model: prunereg.shrink(model, "flap", calibration_ids(7, 16), mlp=0.5, recover="blockwise")
+    ),
+    "recover_method_reads_its_own_share": lambda: recover_refused(
+        lambda model: prunereg.recover(
+            model, tiny_llama(layers=3), calibration_ids(7, 16), ReadsItsOwnShare(), batch_size=1
+        )
+    ),
+    "recover_fewer_batches_than_ranks": lambda: recover_refused(
+        lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(2, 16), "refit", batch_size=2)
+    ),
     "folder_oneshot": oneshot_folder_written_by_rank_zero,
     "dies_folder_oneshot": oneshot_folder_when_a_rank_dies,
     "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
     "folder_command_streamed": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "streamed", "--stream"),
     "oneshot_one_rank_raises": one_rank_raises,
+    **{
+        f"streamed_shrink_{name}": (lambda name=name: run_shrink_folder(Path(sys.argv[1]).parent / name, name))
+        for name in STREAMED_SHRINK_RUNS
+    },
+    "streamed_shrink_command": lambda: run_command(
+        Path(sys.argv[1]).parent / "command", shrink_arguments(Path(sys.argv[1]).parent / "command", "--stream")
+    ),
+    "streamed_shrink_command_in_memory": lambda: run_command(
+        Path(sys.argv[1]).parent / "in_memory", shrink_arguments(Path(sys.argv[1]).parent / "in_memory")
+    ),
+    "streamed_shrink_raises": lambda: shrink_folder_when_a_rank_raises(Path(sys.argv[1]).parent / "raises"),
 }
 
 
@@ -306,10 +464,16 @@ def same_as_alone(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, ca
     The batches the one process ran through the model, and those each rank ran, in rank order.
     """
     kind, name = case.split("_", 1)
-    alone = {"oneshot": run_oneshot, "shrink": run_shrink}[kind](name)
+    alone = {"oneshot": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
     per_rank = values(worlds[size], case)
     assert [found["state"] for found in per_rank] == [alone["state"]] * size
     return alone["batches"], [found["batches"] for found in per_rank]
+
+
+def same_as_alone_from_shares(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, case: str) -> None:
+    """:func:`same_as_alone`, and each rank ran only its share of the batches (the embedding sees each once)."""
+    alone, batches = same_as_alone(worlds, size, case)
+    assert sum(batches) == alone and (size == 1 or max(batches) < alone)
 
 
 def values(per_rank: list[dict[str, dict[str, Any]]], case: str) -> list[Any]:

@@ -1,0 +1,49 @@
+"""Recovery under torch.distributed (gloo, CPU): each rank holds its share of the batches, all end as one process.
+
+The refits' float64 normal equations (exchanged as tensors only) and the
+calibration losses are combined over the ranks; each case of
+tests/support/calibration_ranks.py is compared with the same run in this
+process, over all the samples, bit for bit. A method that trains on the
+batches itself (blockwise, distill) is refused under ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+from tests.support.calibration_ranks import RECOVER_RUNS, same_as_alone_from_shares, values, world_sizes, worlds_fixture
+
+pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+
+
+worlds = worlds_fixture("recover_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
+
+
+@pytest.mark.parametrize("size", world_sizes())
+@pytest.mark.parametrize("name", list(RECOVER_RUNS))
+def test_every_rank_ends_with_the_model_one_process_recovers_from_all_the_samples(worlds, size, name):
+    same_as_alone_from_shares(worlds, size, f"recover_{name}")
+
+
+@pytest.mark.parametrize("case", ["recover_blockwise_refused", "recover_shrink_blockwise_refused"])
+def test_a_method_that_trains_on_the_batches_is_refused_on_every_rank_in_one_line(worlds, case):
+    for found in values(worlds[2], case):
+        assert found["error"] == "ValueError" and found["unchanged"], found
+        assert "recover='blockwise'" in found["message"] and "data_parallel=False" in found["message"]
+        assert "\n" not in found["message"]
+
+
+def test_fewer_batches_than_ranks_are_refused_on_every_rank(worlds):
+    for found in values(worlds[2], "recover_fewer_batches_than_ranks"):
+        assert found["error"] == "ValueError" and found["unchanged"], found
+        message = "2 ranks need a calibration batch each, and there are 1: give more samples or a smaller batch_size"
+        assert found["message"] == message
+
+
+def test_a_method_whose_blocks_differ_between_ranks_is_an_error_on_every_rank(worlds):
+    for found in values(worlds[2], "recover_method_reads_its_own_share"):
+        assert found["error"] == "RuntimeError", found
+        assert found["message"].startswith("the ranks recovered model.layers.0 differently: the method read its own")
