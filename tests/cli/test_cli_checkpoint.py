@@ -500,6 +500,7 @@ def run_script(*args: object, **streams: object) -> subprocess.CompletedProcess[
     return subprocess.run([str(SCRIPT), *map(str, args)], text=True, timeout=120, **streams)
 
 
+@pytest.mark.slow
 def test_subprocess_prune_and_report(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "checkpoint_state_dict", make_model())
     output, masks = tmp_path / "out.pth", tmp_path / "masks.safetensors"
@@ -514,6 +515,7 @@ def test_subprocess_prune_and_report(tmp_path: Path) -> None:
     assert [zeros[name] for name in WEIGHTS] == [2 * 12, 3 * 12, 2 * 6]  # half the rows, rounded half to even
 
 
+@pytest.mark.slow
 def test_subprocess_errors_and_exit_codes(tmp_path: Path) -> None:
     path = write_checkpoint(tmp_path, "safetensors", make_model())
     data = path.read_bytes()
@@ -527,6 +529,7 @@ def test_subprocess_errors_and_exit_codes(tmp_path: Path) -> None:
     assert path.read_bytes() == data and os.listdir(tmp_path) == ["model.safetensors"]
 
 
+@pytest.mark.slow
 def test_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
     pty = pytest.importorskip("pty")
     path = write_checkpoint(tmp_path, "safetensors", make_model())

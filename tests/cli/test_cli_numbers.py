@@ -110,6 +110,7 @@ def test_oneshot_names_its_flags_in_its_settings_errors(empty_dirs: tuple[Path, 
     assert _refused(CliRunner().invoke(main, [*args, "--sparsity", "2"])).startswith("Error: --sparsity must be in")
 
 
+@pytest.mark.slow
 def test_a_bad_pattern_is_one_line_from_the_installed_command(empty_dirs: tuple[Path, Path, Path]) -> None:
     model_dir, out, text = empty_dirs
     args = [str(SCRIPT), "oneshot", str(model_dir), str(out), "-m", "wanda", "--calibration", str(text)]

@@ -105,6 +105,7 @@ def test_a_non_empty_output_folder_is_refused(folder):
     assert result.exit_code != 0 and "not empty" in result.output
 
 
+@pytest.mark.slow
 def test_the_command_runs_as_a_real_subprocess(folder):
     script = Path(sys.executable).with_name("prunereg")
     completed = subprocess.run(

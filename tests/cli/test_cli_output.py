@@ -221,6 +221,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_prune_on_a_full_disk_says_so(tmp_path: Path, small_disk: Path, suffix: str) -> None:
     path, output = tmp_path / f"model{suffix}", small_disk / f"out{suffix}"

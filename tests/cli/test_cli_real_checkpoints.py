@@ -251,6 +251,7 @@ def test_include_brings_back_what_the_defaults_leave(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_selection_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "minilm.pt"
     torch.save(minilm_like(layers=12), path)
@@ -307,6 +308,7 @@ def on_a_terminal(*args: object) -> tuple[subprocess.CompletedProcess[str], str]
     return done, shown.decode()
 
 
+@pytest.mark.slow
 def test_report_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     path = tmp_path / "minilm.safetensors"
     save_file(minilm_like(layers=2), path)

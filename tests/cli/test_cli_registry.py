@@ -281,6 +281,7 @@ def test_the_console_script_lists_the_installed_builtins() -> None:
     }
 
 
+@pytest.mark.slow
 def test_the_console_script_honours_the_switches() -> None:
     blocked = script("plugins", "--json", PRUNEREG_BLOCK_PLUGINS="builtins")
     assert {row["name"]: row["status"] for row in json.loads(blocked.stdout)}["builtins"] == "blocked"
@@ -294,6 +295,7 @@ def test_the_console_script_honours_the_switches() -> None:
     assert strict.returncode == 1 and "PRUNEREG_PLUGINS names 'nosuch'" in strict.stderr
 
 
+@pytest.mark.slow
 def test_installed_broken_and_clashing_plugins_never_break_the_cli(tmp_path: Path) -> None:
     fake_install(tmp_path, "prunereg_broken", "raise ImportError('needs scipy')\n")
     fake_install(

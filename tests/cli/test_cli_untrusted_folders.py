@@ -203,6 +203,7 @@ def test_a_tokenizer_file_the_tokenizer_config_names_out_of_the_folder_is_refuse
     assert sorted(os.listdir(folder)) == ["calibration.txt", "elsewhere", "model"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["oneshot --stream", "shrink --stream"])
 def test_a_streamed_run_never_blocks_on_a_fifo_and_sigterm_leaves_nothing(folder: Path, command: str) -> None:
     """A real process, sent SIGTERM if it ever opens the FIFO, ends by the refusal or the signal and leaves nothing.
@@ -274,6 +275,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_a_billion_blocks_are_refused_in_a_real_process_before_memory_grows(folder: Path) -> None:
     """The issue's case as a real process whose address space may grow by 2 GiB beyond its imports."""
     edit_config(folder / "model", num_hidden_layers=10**9)

@@ -203,6 +203,7 @@ LOAD = (
 )
 
 
+@pytest.mark.slow
 def test_transformers_bars_stay_out_of_a_log_file(tmp_path: Path) -> None:
     _saved_tiny_model(tmp_path / "model")
     with open(tmp_path / "log", "w") as log:

@@ -4,8 +4,8 @@ Each world size is one launch of tests/support/distributed_worker.py, which fork
 ranks; every case there compares the gathered masks with
 ``torch.nn.utils.prune`` on the full tensors. The launch happens once per world
 size, when a test first asks for it, and each case is reported as its own test.
-The 2-rank launch runs in the fast loop; the 4-rank launch (four processes on
-what is often a 2-core machine: 40 CPU-seconds) and ``torchrun`` are ``slow``.
+Every launch forks real processes (the 2-rank one takes 20 CPU-seconds), so
+the module is ``slow``, as the project marks tests that start processes.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import torch.distributed as dist
 
 from tests.support.processes import Worlds
 
-pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
+pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "prune_sharded.py"
 WORLD_SIZES = (2, 4)
-SIZES = [2, pytest.param(4, marks=pytest.mark.slow)]
 LAUNCH_TIMEOUT_S = 300
 
 
@@ -83,19 +83,18 @@ CASE_NAMES = [
 ]
 
 
-@pytest.mark.parametrize("world_size", SIZES)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_case(worlds: Worlds, name: str, world_size: int) -> None:
     result = worlds[world_size][name]
     assert result["ok"], result.get("error")
 
 
-@pytest.mark.parametrize("world_size", SIZES)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_every_case_is_run(worlds: Worlds, world_size: int) -> None:
     assert sorted(worlds[world_size]) == sorted(CASE_NAMES)
 
 
-@pytest.mark.slow
 def test_random_masks_do_not_depend_on_the_number_of_ranks(worlds: Worlds) -> None:
     masks = [worlds[n]["random_unstructured_twice"]["value"] for n in WORLD_SIZES]
     assert masks[0] is not None and all(m == masks[0] for m in masks)
@@ -110,7 +109,6 @@ def test_every_case_with_nccl_on_cuda(tmp_path: Path) -> None:
     assert not failures, "\n".join(f"{name}:\n{error}" for name, error in failures.items())
 
 
-@pytest.mark.slow
 def test_docs_example_runs_under_torchrun() -> None:
     """docs/distributed.md's example, run as it tells the user to, on two CPU ranks."""
     process = subprocess.run(

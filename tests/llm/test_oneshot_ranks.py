@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     ONESHOT_RUNS,
+    WORLD_SIZES,
     folder_digest,
     launch,
     oneshot_arguments,
@@ -25,11 +26,11 @@ from tests.support.calibration_ranks import (
     same_as_alone,
     under_torchrun,
     values,
-    world_sizes,
     worlds_fixture,
 )
 
-pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
+pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
 
 N_BATCHES = {
     "wanda": 4,
@@ -43,7 +44,7 @@ N_BATCHES = {
 worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
 
 
-@pytest.mark.parametrize("size", world_sizes())
+@pytest.mark.parametrize("size", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(ONESHOT_RUNS))
 def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(worlds, size, name):
     alone, batches = same_as_alone(worlds, size, f"oneshot_{name}")
@@ -54,7 +55,7 @@ def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(w
     assert batches == [passes * (n * (rank + 1) // size - n * rank // size) for rank in range(size)]
 
 
-@pytest.mark.parametrize("size", world_sizes((2, 3)))
+@pytest.mark.parametrize("size", (2, 3))
 def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_any_change(worlds, size):
     for found in values(worlds[size], "oneshot_refused_when_ranks_disagree"):
         assert found["error"] == "ValueError" and found["unchanged"]
@@ -63,7 +64,7 @@ def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_an
         )
 
 
-@pytest.mark.parametrize("size", world_sizes((2, 3)))
+@pytest.mark.parametrize("size", (2, 3))
 def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it_was(worlds, size):
     found = values(worlds[size], "oneshot_one_rank_raises")
     assert found[1] == {"error": "RuntimeError", "message": "rank one's method broke", "unchanged": True}
@@ -104,7 +105,6 @@ def test_the_oneshot_command_under_two_ranks_writes_the_one_process_folder_from_
     assert rank_one == {"code": 0, "folder": alone["folder"], "output": ""}  # it waited for rank 0's folder
 
 
-@pytest.mark.slow
 def test_the_oneshot_command_under_torchrun_initializes_the_ranks_and_writes_the_one_process_folder(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

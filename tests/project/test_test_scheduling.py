@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import LONG_TESTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,7 @@ def test_every_long_test_is_a_test_of_the_suite() -> None:
         assert callable(getattr(module, function, None)), f"LONG_TESTS names {name}, which is not a test"
 
 
+@pytest.mark.slow
 def test_the_long_tests_start_first_each_on_a_worker_and_a_module_stays_on_one_worker(tmp_path: Path) -> None:
     for name, text in SUITE.items():
         (tmp_path / name).write_text(text)

@@ -89,6 +89,7 @@ def test_shrink_recover_refits_in_the_same_pass_and_stock_reloads_it(llama_folde
     assert changed == {f"model.layers.{i}.mlp.down_proj.{part}" for i in range(2) for part in ("weight", "bias")}
 
 
+@pytest.mark.slow
 def test_shrink_steps_runs_as_a_real_subprocess(llama_folder: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -14,15 +14,16 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
-from tests.support.calibration_ranks import RECOVER_RUNS, same_as_alone_from_shares, values, world_sizes, worlds_fixture
+from tests.support.calibration_ranks import RECOVER_RUNS, WORLD_SIZES, same_as_alone_from_shares, values, worlds_fixture
 
-pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
+pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
 
 
 worlds = worlds_fixture("recover_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
 
 
-@pytest.mark.parametrize("size", world_sizes())
+@pytest.mark.parametrize("size", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(RECOVER_RUNS))
 def test_every_rank_ends_with_the_model_one_process_recovers_from_all_the_samples(worlds, size, name):
     same_as_alone_from_shares(worlds, size, f"recover_{name}")

@@ -163,6 +163,7 @@ def test_the_command_streams_recovery_and_writes_what_it_writes_in_memory(llama_
     assert (llama_folder / "streamed" / "tokenizer.json").is_file()
 
 
+@pytest.mark.slow
 def test_the_command_streams_rounds_with_recovery_as_a_real_subprocess(llama_folder: Path) -> None:
     completed = run_prunereg(_shrink_args(llama_folder, "small", "--stream", "--steps", "2"))
     assert completed.returncode == 0, completed.stderr

@@ -107,6 +107,7 @@ def test_the_output_may_not_be_the_model_folder(folder: Path) -> None:
     assert AutoModelForCausalLM.from_pretrained(folder / "dense").config.intermediate_size == 48
 
 
+@pytest.mark.slow
 def test_the_command_runs_as_a_real_subprocess(folder: Path) -> None:
     script = Path(sys.executable).with_name("prunereg")
     completed = subprocess.run(

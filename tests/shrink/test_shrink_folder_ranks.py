@@ -18,23 +18,24 @@ pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     STREAMED_SHRINK_RUNS,
+    WORLD_SIZES,
     folder_digest,
     run_command,
     run_shrink_folder,
     shrink_arguments,
     under_torchrun,
     values,
-    world_sizes,
     worlds_fixture,
 )
 
-pytestmark = pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend")
+# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
+pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
 
 
 worlds = worlds_fixture("streamed_shrink_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
 
 
-@pytest.mark.parametrize("size", world_sizes())
+@pytest.mark.parametrize("size", WORLD_SIZES)
 @pytest.mark.parametrize("name", list(STREAMED_SHRINK_RUNS))
 def test_every_rank_returns_once_rank_zero_wrote_the_folder_one_process_writes_streamed_and_in_memory(
     worlds, size, name, tmp_path
@@ -59,7 +60,7 @@ def test_the_shrink_command_under_two_ranks_writes_the_one_process_folder_from_r
     assert rank_one == {"code": 0, "folder": alone["folder"], "output": ""}  # it waited for rank 0's folder
 
 
-@pytest.mark.parametrize("size", world_sizes((2, 3)))
+@pytest.mark.parametrize("size", (2, 3))
 def test_a_rank_that_raises_midway_ends_every_rank_with_its_error_and_no_output_folder(worlds, size):
     found = values(worlds[size], "streamed_shrink_raises")
     assert found[1] == {
@@ -76,7 +77,6 @@ def test_a_rank_that_raises_midway_ends_every_rank_with_its_error_and_no_output_
             }
 
 
-@pytest.mark.slow
 def test_the_streamed_shrink_command_under_torchrun_writes_the_one_process_folder(tmp_path):
     work = tmp_path / "work"
     alone = run_command(work, shrink_arguments(work, "--stream"))  # also saves the source folder and the text

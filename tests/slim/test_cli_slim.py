@@ -102,6 +102,7 @@ def test_slim_an_unknown_importance_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "unknown importance 'x'" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_the_installed_command_slims_a_folder(tmp_path: Path) -> None:
     assert SCRIPT.exists(), f"the prunereg script is not installed next to {sys.executable}"
     folder, model = _folder(tmp_path, slim_models.hf_bert)
@@ -148,6 +149,7 @@ def test_slim_that_removes_nothing_says_why_in_a_warning_and_a_note(tmp_path: Pa
     assert "0 units removed" in result.stdout and "note: slimming removed nothing" in result.stdout
 
 
+@pytest.mark.slow
 def test_the_installed_command_refuses_ignoring_the_root_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
     done = subprocess.run(

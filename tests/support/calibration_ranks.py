@@ -428,17 +428,8 @@ def launch(world_size: int, folder: Path, prefix: str, *, a_rank_dies: bool = Fa
     return [json.loads(path.read_text()) if path.exists() else None for path in files]
 
 
-#: The numbers of ranks every run is compared at.
+#: The numbers of ranks every run is compared at (each one launch of forked ranks: the tests are slow).
 WORLD_SIZES = (1, 2, 3)
-#: Those the fast loop runs: each size is one launch of forked ranks (a real process each), so the others are slow.
-FAST_WORLD_SIZES = (2,)
-
-
-def world_sizes(sizes: tuple[int, ...] = WORLD_SIZES) -> list[Any]:
-    """``sizes`` to parametrize a test with, those outside :data:`FAST_WORLD_SIZES` marked slow."""
-    import pytest
-
-    return [size if size in FAST_WORLD_SIZES else pytest.param(size, marks=pytest.mark.slow) for size in sizes]
 
 
 if TYPE_CHECKING:  # the ranks run this file as a script, without pytest
