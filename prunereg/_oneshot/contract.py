@@ -130,7 +130,9 @@ class CalibratedMethod(ABC):
 
         ``sparsities[i]`` is layer i's target (OWL gives per-block values; the pattern, if
         any, overrides it). Each layer keeps its own selection; work the layers share is
-        done once for the group. The inputs are left untouched.
+        done once for the group. The inputs are left untouched. The result must depend on
+        the arguments alone: under ``torch.distributed`` each group is solved on one rank
+        only, and the other ranks take its result.
         """
 
     @classmethod

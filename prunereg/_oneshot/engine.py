@@ -15,7 +15,7 @@ import fnmatch
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,16 +324,14 @@ class OneShotJob:
         ``index`` goes to ``touched`` with the block's first write.
         """
         prefix = f"{self.blocks_path}.{index}"
-        reports = []
-        for names, statistics in groups:
-            layers = [block.get_submodule(name) for name in names]
-            weights = [weight_matrix(layer).detach().float() for layer in layers]
-            if type(self.method).UPDATES_WEIGHTS:
+        if type(self.method).UPDATES_WEIGHTS:  # on every rank, before any solve: every rank raises alike
+            for names, statistics in groups:
+                weights = [weight_matrix(block.get_submodule(name)).detach().float() for name in names]
                 _check_finite([f"{prefix}.{name}" for name in names], weights, statistics, self.method_name)
-            pruned = self.method.prune_group(weights, statistics, [sparsity] * len(layers))
-            if len(pruned) != len(layers):
-                raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(layers)} layers")
-            for name, layer, result in zip(names, layers, pruned, strict=True):
+        reports = []
+        for (names, _), pruned in zip(groups, self._solve(block, groups, sparsity), strict=True):
+            for name, result in zip(names, pruned, strict=True):
+                layer = block.get_submodule(name)
                 if originals is not None:
                     originals[layer] = weight_matrix(layer).detach().to("cpu", copy=True)
                 _write_back(layer, result, permanent=self.options.permanent)
@@ -344,6 +342,29 @@ class OneShotJob:
                 reached = (written == 0).float().mean().item()
                 reports.append(LayerReport(f"{prefix}.{name}", (rows, columns), sparsity, reached))
         return reports
+
+    def _solve(
+        self, block: nn.Module, groups: list[tuple[list[str], LayerStatistics]], sparsity: float
+    ) -> Iterator[list[PrunedWeight]]:
+        """Each input group's results from the method; with ranks, each group solved on one rank and sent to all.
+
+        A group is solved whole wherever it runs, by the same code on the same
+        weights and statistics: the results are one process's, bit for bit.
+        """
+
+        def solve(position: int) -> list[PrunedWeight]:
+            names, statistics = groups[position]
+            weights = [weight_matrix(block.get_submodule(name)).detach().float() for name in names]
+            pruned = self.method.prune_group(weights, statistics, [sparsity] * len(names))
+            if len(pruned) != len(names):
+                raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(names)} layers")
+            return pruned
+
+        if self.ranks is None:  # one at a time, written before the next is solved
+            return (solve(position) for position in range(len(groups)))
+        costs = [solve_cost([weight_matrix(block.get_submodule(name)) for name in names]) for names, _ in groups]
+        spread = self.ranks.solve_spread(costs, lambda position: [tuple(result) for result in solve(position)])
+        return iter([[PrunedWeight(*result) for result in results] for results in spread])
 
     def _outlier_ratios(self, weights: BlockWeights, progress: bool | None) -> list[float]:
         """OWL's first pass: each block's outlier ratio, from the dense model's Wanda scores."""
@@ -520,6 +541,15 @@ def _say_which_blocks_were_pruned(error: BaseException, blocks_path: str, touche
 
 
 # -- doing --------------------------------------------------------------------------------
+
+
+def solve_cost(weights: Sequence[Tensor]) -> float:
+    """A group's solve cost, to share the solves among ranks: ``rows * in**2 + in**3`` (SparseGPT's sweep and inverse).
+
+    Only the ranks' balance depends on it, never a result.
+    """
+    columns = weights[0].shape[1]
+    return float(sum(weight.shape[0] for weight in weights) * columns**2 + columns**3)
 
 
 def _owl_sparsities(ratios: list[float], target: float, lam: float) -> list[float]:

@@ -18,9 +18,9 @@ import contextlib
 import hashlib
 import io
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,8 @@ from prunereg._runtime.recorder import Partial, Recorder, Tally
 from prunereg._text import describe
 
 _OK, _FAILED = "ok", "failed"
+
+_R = TypeVar("_R")
 
 
 class RankFailed(RuntimeError):
@@ -105,6 +107,19 @@ class Ranks:
             merged.extend(n_tokens, partials)
         return merged
 
+    def solve_spread(self, costs: Sequence[float], solve: Callable[[int], _R]) -> list[_R]:
+        """Every item's ``solve(index)``, each solved on one rank (:func:`owners`) and sent to every rank.
+
+        ``solve`` must give tensors and numbers in tuples, lists and dicts
+        (exchanged with ``weights_only``: no code crosses between ranks). The
+        results are the owner's, bit for bit, so they equal one process's
+        wherever ``solve`` is a function of its item (the same code, inputs and thread count on every rank).
+        """
+        owner = owners(costs, self.size)
+        mine = {index: solve(index) for index, rank in enumerate(owner) if rank == self.rank}
+        everyone: list[dict[int, _R]] = self._exchange_plain(mine)
+        return [everyone[rank][index] for index, rank in enumerate(owner)]
+
     def fail(self, error: BaseException) -> None:
         """Send ``error`` to the other ranks' next exchange (best effort: a rank gone already cannot hear it)."""
         import torch.distributed as dist
@@ -152,6 +167,22 @@ class Ranks:
                 called[name].extend(*parts)
             block.extend(*rank_block)
         recorder.groups, recorder.tallies, recorder.called, recorder.block = groups, tallies, called, block
+
+
+def owners(costs: Sequence[float], size: int) -> list[int]:
+    """The rank that solves each item: the costliest first, each to the rank with the least cost so far.
+
+    Ties go to the earlier item and the lower rank, so every rank computes the
+    same assignment from the same ``costs`` (one item per rank where they are as many).
+    """
+    load, count = [0.0] * size, [0] * size
+    owner = [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(size), key=lambda r: (load[r], count[r], r))
+        owner[index] = rank
+        load[rank] += costs[index]
+        count[rank] += 1
+    return owner
 
 
 def _this_gpu() -> dict[str, str] | None:

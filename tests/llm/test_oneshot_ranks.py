@@ -56,6 +56,23 @@ def test_every_rank_ends_with_the_model_one_process_makes_from_all_the_samples(w
 
 
 @pytest.mark.parametrize("size", (2, 3))
+@pytest.mark.parametrize("name", ["sparsegpt", "wanda"])
+def test_each_group_of_a_block_is_solved_on_one_rank_and_every_rank_solves_its_share(worlds, size, name):
+    alone, solves = same_as_alone(worlds, size, f"oneshot_{name}", counted="solves")
+    assert alone == 3 * 4  # q/k/v, o_proj, gate/up and down_proj of three blocks
+    assert sum(solves) == alone  # each solved once, on one rank
+    assert min(solves) >= 3  # every rank solves at least one group of each block (4 groups, at most 3 ranks)
+
+
+@pytest.mark.parametrize("size", (2, 3))
+def test_every_rank_takes_each_result_from_the_rank_that_solved_it(worlds, size):
+    # the method prunes more on each later rank: the ranks' models agree only where each writes the solver's result
+    found = values(worlds[size], "oneshot_solved_by_one_rank")
+    assert [each["state"] for each in found] == [found[0]["state"]] * size
+    assert sum(each["solves"] for each in found) == 2 * 4
+
+
+@pytest.mark.parametrize("size", (2, 3))
 def test_ranks_that_disagree_on_the_settings_are_refused_on_every_rank_before_any_change(worlds, size):
     for found in values(worlds[size], "oneshot_refused_when_ranks_disagree"):
         assert found["error"] == "ValueError" and found["unchanged"]

@@ -9,13 +9,14 @@ compare each rank with one process over all the samples, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -232,13 +233,50 @@ def fresh_model(run: str) -> nn.Module:
     return tiny_mixtral() if run in ON_MIXTRAL else tiny_llama(layers=3)
 
 
+@contextlib.contextmanager
+def counting_solves(method: str) -> Iterator[list[int]]:
+    """A list that grows by one for every group the registered ``method``'s class solves (``prune_group``) here."""
+    cls = prunereg.get(method)
+    solve = cls.prune_group
+    solved: list[int] = []
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        solved.append(1)
+        return solve(self, *args, **kwargs)
+
+    cls.prune_group = counted  # type: ignore[attr-defined]
+    try:
+        yield solved
+    finally:
+        cls.prune_group = solve  # type: ignore[attr-defined]
+
+
 def run_oneshot(name: str) -> dict[str, object]:
-    """One-shot run ``name`` on a fresh tiny Llama: the model's hash and the batches this process ran."""
+    """One-shot run ``name`` on a fresh tiny Llama: the model's hash, the batches and the groups this process solved."""
     method, settings = ONESHOT_RUNS[name]
     model = fresh_model(name)
     seen = counting_batches(model)
-    prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
-    return {"state": state_digest(model), "batches": len(seen)}
+    with counting_solves(method) as solved:
+        prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
+    return {"state": state_digest(model), "batches": len(seen), "solves": len(solved)}
+
+
+class PrunesMoreOnLaterRanks(NormScore):
+    """Prunes a higher share of each row on each later rank: the ranks' models agree only if each takes the solver's."""
+
+    def prune_group(
+        self, weights: Any, statistics: LayerStatistics, sparsities: Any
+    ) -> list[PrunedWeight]:  # fmt: skip
+        more = [s + 0.125 * (dist_rank() or 0) for s in sparsities]
+        return super().prune_group(weights, statistics, more)
+
+
+def solved_by_one_rank() -> dict[str, object]:
+    """A method that prunes differently on every rank: the model's hash and how many groups this rank solved."""
+    model = tiny_llama()
+    method = PrunesMoreOnLaterRanks(0.25)
+    prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), batch_size=2)
+    return {"state": state_digest(model), "solves": len(method.calls)}
 
 
 def run_shrink(name: str) -> dict[str, object]:
@@ -309,26 +347,33 @@ def refused_when_ranks_disagree() -> dict[str, object]:
     return {"error": None}
 
 
+def at_second_block(method: NormScore, weights: Any) -> bool:
+    """Whether ``method``, called with ``weights``, is at this rank's first group of the second block.
+
+    Each rank solves its own share of a block's groups: the first group it
+    solved comes again, with the same shapes, in the next block.
+    """
+    return bool(method.calls) and [w.shape for w in weights] == [w.shape for w in method.calls[0][0]]
+
+
 class FailsOnRankOne(NormScore):
-    """Raises on rank 1 at its third group (the second block), after the other ranks pruned their first block."""
+    """Raises on rank 1 at its first group of the second block, after every rank wrote the first block."""
 
     def prune_group(
         self, weights: Any, statistics: LayerStatistics, sparsities: Any
     ) -> list[PrunedWeight]:  # fmt: skip
-        import torch.distributed as dist
-
-        if dist.get_rank() == 1 and len(self.calls) == 4:
+        if dist_rank() == 1 and at_second_block(self, weights):
             raise RuntimeError("rank one's method broke")
         return super().prune_group(weights, statistics, sparsities)
 
 
 class DiesOnRankOne(NormScore):
-    """Ends rank 1's process at its fifth group (the second block), without a word to the other ranks."""
+    """Ends rank 1's process at its first group of the second block, without a word to the other ranks."""
 
     def prune_group(
         self, weights: Any, statistics: LayerStatistics, sparsities: Any
     ) -> list[PrunedWeight]:  # fmt: skip
-        if dist_rank() == 1 and len(self.calls) == 4:
+        if dist_rank() == 1 and at_second_block(self, weights):
             os._exit(7)
         return super().prune_group(weights, statistics, sparsities)
 
@@ -364,6 +409,7 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
+    "oneshot_solved_by_one_rank": solved_by_one_rank,
     **{f"recover_{name}": (lambda name=name: run_recover(name)) for name in RECOVER_RUNS},
     "recover_blockwise_refused": lambda: recover_refused(
         lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(7, 16), "blockwise")
@@ -449,16 +495,19 @@ def worlds_fixture(prefix: str) -> Any:
     return worlds
 
 
-def same_as_alone(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, case: str) -> tuple[int, list[int]]:
+def same_as_alone(
+    worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, case: str, counted: str = "batches"
+) -> tuple[int, list[int]]:
     """Check every rank of ``size`` ends ``case`` (``oneshot_wanda``) with the one process's model, bit for bit.
 
-    The batches the one process ran through the model, and those each rank ran, in rank order.
+    What the one process ``counted`` (the batches it ran through the model, or
+    the groups it ``solves``), and what each rank did, in rank order.
     """
     kind, name = case.split("_", 1)
     alone = {"oneshot": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
     per_rank = values(worlds[size], case)
     assert [found["state"] for found in per_rank] == [alone["state"]] * size
-    return alone["batches"], [found["batches"] for found in per_rank]
+    return alone[counted], [found[counted] for found in per_rank]
 
 
 def same_as_alone_from_shares(worlds: Worlds[list[dict[str, dict[str, Any]]]], size: int, case: str) -> None:
