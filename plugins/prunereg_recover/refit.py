@@ -82,6 +82,7 @@ class Refit(RecoveryMethod):
                 ridge=self.ridge,
                 intercept=bias is not None,
                 kept=kept_entries(block, weight),
+                spread=block.solve_spread,
             )
             write(weight, solved)
             if bias is not None and intercept is not None:

@@ -14,7 +14,7 @@ the runtime's ``least_squares`` statistic, folded by its one recorder.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -122,7 +122,8 @@ class RecoveryBlock:
       rank's first): :meth:`loss`, :meth:`evaluate`'s loss, :meth:`n_tokens`
       and :meth:`normal_equations` are then over every rank's batches, the same
       bits as one process, and the checks on the first batch are rank 0's.
-      Only :meth:`forward`, :meth:`target` and :attr:`n_batches` are this rank's own.
+      Only :meth:`forward`, :meth:`target` and :attr:`n_batches` are this rank's own;
+      :meth:`solve_spread` shares a method's solves among the ranks.
     """
 
     def __init__(
@@ -176,6 +177,18 @@ class RecoveryBlock:
         """The calibration tokens of every rank's batches."""
         mine = sum(_rows(target).shape[0] for target in self._targets)
         return mine if self.ranks is None else sum(self.ranks.exchange(mine))
+
+    def solve_spread(self, costs: Sequence[float], solve: Callable[[int], T]) -> list[T]:
+        """``solve(i)`` for each of the items that ``costs`` weigh, in order; under ranks each solved on one rank.
+
+        The ranks share the items by cost and send each result to every rank,
+        so ``solve`` must give tensors and numbers (in tuples, lists, dicts)
+        that depend on its item alone: every rank then writes the solver's
+        bits, one process's. In one process each item is solved here, in order.
+        """
+        if self.ranks is None:
+            return [solve(index) for index in range(len(costs))]
+        return self.ranks.solve_spread(costs, solve)
 
     @property
     def removed_after(self) -> int:

@@ -1,7 +1,8 @@
 """Recovery under torch.distributed (gloo, CPU): each rank holds its share of the batches, all end as one process.
 
 The refits' float64 normal equations (exchanged as tensors only) and the
-calibration losses are combined over the ranks; each case of
+calibration losses are combined over the ranks, and a masked refit's solves
+(one per distinct row mask) are shared among them; each case of
 tests/support/calibration_ranks.py is compared with the same run in this
 process, over all the samples, bit for bit. A method that trains on the
 batches itself (blockwise, distill) is refused under ranks.
@@ -14,7 +15,14 @@ import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
-from tests.support.calibration_ranks import RECOVER_RUNS, WORLD_SIZES, same_as_alone_from_shares, values, worlds_fixture
+from tests.support.calibration_ranks import (
+    RECOVER_RUNS,
+    WORLD_SIZES,
+    same_as_alone,
+    same_as_alone_from_shares,
+    values,
+    worlds_fixture,
+)
 
 # Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
 pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
@@ -27,6 +35,14 @@ worlds = worlds_fixture("recover_")  # every case launched at 1, 2 and 3 ranks (
 @pytest.mark.parametrize("name", list(RECOVER_RUNS))
 def test_every_rank_ends_with_the_model_one_process_recovers_from_all_the_samples(worlds, size, name):
     same_as_alone_from_shares(worlds, size, f"recover_{name}")
+
+
+@pytest.mark.parametrize("size", (2, 3))
+def test_a_masked_refit_solves_each_row_mask_on_one_rank_and_every_rank_solves_its_share(worlds, size):
+    alone, solves = same_as_alone(worlds, size, "recover_refit_masked", counted="solves")
+    assert alone == 3 * (32 + 32)  # every row of o_proj and down_proj has its own Wanda mask, in three blocks
+    assert sum(solves) == alone  # each solved once, on one rank
+    assert min(solves) > 0
 
 
 @pytest.mark.parametrize("case", ["recover_blockwise_refused", "recover_shrink_blockwise_refused"])

@@ -234,21 +234,20 @@ def fresh_model(run: str) -> nn.Module:
 
 
 @contextlib.contextmanager
-def counting_solves(method: str) -> Iterator[list[int]]:
-    """A list that grows by one for every group the registered ``method``'s class solves (``prune_group``) here."""
-    cls = prunereg.get(method)
-    solve = cls.prune_group
-    solved: list[int] = []
+def counting_calls(owner: object, name: str) -> Iterator[list[int]]:
+    """A list that grows by one for every call of ``owner.name`` here (a class's method, a module's function)."""
+    original = getattr(owner, name)
+    called: list[int] = []
 
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        solved.append(1)
-        return solve(self, *args, **kwargs)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        called.append(1)
+        return original(*args, **kwargs)
 
-    cls.prune_group = counted  # type: ignore[attr-defined]
+    setattr(owner, name, counted)
     try:
-        yield solved
+        yield called
     finally:
-        cls.prune_group = solve  # type: ignore[attr-defined]
+        setattr(owner, name, original)
 
 
 def run_oneshot(name: str) -> dict[str, object]:
@@ -256,7 +255,7 @@ def run_oneshot(name: str) -> dict[str, object]:
     method, settings = ONESHOT_RUNS[name]
     model = fresh_model(name)
     seen = counting_batches(model)
-    with counting_solves(method) as solved:
+    with counting_calls(prunereg.get(method), "prune_group") as solved:
         prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
     return {"state": state_digest(model), "batches": len(seen), "solves": len(solved)}
 
@@ -289,7 +288,10 @@ def run_shrink(name: str) -> dict[str, object]:
 
 
 def run_recover(name: str) -> dict[str, object]:
-    """Recovery run ``name``: a fresh tiny Llama shrunk or pruned alone, then recovered; its hash and batches run."""
+    """Recovery run ``name``: a fresh tiny Llama shrunk or pruned alone, then recovered.
+
+    Its hash, the batches it ran and the masked rows' solves it made (``torch.linalg.solve`` calls).
+    """
     make, made_with, method, settings = RECOVER_RUNS[name]
     teacher = fresh_model(name)
     model = fresh_model(name)
@@ -301,8 +303,9 @@ def run_recover(name: str) -> dict[str, object]:
         report = prunereg.shrink(model, make, calibration, data_parallel=False, **made_with)
         removed = {"removed_blocks": report.removed_blocks}
     seen = counting_batches(model)
-    prunereg.recover(model, teacher, calibration, method, **removed, **settings)
-    return {"state": state_digest(model), "batches": len(seen)}
+    with counting_calls(torch.linalg, "solve") as solved:  # a refit on a masked model: one per distinct row mask
+        prunereg.recover(model, teacher, calibration, method, **removed, **settings)
+    return {"state": state_digest(model), "batches": len(seen), "solves": len(solved)}
 
 
 class ReadsItsOwnShare(RecoveryMethod):
