@@ -507,7 +507,12 @@ def same_as_alone(
     the groups it ``solves``), and what each rank did, in rank order.
     """
     kind, name = case.split("_", 1)
-    alone = {"oneshot": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs: torch's kernels may round otherwise at other thread counts
+    try:
+        alone = {"oneshot": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
+    finally:
+        torch.set_num_threads(threads)
     per_rank = values(worlds[size], case)
     assert [found["state"] for found in per_rank] == [alone["state"]] * size
     return alone[counted], [found[counted] for found in per_rank]
