@@ -53,6 +53,25 @@ def test_the_targets_compare_with_the_torch_pruning_call_that_worked() -> None:
     assert _row(text, resnet, "prunereg").startswith(f"| {resnet} | prunereg | 300 (30%) | 1.00k | 50.0 ms | x4.00 |")
 
 
+def test_the_warm_slimming_time_is_reported_and_compared_beside_the_first_call() -> None:
+    """The first call in a process pays imports and torch.export's one-time start; the warm one does not."""
+    results = {
+        "resnet50": {
+            slim.ORIGINAL: ORIGINAL,
+            slim.PRUNEREG: {**MINE, "warm_seconds": 0.1},
+            slim.TP: {**THEIRS, "warm_seconds": 0.2},
+        },
+        "cnn": {slim.ORIGINAL: ORIGINAL, slim.PRUNEREG: MINE, slim.TP: THEIRS},  # a JSON file from before: no warm
+    }
+    text = slim.report(results, {}, "a test machine", quick=False, image=None)
+    resnet, cnn = slim.MODELS["resnet50"].title, slim.MODELS["cnn"].title
+    assert _row(text, resnet, "slimming time, warm <= Torch-Pruning's").endswith("| 100.0 ms vs 200.0 ms | yes |")
+    assert _row(text, resnet, "slimming time <= Torch-Pruning's").endswith("| 1.00 s vs 2.00 s | yes |")
+    assert "| 1.00 s | 100.0 ms | 1 MiB |" in _row(text, resnet, "prunereg")
+    assert "| 1.00 s | - | 1 MiB |" in _row(text, cnn, "prunereg")
+    assert not [line for line in text.splitlines() if line.startswith(f"| {cnn} | slimming time, warm")]
+
+
 def test_a_ratio_sweep_uses_the_torch_pruning_call_that_worked_at_the_main_ratio() -> None:
     results = {
         "llama": {slim.TP: {"error": "hangs"}, slim.TP_HAND: THEIRS},
