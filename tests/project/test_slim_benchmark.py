@@ -252,3 +252,22 @@ def test_torch_pruning_keeps_vit_heads_whole_only_when_configured_by_hand(tool: 
     slim.SLIMMERS[tool](model, inputs, 0.5, slim.MODELS["vit"])
     assert output_shapes(model, inputs) == shapes
     assert slim.heads_kept_whole(model, head_dims) is whole
+
+
+def test_the_phase_profile_times_each_step_and_puts_slimming_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/slim_phases.py on the 3-layer MLP and LeNet (a view after the cut: a second capture)."""
+    import slim_phases
+
+    from prunereg._slim import attempt, engine
+
+    def steps() -> list[object]:
+        return [getattr({"attempt": attempt, "engine": engine}[where], name) for where, name, _ in slim_phases.PHASES]
+
+    before = steps()
+    assert slim_phases.main(["--quick", "--models", "mlp", "lenet", "--rounds", "1"]) == 0
+    assert steps() == before
+    lines = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    header, *rows = [[cell.strip() for cell in cells] for cells in lines]
+    seconds = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert float(seconds["lenet"]["export (plan)"]) > 0 and float(seconds["lenet"]["export (check)"]) > 0
+    assert float(seconds["mlp"]["export (check)"]) == 0  # no view reads a planned width: no second capture
