@@ -254,6 +254,7 @@ def test_torch_pruning_keeps_vit_heads_whole_only_when_configured_by_hand(tool: 
     assert slim.heads_kept_whole(model, head_dims) is whole
 
 
+@pytest.mark.slow  # a few seconds of slimming with the profile on
 def test_the_phase_profile_times_each_step_and_puts_slimming_back(capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/slim_phases.py on the 3-layer MLP and LeNet (a view after the cut: a second capture)."""
     import slim_phases
