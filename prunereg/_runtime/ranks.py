@@ -269,13 +269,24 @@ def fingerprint(model: nn.Module, method: object, settings: object, batches: Seq
     ``restore_on_error`` may differ between ranks. ``method`` is compared by
     its class and attributes.
     """
-    shared = [(name, value) for name, value in vars(settings).items() if name not in ("progress", "restore_on_error")]
+    shared = [
+        (name, _described(value))
+        for name, value in vars(settings).items()
+        if name not in ("progress", "restore_on_error")
+    ]
     return {
         "model": model_digest(model),
         "settings": digest(shared),
-        "method": digest(type(method).__module__, type(method).__qualname__, sorted(vars(method).items())),
+        "method": digest(_described(method)),
         "calibration samples": digest(len(batches), *batches),
     }
+
+
+def _described(value: object) -> object:
+    """``value`` as ranks compare it: a method (a setting may hold one: ``recover=``) by its class and attributes."""
+    if value is None or isinstance(value, (str, int, float, bool, tuple, list, dict, frozenset)):
+        return value
+    return (type(value).__module__, type(value).__qualname__, sorted(vars(value).items()))
 
 
 def own_batches(ranks: Ranks | None, batches: Sequence[Tensor]) -> tuple[list[Tensor], int]:

@@ -48,12 +48,12 @@ class ShrinkOptions(Options):
         "standardized scores across blocks (needs prunereg.from_pretrained; not with streaming).",
         choices=ALLOCATIONS,
     )
-    recover: str | None = setting(
+    recover: str | object | None = setting(
         None,
         "A recovery method (refit, blockwise) run on each block right after its cut, against the dense block's "
         "outputs this pass already sees [default: none].",
         metavar="METHOD",
-    )
+    )  # in Python also a configured method: prunereg.get("blockwise")(epochs=3)
     steps: int = setting(
         1, "Rounds of shrinking (each followed by the recovery) that together remove what is asked.", minimum=1
     )
@@ -77,8 +77,11 @@ class ShrinkOptions(Options):
             object.__setattr__(self, name, check_sparsity(getattr(self, name), name))
         if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 0:
             raise ValueError(f"layers must be a number of blocks (an int >= 0), not {self.layers!r}")
-        if self.recover is not None and not isinstance(self.recover, str):
-            raise TypeError(f"recover must be a recovery method's name (refit, blockwise), not {self.recover!r}")
+        if self.recover is not None and not isinstance(self.recover, str) and not _configured_method(self.recover):
+            raise TypeError(
+                "recover must be a recovery method's name (refit, blockwise) or a configured one "
+                f"(prunereg.get('blockwise')(epochs=3)), not {self.recover!r}"
+            )
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps must be a number of rounds (an int >= 1), not {self.steps!r}")
         if self.allocation not in ALLOCATIONS:
@@ -90,3 +93,8 @@ class ShrinkOptions(Options):
         return [name for name in ("mlp", "heads", "experts") if getattr(self, name) > 0] + (
             ["layers"] if self.layers else []
         )
+
+
+def _configured_method(value: object) -> bool:
+    """Whether ``value`` is a method instance (this module cannot name the recovery contract: it sits below it)."""
+    return not isinstance(value, type) and isinstance(getattr(type(value), "PRUNING_TYPE", None), str)

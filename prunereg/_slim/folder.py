@@ -84,6 +84,7 @@ def check_streamed_arguments(
 ) -> None:
     """:func:`~prunereg._slim.engine.check_arguments`, and what a streamed slim cannot do (before any reading)."""
     check_arguments(ratio, importance, list(ignore), round_to, grouped)
+    _check_transformers_writes_layouts()
     if ratio is None:
         raise ArgumentError(
             lambda say: (
@@ -99,6 +100,19 @@ def check_streamed_arguments(
                 "gradients); a folder slimmed streamed ranks by magnitude or random"
             )
         )
+
+
+def _check_transformers_writes_layouts() -> None:
+    """The shards are laid out by transformers' own ``save_pretrained`` helpers, which transformers 5 introduced."""
+    try:
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion  # noqa: F401
+    except ImportError:
+        import transformers
+
+        raise ImportError(
+            f"slimming a folder streamed writes the shards as transformers 5's save_pretrained does; transformers "
+            f"{transformers.__version__} is installed: pip install 'transformers>=5', or slim without streaming"
+        ) from None
 
 
 def _streamed_importance(importance: str | Importance | None) -> Importance:

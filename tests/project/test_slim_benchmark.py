@@ -53,6 +53,25 @@ def test_the_targets_compare_with_the_torch_pruning_call_that_worked() -> None:
     assert _row(text, resnet, "prunereg").startswith(f"| {resnet} | prunereg | 300 (30%) | 1.00k | 50.0 ms | x4.00 |")
 
 
+def test_the_warm_slimming_time_is_reported_and_compared_beside_the_first_call() -> None:
+    """The first call in a process pays imports and torch.export's one-time start; the warm one does not."""
+    results = {
+        "resnet50": {
+            slim.ORIGINAL: ORIGINAL,
+            slim.PRUNEREG: {**MINE, "warm_seconds": 0.1},
+            slim.TP: {**THEIRS, "warm_seconds": 0.2},
+        },
+        "cnn": {slim.ORIGINAL: ORIGINAL, slim.PRUNEREG: MINE, slim.TP: THEIRS},  # a JSON file from before: no warm
+    }
+    text = slim.report(results, {}, "a test machine", quick=False, image=None)
+    resnet, cnn = slim.MODELS["resnet50"].title, slim.MODELS["cnn"].title
+    assert _row(text, resnet, "slimming time, warm <= Torch-Pruning's").endswith("| 100.0 ms vs 200.0 ms | yes |")
+    assert _row(text, resnet, "slimming time <= Torch-Pruning's").endswith("| 1.00 s vs 2.00 s | yes |")
+    assert "| 1.00 s | 100.0 ms | 1 MiB |" in _row(text, resnet, "prunereg")
+    assert "| 1.00 s | - | 1 MiB |" in _row(text, cnn, "prunereg")
+    assert not [line for line in text.splitlines() if line.startswith(f"| {cnn} | slimming time, warm")]
+
+
 def test_a_ratio_sweep_uses_the_torch_pruning_call_that_worked_at_the_main_ratio() -> None:
     results = {
         "llama": {slim.TP: {"error": "hangs"}, slim.TP_HAND: THEIRS},
@@ -233,3 +252,23 @@ def test_torch_pruning_keeps_vit_heads_whole_only_when_configured_by_hand(tool: 
     slim.SLIMMERS[tool](model, inputs, 0.5, slim.MODELS["vit"])
     assert output_shapes(model, inputs) == shapes
     assert slim.heads_kept_whole(model, head_dims) is whole
+
+
+@pytest.mark.slow  # a few seconds of slimming with the profile on
+def test_the_phase_profile_times_each_step_and_puts_slimming_back(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/slim_phases.py on the 3-layer MLP and LeNet (a view after the cut: a second capture)."""
+    import slim_phases
+
+    from prunereg._slim import attempt, engine
+
+    def steps() -> list[object]:
+        return [getattr({"attempt": attempt, "engine": engine}[where], name) for where, name, _ in slim_phases.PHASES]
+
+    before = steps()
+    assert slim_phases.main(["--quick", "--models", "mlp", "lenet", "--rounds", "1"]) == 0
+    assert steps() == before
+    lines = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    header, *rows = [[cell.strip() for cell in cells] for cells in lines]
+    seconds = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    assert float(seconds["lenet"]["export (plan)"]) > 0 and float(seconds["lenet"]["export (check)"]) > 0
+    assert float(seconds["mlp"]["export (check)"]) == 0  # no view reads a planned width: no second capture

@@ -89,6 +89,31 @@ def test_shrink_recover_refits_in_the_same_pass_and_stock_reloads_it(llama_folde
     assert changed == {f"model.layers.{i}.mlp.down_proj.{part}" for i in range(2) for part in ("weight", "bias")}
 
 
+def test_recover_options_configure_the_recovery_method_and_are_checked_before_loading(llama_folder: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    result = CliRunner().invoke(main, _shrink_args(llama_folder, "--recover", "refit", "--recover-option", "ridge=0.5"))
+    assert result.exit_code == 0, result.output
+    assert "recovered with Refit(ridge=0.5" in result.stdout
+    default = _shrink_args(llama_folder, "--recover", "refit")
+    default[2] = str(llama_folder / "default")
+    assert CliRunner().invoke(main, default).exit_code == 0
+    down = "model.layers.0.mlp.down_proj.weight"
+    ridged = AutoModelForCausalLM.from_pretrained(llama_folder / "small").state_dict()[down]
+    assert not torch.allclose(ridged, AutoModelForCausalLM.from_pretrained(llama_folder / "default").state_dict()[down])
+    for extra, message in [
+        (["--recover-option", "ridge=0.5"], "--recover-option configures the --recover method; give --recover"),
+        (["--recover", "refit", "--recover-option", "epochs=2"], "--recover-option: method 'refit'"),
+        (["--recover", "blockwise", "--recover-option", "epochs=0"], "--recover-option: epochs must be an int >= 1"),
+    ]:
+        arguments = _shrink_args(llama_folder, *extra)
+        arguments[2] = str(llama_folder / "refused")
+        refused = CliRunner().invoke(main, arguments)
+        assert refused.exit_code == 2 and message in refused.output, refused.output
+        assert not (llama_folder / "refused").exists()
+
+
 @pytest.mark.slow
 def test_shrink_steps_runs_as_a_real_subprocess(llama_folder: Path) -> None:
     from transformers import AutoModelForCausalLM

@@ -72,6 +72,7 @@ def test_with_a_method_that_observes_the_shrunk_model_each_block_is_better_and_s
         ({"mlp": 0.5, "recover": "wanda"}, TypeError, r"^'wanda' is a .* method; recover needs one of kind recovery"),
         ({"mlp": 0.5, "calibration": None}, ValueError, r"^recover='refit' needs calibration data"),
         ({"mlp": 0.5, "recover": 3}, TypeError, r"^recover must be a recovery method's name"),
+        ({"mlp": 0.5, "recover": prunereg.get("magnitude_sp")()}, TypeError, r"a RecoveryMethod instance, not"),
         ({"mlp": 0.5, "steps": 0}, ValueError, r"^steps must be a number of rounds"),
         ({"layers": 1, "method": "block_influence", "recover": None, "steps": 2}, ValueError, r"^steps=2 splits"),
         ({"mlp": 0.999, "steps": 3}, ValueError, r"^mlp=0.999 would leave no channel of the 48 in model.layers.0$"),
@@ -173,3 +174,22 @@ def test_the_rounds_shares_remove_exactly_what_one_step_removes(n_units: int, sh
         assert 0 <= removed <= units
         units -= removed
     assert units == n_units - round(share * n_units)
+
+
+def test_a_configured_recovery_method_runs_with_its_options_as_shrink_then_recover_would() -> None:
+    model = build("llama")
+    teacher = copy.deepcopy(model)
+    prunereg.shrink(model, "flap", calibration_ids(), mlp=0.5, matmul_precision="highest", progress=False)
+    prunereg.recover(model, teacher, calibration_ids(), "refit", ridge=0.5, matmul_precision="highest", progress=False)
+    configured = prunereg.get("refit")(ridge=0.5)
+    shrunk = build("llama")
+    report = prunereg.shrink(
+        shrunk, "flap", calibration_ids(), mlp=0.5, recover=configured, matmul_precision="highest", progress=False
+    )
+    for name, tensor in model.state_dict().items():  # equal up to the rounding of BLAS on other addresses
+        torch.testing.assert_close(shrunk.state_dict()[name], tensor, rtol=1e-9, atol=1e-9, msg=name)
+    assert report.recovery.method == repr(configured) and "ridge=0.5" in str(report)
+    default = build("llama")
+    prunereg.shrink(default, "flap", calibration_ids(), mlp=0.5, recover="refit", progress=False)
+    down = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.allclose(default.state_dict()[down], shrunk.state_dict()[down])  # the option took effect

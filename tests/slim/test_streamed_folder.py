@@ -252,3 +252,14 @@ def test_the_installed_command_slims_a_folder_streamed(tmp_path: Path) -> None:
     model = slim_models.hf_bert()[0]
     reloaded = type(model).from_pretrained(tmp_path / "out")
     assert reloaded.config.hidden_size == model.config.hidden_size // 2
+
+
+def test_a_transformers_without_the_layout_helpers_is_refused_in_one_line_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.modeling_utils
+
+    monkeypatch.delattr(transformers.modeling_utils, "revert_weight_conversion")
+    with pytest.raises(ImportError, match=r"^slimming a folder streamed writes the shards as") as error:
+        prunereg.slim_folder(tmp_path / "missing", tmp_path / "out", ratio=0.5)
+    assert "\n" not in str(error.value) and not (tmp_path / "out").exists()
