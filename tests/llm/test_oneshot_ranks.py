@@ -11,7 +11,6 @@ import shutil
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
@@ -21,6 +20,7 @@ from tests.support.calibration_ranks import (
     folder_digest,
     launch,
     oneshot_arguments,
+    rank_test_marks,
     run_oneshot_command,
     run_oneshot_folder,
     same_as_alone,
@@ -29,8 +29,7 @@ from tests.support.calibration_ranks import (
     worlds_fixture,
 )
 
-# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
-pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
+pytestmark = rank_test_marks()
 
 N_BATCHES = {
     "wanda": 4,
@@ -41,7 +40,7 @@ N_BATCHES = {
 }  # 7 samples in batches of batch_size
 
 
-worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
+worlds = worlds_fixture("oneshot_")  # every case launched at 1, 2 and 3 ranks
 
 
 @pytest.mark.parametrize("size", WORLD_SIZES)

@@ -11,24 +11,23 @@ batches itself (blockwise, distill) is refused under ranks.
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     RECOVER_RUNS,
     WORLD_SIZES,
+    rank_test_marks,
     same_as_alone,
     same_as_alone_from_shares,
     values,
     worlds_fixture,
 )
 
-# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
-pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
+pytestmark = rank_test_marks()
 
 
-worlds = worlds_fixture("recover_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
+worlds = worlds_fixture("recover_")  # every case launched at 1, 2 and 3 ranks
 
 
 @pytest.mark.parametrize("size", WORLD_SIZES)

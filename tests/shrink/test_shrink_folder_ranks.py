@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch.distributed as dist
 
 pytest.importorskip("transformers")
 
@@ -20,6 +19,7 @@ from tests.support.calibration_ranks import (
     STREAMED_SHRINK_RUNS,
     WORLD_SIZES,
     folder_digest,
+    rank_test_marks,
     run_command,
     run_shrink_folder,
     shrink_arguments,
@@ -28,11 +28,10 @@ from tests.support.calibration_ranks import (
     worlds_fixture,
 )
 
-# Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
-pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
+pytestmark = rank_test_marks()
 
 
-worlds = worlds_fixture("streamed_shrink_")  # every case launched at 1, 2 and 3 ranks (2 in the fast loop)
+worlds = worlds_fixture("streamed_shrink_")  # every case launched at 1, 2 and 3 ranks
 
 
 @pytest.mark.parametrize("size", WORLD_SIZES)

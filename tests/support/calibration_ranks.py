@@ -477,8 +477,16 @@ def launch(world_size: int, folder: Path, prefix: str, *, a_rank_dies: bool = Fa
     return [json.loads(path.read_text()) if path.exists() else None for path in files]
 
 
-#: The numbers of ranks every run is compared at (each one launch of forked ranks: the tests are slow).
+#: The numbers of ranks every run is compared at.
 WORLD_SIZES = (1, 2, 3)
+
+
+def rank_test_marks() -> list[Any]:
+    """A rank-test module's ``pytestmark``: gloo needed, and slow, as the project marks tests that start processes."""
+    import pytest
+    import torch.distributed as dist
+
+    return [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
 
 
 if TYPE_CHECKING:  # the ranks run this file as a script, without pytest
