@@ -161,14 +161,13 @@ def oneshot_command(
             eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
             with cleanup_on_signals(), output as staging:
                 if stream:
-                    if eval_ids is not None:
-                        results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
-                    results.report = prune_folder_into(
-                        model_dir, output, staging, method, calibration=ids, label="MODEL_DIR", options=settings,
-                        method_options=options, device=torch_device,
+                    results.streamed(
+                        lambda: prune_folder_into(
+                            model_dir, output, staging, method, calibration=ids, label="MODEL_DIR",
+                            options=settings, method_options=options, device=torch_device,
+                        ),
+                        lambda: load(model_dir), lambda: load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet,
                     )  # fmt: skip
-                    if eval_ids is not None:
-                        results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
                 else:
                     model = load(model_dir)
                     output.require_free_space(bytes_to_write(model, masks))

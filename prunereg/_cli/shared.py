@@ -193,6 +193,23 @@ class Results:
         step(f"perplexity on {printable(self.eval_name or '')}, {when}", enabled=shown)
         setattr(self, when, prunereg.perplexity(model, ids, window=window))
 
+    def streamed(
+        self,
+        run: Callable[[], Any],
+        source: Callable[[], Any],
+        output: Callable[[], Any],
+        ids: Any,
+        window: int,
+        shown: bool,
+    ) -> None:
+        """A ``--stream`` run, whose report is kept; with ``--eval`` (``ids``), the model is loaded only to be
+        measured: ``source()`` (MODEL_DIR) before the run, ``output()`` (what it wrote) after."""
+        if ids is not None:
+            self.measure("before", source(), ids, window, shown)
+        self.report = run()
+        if ids is not None:
+            self.measure("after", output(), ids, window, shown)
+
     def show(self, as_json: bool) -> None:
         """The report and perplexities; in JSON a perplexity that is no finite number is ``null`` (JSON has none)."""
         if as_json:

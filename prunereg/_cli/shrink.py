@@ -159,12 +159,11 @@ def shrink_command(
             eval_ids = read_eval_ids(tokenizer, eval_file, eval_tokens) if eval_file is not None else None
             with cleanup_on_signals(), output as staging:
                 if stream:
-                    if eval_ids is not None:
-                        results.measure("before", load(model_dir), eval_ids, eval_window, not quiet)
                     request = StreamedShrink(output, method, ids, method_options, label="MODEL_DIR")
-                    results.report = request.run(model_dir, staging, settings)
-                    if eval_ids is not None:
-                        results.measure("after", load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet)
+                    results.streamed(
+                        lambda: request.run(model_dir, staging, settings),
+                        lambda: load(model_dir), lambda: load(staging, "OUTPUT_DIR"), eval_ids, eval_window, not quiet,
+                    )  # fmt: skip
                 else:
                     model = load(model_dir)
                     output.require_free_space(bytes_to_write(model))

@@ -194,13 +194,12 @@ class _Run:
         from prunereg._models.hf_folder import load_model
         from prunereg._slim.folder import slim_folder_into
 
-        if self.eval_ids is not None:
-            self._measure("before", load_model(self.model_dir))
         with cleanup_on_signals(), self.output as staging:
-            report = slim_folder_into(self.model_dir, self.output, Path(staging), "MODEL_DIR", self.arguments)
-            self.results.report = report
-            if self.eval_ids is not None:
-                self._measure("after", load_model(staging, label="OUTPUT_DIR"))
+            self.results.streamed(
+                lambda: slim_folder_into(self.model_dir, self.output, Path(staging), "MODEL_DIR", self.arguments),
+                lambda: load_model(self.model_dir), lambda: load_model(staging, label="OUTPUT_DIR"),
+                self.eval_ids, *self.eval_settings,
+            )  # fmt: skip
 
     def _measure(self, when: Literal["before", "after"], model: Any) -> None:
         if self.eval_ids is not None:
