@@ -71,6 +71,18 @@ def assign_values(param: torch.Tensor, value: torch.Tensor) -> None:
     param.data = value
 
 
+def copy_whole(param: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copy the plain tensor ``whole`` into ``param`` in place; a sharded ``param`` takes its own shards of it.
+
+    Local: every rank must hold the same ``whole``.
+    """
+    with torch.no_grad():
+        if is_dtensor(param):
+            param.to_local().copy_(to_shards_of(whole, param).to_local())
+        else:
+            param.copy_(whole)
+
+
 def refuse_gathered_parameter(module: torch.nn.Module, name: str) -> None:
     """Explain the forward of a module whose sharded pruned parameter FSDP2 gathered under its old name.
 

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._core import reparam
+from prunereg._distributed.gathered import has_sharded_parameters
+from prunereg._distributed.layout import copy_whole
 from prunereg._oneshot.contract import (
     SITE,
     CalibratedMethod,
@@ -43,7 +45,8 @@ from prunereg._runtime.precision import matmul_precision
 from prunereg._runtime.ranks import Ranks, fingerprint, own_batches, together
 from prunereg._runtime.recorder import Recorder, gather
 from prunereg._runtime.registry import at_site
-from prunereg._runtime.weights import BlockWeights, InMemory
+from prunereg._runtime.sharded import check_sharded_run, sharded_run
+from prunereg._runtime.weights import BlockWeights
 
 
 @with_options_signature(OneShotOptions)
@@ -129,7 +132,8 @@ def oneshot(
         restore_on_error = settings.restore_on_error
         if restore_on_error is None:
             restore_on_error = copy_fits(job.weight_bytes())
-        report = job.run(InMemory(), progress=settings.progress, restore_on_error=restore_on_error)
+        with sharded_run(model, job.blocks, ranks) as weights:  # FSDP2: each block gathered whole in turn
+            report = job.run(weights, progress=settings.progress, restore_on_error=restore_on_error)
     if folder is not None:
         report.model = model
     return report
@@ -174,6 +178,12 @@ class OneShotJob:
         layer_names = _select_layers(blocks_path, block_list, options.layers, options.ignore)
         _check_layers(block_list, layer_names, instance)
         check_not_reparametrized(model)
+        check_sharded_run(model, "prunereg.oneshot", ranks)
+        if not options.permanent and has_sharded_parameters(model):
+            raise ValueError(
+                "prunereg.oneshot: permanent=False is not supported on a sharded model; leave permanent=True, "
+                "which writes the zeros into each rank's shards"
+            )
         device = input_device(model)
         batches = list(batches_of(calibration, options.batch_size, device))
         if not batches:
@@ -216,8 +226,8 @@ class OneShotJob:
                 return self._run(weights, progress, [], originals)
         except BaseException:
             with torch.no_grad():
-                for layer, values in originals.items():
-                    weight_matrix(layer).copy_(values)
+                for layer, values in originals.items():  # a sharded layer's shards, if its block was given back
+                    copy_whole(weight_matrix(layer), values)
             raise
 
     def _run(
@@ -247,7 +257,7 @@ class OneShotJob:
                 sparsities = _owl_sparsities(report.outlier_ratios, self.method.sparsity, self.options.owl_lambda)
                 report.timings.outlier_pass = time.perf_counter() - outlier_start
             # A method that reads no statistics needs no forwards: its layers prune straight from their weights.
-            inputs = self._capture(report.timings) if self.method.STATISTICS else None
+            inputs = self._capture(weights, report.timings) if self.method.STATISTICS else None
             if inputs is not None or self.options.allocation == "owl":  # OWL's outlier pass reads the data in any case
                 report.n_tokens = sum(batch.numel() for batch in self.batches)
             report.block_sparsities = sparsities
@@ -261,10 +271,11 @@ class OneShotJob:
 
     # -- the passes ------------------------------------------------------------------
 
-    def _capture(self, timings: Timings) -> BlockInputs:
+    def _capture(self, weights: BlockWeights, timings: Timings) -> BlockInputs:
         """The first block's inputs for this rank's share of the batches (all of them in one process)."""
         start = time.perf_counter()
-        inputs = capture_first_block_inputs(self.model, self.blocks[0], *own_batches(self.ranks, self.batches))
+        with weights.capturing():
+            inputs = capture_first_block_inputs(self.model, self.blocks[0], *own_batches(self.ranks, self.batches))
         timings.capture += time.perf_counter() - start
         return inputs
 
@@ -371,7 +382,7 @@ class OneShotJob:
         from prunereg._oneshot.allocation import outlier_ratio
 
         scratch = Timings()
-        inputs = self._capture(scratch)
+        inputs = self._capture(weights, scratch)
         ratios = []
         for index in progress_bar(range(len(self.blocks)), label="outlier ratios", enabled=progress):
             block = self.blocks[index]

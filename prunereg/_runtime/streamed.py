@@ -14,6 +14,7 @@ rest, an index and the input folder's other files (config, tokenizer), so
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import warnings
@@ -92,6 +93,9 @@ class StreamedBlocks:
         self.weight_map: dict[str, str] = {}
         self.total_size = 0
         self.names = checkpoint_names(model, reader.files)
+
+    def capturing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the weights outside the blocks are loaded for the whole run
 
     def fetch(self, index: int, block: nn.Module) -> None:
         prefix = f"{self.blocks_path}.{index}."

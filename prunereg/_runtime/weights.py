@@ -9,13 +9,19 @@ folder and writes it back out.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol
 
 from torch import nn
 
 
 class BlockWeights(Protocol):
-    """Where the blocks' weights are: :meth:`fetch` fills block ``index`` before it runs, :meth:`done` after."""
+    """Where the blocks' weights are: :meth:`fetch` fills block ``index`` before it runs, :meth:`done` after.
+
+    :meth:`capturing` holds what the model needs outside its blocks while the first block's inputs are captured.
+    """
+
+    def capturing(self) -> contextlib.AbstractContextManager[None]: ...
 
     def fetch(self, index: int, block: nn.Module) -> None: ...
 
@@ -24,6 +30,9 @@ class BlockWeights(Protocol):
 
 class InMemory:
     """The whole model is in memory already: nothing to fetch, nothing to write."""
+
+    def capturing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def fetch(self, index: int, block: nn.Module) -> None:
         pass

@@ -1,0 +1,152 @@
+"""A sharded (FSDP2 or DTensor) model run as plain tensors one module at a time: gathered whole, written back after.
+
+A block-by-block run on a model sharded with FSDP2 gathers the parameters of
+one block (:func:`gather`: one ``all_gather`` per parameter, in the same order
+on every rank), works on that block as plain tensors, then writes the
+block's values back into each rank's own shards (:meth:`Gathered.release`:
+every rank holds the same values, so each cuts its own shard, without
+communication) and drops the gathered copy. While it runs, FSDP2's forward
+hooks are set aside (:func:`fsdp_hooks_set_aside`), so that no forward a rank
+makes on its own share of the data starts a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from prunereg._distributed.layout import copy_whole, is_dtensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
+#: What to do instead, for a model prunereg cannot gather block by block.
+_INSTEAD = "shard with fully_shard on a 1-D mesh of every rank, or prune the model before sharding it"
+
+
+def has_sharded_parameters(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a DTensor (FSDP2, tensor parallelism)."""
+    return any(is_dtensor(parameter) for parameter in model.parameters())
+
+
+def check_gatherable(model: nn.Module, what: str) -> None:
+    """Refuse, in one line, a sharded ``model`` that :func:`gather` cannot run block by block; nothing changes.
+
+    Every DTensor parameter must be split (``Shard``) or replicated over one
+    1-D mesh of all the ranks of the default process group (FSDP2's standard
+    recipe), and each FSDP2 module sharded by a ``fully_shard`` call of its own.
+    ``what`` names the caller in the message.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate, Shard
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    for name, parameter in model.named_parameters():
+        if not is_dtensor(parameter):
+            continue
+        mesh = parameter.device_mesh
+        if mesh.ndim != 1 or mesh.mesh.flatten().tolist() != list(range(world)):
+            raise NotImplementedError(
+                f"{what}: {name} is sharded over the device mesh {mesh.mesh.tolist()}, and a sharded model is "
+                f"calibrated only on a 1-D mesh of every rank ({world}); {_INSTEAD}"
+            )
+        for placement in parameter.placements:
+            if not (type(placement) is Shard or isinstance(placement, Replicate)):
+                raise NotImplementedError(
+                    f"{what}: {name} has the placement {placement}, and a sharded model is calibrated only with "
+                    f"Shard or Replicate; {_INSTEAD}"
+                )
+    for name, module in model.named_modules():
+        if _forward_hook_ids(module) is None:
+            raise NotImplementedError(
+                f"{what}: {name or type(module).__name__} was sharded by one fully_shard call with other "
+                f"modules, which prunereg cannot run one block at a time; call fully_shard on each module alone"
+            )
+
+
+@contextlib.contextmanager
+def fsdp_hooks_set_aside(model: nn.Module) -> Iterator[None]:
+    """FSDP2's forward hooks on ``model``'s modules set aside, every FSDP2 module resharded first; back after.
+
+    Without them a forward is a plain one, no collective, on whatever the
+    modules hold: :func:`gather` makes that the whole parameters.
+    """
+    set_aside = []
+    for module in model.modules():
+        ids = _forward_hook_ids(module)
+        if not ids:
+            continue
+        module.reshard()  # type: ignore[operator]  # an FSDPModule's: its parameters back to its own shards
+        set_aside.append((module, module._forward_pre_hooks, module._forward_hooks))
+        module._forward_pre_hooks = OrderedDict((k, h) for k, h in module._forward_pre_hooks.items() if k not in ids)
+        module._forward_hooks = OrderedDict((k, h) for k, h in module._forward_hooks.items() if k not in ids)
+    try:
+        yield
+    finally:
+        for module, pre_hooks, hooks in set_aside:
+            module._forward_pre_hooks, module._forward_hooks = pre_hooks, hooks
+
+
+def _forward_hook_ids(module: nn.Module) -> set[int] | None:
+    """The ids of FSDP2's forward hooks on ``module`` (empty if it is no FSDP2 module; None if they have none)."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None or not callable(get_state):
+        return set()
+    from torch.utils.hooks import RemovableHandle
+
+    state = get_state()
+    handles = [getattr(state, "_pre_forward_hook_handle", None), getattr(state, "_post_forward_hook_handle", None)]
+    if not all(isinstance(handle, RemovableHandle) for handle in handles):
+        return None  # a group of modules sharded together: their hooks are spread over all of them
+    return {handle.id for handle in handles if isinstance(handle, RemovableHandle)}
+
+
+@dataclass
+class Gathered:
+    """The parameters :func:`gather` replaced by whole plain ones: ``(module, name, sharded, whole)`` each."""
+
+    swapped: list[tuple[nn.Module, str, DTensor, nn.Parameter]] = field(default_factory=list)
+
+    def release(self, *, write_back: bool) -> None:
+        """Put the sharded parameters back; with ``write_back``, each rank's shards take the whole ones' values first.
+
+        Local (no collective): every rank holds the same whole values and cuts
+        its own shards out of them. The whole copies are dropped.
+        """
+        written: set[int] = set()
+        for module, name, sharded, whole in self.swapped:
+            if write_back and id(sharded) not in written:
+                copy_whole(sharded, whole.detach())
+                written.add(id(sharded))
+            module._parameters[name] = sharded  # type: ignore[assignment]  # a DTensor Parameter
+        self.swapped.clear()
+
+
+def gather(root: nn.Module, *, skip: Collection[nn.Module] = ()) -> Gathered:
+    """Replace every DTensor parameter of ``root``'s modules (less those inside ``skip``) by a whole plain one.
+
+    A collective: one ``all_gather`` per distinct parameter, in ``root``'s
+    module order, which every rank must make in the same order. A parameter
+    several modules share (tied embeddings) becomes one whole parameter.
+    """
+    skipped = {id(module) for outer in skip for module in outer.modules()}
+    gathered = Gathered()
+    wholes: dict[int, nn.Parameter] = {}
+    for module in root.modules():
+        if id(module) in skipped:
+            continue
+        for name, parameter in list(module._parameters.items()):
+            if not is_dtensor(parameter):
+                continue
+            whole = wholes.get(id(parameter))
+            if whole is None:
+                whole = nn.Parameter(parameter.full_tensor().detach(), requires_grad=parameter.requires_grad)
+                wholes[id(parameter)] = whole
+            gathered.swapped.append((module, name, parameter, whole))
+            module._parameters[name] = whole
+    return gathered

@@ -1,0 +1,103 @@
+"""The blocks of an FSDP2-sharded model, gathered one at a time for a block-by-block run and resharded after.
+
+:class:`ShardedBlocks` is the :class:`~prunereg._runtime.weights.BlockWeights`
+of a model whose parameters are DTensors: :meth:`~ShardedBlocks.fetch` gathers
+a block's parameters whole on every rank (one collective per parameter, after
+one exchange that stops every rank if one failed), the run calibrates and
+prunes it as plain tensors, and :meth:`~ShardedBlocks.done` writes the result
+into each rank's own shards and drops the whole copy. A rank holds its shards,
+one whole block and its calibration activations at a time; the rest of the
+model (embeddings, final norm, head) is gathered only while the first block's
+inputs are captured. FSDP2's own forward hooks stay set aside for the run
+(:func:`sharded_run`), so no forward of a rank's share of the data is a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+from torch import nn
+
+from prunereg._distributed.gathered import (
+    Gathered,
+    check_gatherable,
+    fsdp_hooks_set_aside,
+    gather,
+    has_sharded_parameters,
+)
+from prunereg._runtime.ranks import Ranks
+from prunereg._runtime.weights import BlockWeights, InMemory
+
+
+class ShardedBlocks:
+    """Each block's sharded parameters gathered whole when fetched, written back into the shards when done."""
+
+    def __init__(self, model: nn.Module, blocks: Iterable[nn.Module], ranks: Ranks):
+        self.model = model
+        self.blocks = list(blocks)
+        self.ranks = ranks
+        self.gathered: Gathered | None = None
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """The parameters outside the blocks gathered while the first block's inputs are captured."""
+        self.ranks.exchange(None)  # a rank that failed stops every rank here, before the gathers
+        outside = gather(self.model, skip=self.blocks)
+        try:
+            yield
+        finally:
+            outside.release(write_back=False)
+
+    def fetch(self, index: int, block: nn.Module) -> None:
+        self.ranks.exchange(None)
+        self.gathered = gather(block)
+
+    def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
+        self.close(write_back=pruned)
+
+    def close(self, *, write_back: bool = True) -> None:
+        """Put back the sharded parameters of the block still gathered, if any (with its values, by default)."""
+        if self.gathered is not None:
+            self.gathered.release(write_back=write_back)
+            self.gathered = None
+
+
+def check_sharded_run(model: nn.Module, what: str, ranks: Ranks | None) -> None:
+    """Refuse, in one line, a sharded ``model`` that a block-by-block run cannot gather; a plain one passes.
+
+    ``ranks`` is None when the run does not calibrate across ranks: then each
+    rank's result would differ while the shards must hold one model's.
+    """
+    if not has_sharded_parameters(model):
+        return
+    if ranks is None:
+        raise ValueError(
+            f"{what}: the model is sharded (DTensor parameters), so every rank must calibrate together: "
+            "leave data_parallel at True"
+        )
+    check_gatherable(model, what)
+
+
+def refuse_sharded(model: nn.Module, what: str, instead: str) -> None:
+    """Refuse a sharded ``model`` (DTensor parameters) in one line: ``what`` cannot run on it; say to do ``instead``."""
+    if has_sharded_parameters(model):
+        raise NotImplementedError(f"{what} cannot run on a sharded model (DTensor parameters, FSDP2): {instead}")
+
+
+@contextlib.contextmanager
+def sharded_run(model: nn.Module, blocks: Iterable[nn.Module], ranks: Ranks | None) -> Iterator[BlockWeights]:
+    """The run's :class:`BlockWeights`: :class:`ShardedBlocks` for a sharded model, :class:`InMemory` otherwise.
+
+    Check the model with :func:`check_sharded_run` first. On the way out, a
+    block still gathered (a run that raised) has its values written back.
+    """
+    if ranks is None or not has_sharded_parameters(model):
+        yield InMemory()
+        return
+    sharded = ShardedBlocks(model, blocks, ranks)
+    with fsdp_hooks_set_aside(model):
+        try:
+            yield sharded
+        finally:
+            sharded.close()
