@@ -46,6 +46,11 @@ def check_gatherable(model: nn.Module, what: str) -> None:
     from torch.distributed.tensor import Replicate, Shard
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    for name in _outside_fsdp(model):
+        raise NotImplementedError(
+            f"{what}: {name} is a DTensor outside any fully_shard module (tensor parallelism, say), whose forward "
+            f"hooks prunereg cannot run on whole tensors; {_INSTEAD}"
+        )
     for name, parameter in model.named_parameters():
         if not is_dtensor(parameter):
             continue
@@ -67,6 +72,22 @@ def check_gatherable(model: nn.Module, what: str) -> None:
                 f"{what}: {name or type(module).__name__} was sharded by one fully_shard call with other "
                 f"modules, which prunereg cannot run one block at a time; call fully_shard on each module alone"
             )
+
+
+def _outside_fsdp(model: nn.Module) -> Iterator[str]:
+    """The names of ``model``'s DTensor parameters that no FSDP2 module (it or one around it) holds."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def walk(module: nn.Module, prefix: str, inside: bool) -> Iterator[str]:
+        inside = inside or isinstance(module, FSDPModule)
+        for name, parameter in module._parameters.items():
+            if is_dtensor(parameter) and not inside:
+                yield prefix + name
+        for name, child in module._modules.items():
+            if child is not None:
+                yield from walk(child, f"{prefix}{name}.", inside)
+
+    return walk(model, "", False)
 
 
 @contextlib.contextmanager

@@ -49,6 +49,7 @@ from prunereg._recover.runtime import (
     matmul_precision,
     model_digest,
     own_batches,
+    refuse_sharded,
     together,
 )
 from prunereg._recover.step import recover_block, recover_model
@@ -155,6 +156,12 @@ class RecoverJob:
                 raise TypeError(f"{name} must be a torch.nn.Module, not {type(value).__name__}")
         if teacher is model:
             raise ValueError("the teacher is the model itself; pass the model before shrinking (a copy of it)")
+        for name, value in (("model", model), ("teacher", teacher)):
+            refuse_sharded(
+                value,
+                f"prunereg.recover does not run on a sharded {name} (DTensor parameters, FSDP2): recover before "
+                "fully_shard, or in one process on the model saved to a folder",
+            )
         instance, name = build_method(method, method_options)
         path, blocks = find_blocks(model, options.blocks)
         teacher_path, teacher_blocks = find_blocks(teacher, options.blocks)

@@ -20,6 +20,7 @@ from prunereg._runtime.parts import UnitGroup, add_zero_biases, find_experts, fi
 from prunereg._runtime.precision import matmul_precision
 from prunereg._runtime.ranks import Ranks, digest, fingerprint, model_digest, own_batches, together
 from prunereg._runtime.recorder import Called, Recorder, gather
+from prunereg._runtime.sharded import refuse_sharded
 from prunereg._runtime.statistics import Observation
 
 __all__ = [
@@ -55,5 +56,6 @@ __all__ = [
     "method_class",
     "model_digest",
     "own_batches",
+    "refuse_sharded",
     "together",
 ]

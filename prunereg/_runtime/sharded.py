@@ -79,10 +79,10 @@ def check_sharded_run(model: nn.Module, what: str, ranks: Ranks | None) -> None:
     check_gatherable(model, what)
 
 
-def refuse_sharded(model: nn.Module, what: str, instead: str) -> None:
-    """Refuse a sharded ``model`` (DTensor parameters) in one line: ``what`` cannot run on it; say to do ``instead``."""
+def refuse_sharded(model: nn.Module, message: str) -> None:
+    """Refuse a sharded ``model`` (DTensor parameters) with ``message``, one line that says what to do instead."""
     if has_sharded_parameters(model):
-        raise NotImplementedError(f"{what} cannot run on a sharded model (DTensor parameters, FSDP2): {instead}")
+        raise NotImplementedError(message)
 
 
 @contextlib.contextmanager

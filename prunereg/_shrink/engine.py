@@ -43,6 +43,7 @@ from prunereg._runtime.parts import Experts, UnitGroup, add_zero_biases, find_ex
 from prunereg._runtime.precision import matmul_precision
 from prunereg._runtime.ranks import Ranks, fingerprint, own_batches, together
 from prunereg._runtime.recorder import Called
+from prunereg._runtime.sharded import refuse_sharded
 from prunereg._runtime.weights import BlockWeights, InMemory
 from prunereg._selection.select import removal_order
 from prunereg._shrink.checks import failures_named, refuse_meta, refuse_sharing
@@ -147,6 +148,11 @@ class ShrinkJob:
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        refuse_sharded(
+            model,
+            "prunereg.shrink cannot change the shapes of a sharded model's parameters (DTensor, FSDP2): shrink "
+            "before fully_shard, or run prunereg shrink --stream on the model saved to a folder",
+        )
         config = getattr(model, "config", None)
         if config is None:
             raise ValueError(f"shrink rewrites a Hugging Face config, and {type(model).__name__} has none")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import prunereg
@@ -63,9 +64,14 @@ ON_MIXTRAL = {"wanda_mixtral", "reap_mixtral"}
 
 
 def state_digest(model: nn.Module) -> str:
-    """A hash of every tensor of ``model``'s state dict, names, dtypes and bytes (equal hashes: equal bits)."""
+    """A hash of every tensor of ``model``'s state dict, names, dtypes and bytes (equal hashes: equal bits).
+
+    A sharded (DTensor) tensor counts whole: gathering it is a collective, which every rank must make.
+    """
     hashed = hashlib.sha256()
     for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
         hashed.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
         hashed.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return hashed.hexdigest()
@@ -408,7 +414,166 @@ def one_rank_raises() -> dict[str, object]:
     return {"error": None}
 
 
+#: The one-shot runs (of :data:`ONESHOT_RUNS`) also made on a tiny Llama sharded with FSDP2.
+FSDP_RUNS = ("wanda", "sparsegpt", "sparsegpt_2_4", "wanda_owl")
+
+
+def fully_sharded(model: nn.Module, mesh_shape: tuple[int, ...] | None = None) -> nn.Module:
+    """``model`` sharded with FSDP2's standard recipe: ``fully_shard`` on each decoder block, then on the root.
+
+    On a 1-D mesh of every rank, or one of ``mesh_shape`` (2-D: HSDP).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    shape = mesh_shape or (dist.get_world_size(),)
+    names = ("replicate", "shard")[-len(shape) :]
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def shards_digest(model: nn.Module) -> str:
+    """A hash of this rank's own shards of ``model``'s parameters (local, no collective)."""
+    shards = nn.Module()
+    for index, (_, parameter) in enumerate(model.named_parameters()):
+        shards.register_buffer(f"t{index}", parameter.to_local() if isinstance(parameter, DTensor) else parameter)
+    return state_digest(shards)
+
+
+def run_fsdp_oneshot(name: str) -> dict[str, object]:
+    """One-shot run ``name`` on a tiny Llama sharded with FSDP2, on every rank.
+
+    The model's hash (whole), the batches this rank ran, whether this rank's
+    shards are those of the same run in one process on the unsharded model
+    (cut with ``torch.chunk``, as FSDP2 shards dim 0), and whether the sharded
+    model's forward then gives that model's logits.
+    """
+    import torch.distributed as dist
+
+    method, settings = ONESHOT_RUNS[name]
+    calibration = calibration_ids(7, 16)
+    alone = fresh_model(name)
+    prunereg.oneshot(alone, method, calibration=calibration, data_parallel=False, **settings)
+    model = fresh_model(name)
+    seen = counting_batches(model)
+    prunereg.oneshot(fully_sharded(model), method, calibration=calibration, **settings)
+    batches = len(seen)
+    whole = dict(alone.named_parameters())
+    rank, size = dist.get_rank(), dist.get_world_size()
+    own_shards = all(
+        torch.equal(parameter.to_local(), torch.chunk(whole[name], size)[rank])
+        for name, parameter in model.named_parameters()
+    )
+    with torch.no_grad():
+        logits = torch.equal(model(calibration).logits, alone(calibration).logits)
+    return {"state": state_digest(model), "batches": batches, "own_shards": own_shards, "logits": logits}
+
+
+#: Which decoder blocks held whole (gathered) parameters at each of :class:`SeesGatheredBlocks`' solves.
+GATHERED_AT_SOLVES: list[list[int]] = []
+
+
+class SeesGatheredBlocks(NormScore):
+    """Notes, at each solve, which blocks of :data:`WATCHED_BLOCKS` hold whole parameters, not shards."""
+
+    def prune_group(
+        self, weights: Any, statistics: LayerStatistics, sparsities: Any
+    ) -> list[PrunedWeight]:  # fmt: skip
+        GATHERED_AT_SOLVES.append(
+            [
+                index
+                for index, block in enumerate(WATCHED_BLOCKS)
+                if not any(isinstance(parameter, DTensor) for parameter in block.parameters())
+            ]
+        )
+        return super().prune_group(weights, statistics, sparsities)
+
+
+#: The blocks :class:`SeesGatheredBlocks` looks at.
+WATCHED_BLOCKS: list[nn.Module] = []
+
+
+def fsdp_gathered_one_block_at_a_time() -> dict[str, object]:
+    """One-shot on an FSDP2 Llama: what was whole at each solve, the gathers made, whether all is sharded after."""
+    model = fully_sharded(tiny_llama(layers=3))
+    WATCHED_BLOCKS[:] = list(model.model.layers)
+    GATHERED_AT_SOLVES.clear()
+    with counting_calls(DTensor, "full_tensor") as gathers:
+        prunereg.oneshot(model, SeesGatheredBlocks(0.5), calibration=calibration_ids(7, 16), batch_size=2)
+    n_gathers = len(gathers)
+    return {
+        "whole_at_solves": list(GATHERED_AT_SOLVES),
+        "gathers": n_gathers,
+        "parameters": len(list(model.parameters())),
+        "sharded_after": all(isinstance(parameter, DTensor) for parameter in model.parameters()),
+    }
+
+
+def fsdp_refused() -> dict[str, object]:
+    """Each run prunereg refuses on a sharded model: its error, one line, and whether the shards are unchanged."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    def tensor_parallel() -> nn.Module:
+        model = tiny_llama(layers=3)
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        layer = model.model.layers[1].mlp.up_proj
+        layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Shard(0)]))
+        return model
+
+    calibration = calibration_ids(7, 16)
+    runs: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object]]] = {
+        "shrink": (
+            lambda: fully_sharded(tiny_llama(layers=3)),
+            lambda model: prunereg.shrink(model, "flap", calibration, mlp=0.5),
+        ),
+        "recover": (
+            lambda: fully_sharded(tiny_llama(layers=3)),
+            lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "refit"),
+        ),
+        "not_permanent": (
+            lambda: fully_sharded(tiny_llama(layers=3)),
+            lambda model: prunereg.oneshot(model, "wanda", calibration=calibration, permanent=False),
+        ),
+        "not_data_parallel": (
+            lambda: fully_sharded(tiny_llama(layers=3)),
+            lambda model: prunereg.oneshot(model, "wanda", calibration=calibration, data_parallel=False),
+        ),
+        "mesh_2d": (
+            lambda: fully_sharded(tiny_llama(layers=3), (1, dist.get_world_size())),
+            lambda model: prunereg.oneshot(model, "wanda", calibration=calibration),
+        ),
+        "tensor_parallel": (
+            tensor_parallel,
+            lambda model: prunereg.oneshot(model, "sparsegpt", calibration=calibration),
+        ),
+    }
+    found: dict[str, object] = {}
+    for name, (make, run) in runs.items():
+        model = make()
+        before = shards_digest(model)
+        try:
+            run(model)
+        except Exception as error:
+            found[name] = {
+                "error": type(error).__name__,
+                "message": str(error),
+                "unchanged": shards_digest(model) == before,
+            }
+        else:
+            found[name] = {"error": None}
+    return found
+
+
 CASES: dict[str, Callable[[], object]] = {
+    **{f"fsdp_{name}": (lambda name=name: run_fsdp_oneshot(name)) for name in FSDP_RUNS},
+    "fsdp_gathered_one_block_at_a_time": fsdp_gathered_one_block_at_a_time,
+    "fsdp_refused": fsdp_refused,
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
@@ -514,11 +679,11 @@ def same_as_alone(
     What the one process ``counted`` (the batches it ran through the model, or
     the groups it ``solves``), and what each rank did, in rank order.
     """
-    kind, name = case.split("_", 1)
+    kind, name = case.split("_", 1)  # an ``fsdp_`` case is compared with the one-shot run on the unsharded model
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank runs: torch's kernels may round otherwise at other thread counts
     try:
-        alone = {"oneshot": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
+        alone = {"oneshot": run_oneshot, "fsdp": run_oneshot, "shrink": run_shrink, "recover": run_recover}[kind](name)
     finally:
         torch.set_num_threads(threads)
     per_rank = values(worlds[size], case)

@@ -1,0 +1,69 @@
+"""One-shot pruning of an FSDP2-sharded model (gloo, CPU): each block gathered whole once, its shards rewritten.
+
+Each world size is one launch of tests/support/calibration_ranks.py (its
+``fsdp_`` cases: a tiny Llama with ``fully_shard`` on each block and the
+root); every rank's model is compared with the same run in one process on the
+unsharded model, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from tests.support.calibration_ranks import (
+    FSDP_RUNS,
+    rank_test_marks,
+    same_as_alone_from_shares,
+    values,
+    worlds_fixture,
+)
+
+pytestmark = rank_test_marks()
+
+worlds = worlds_fixture("fsdp_")
+
+SIZES = (2, 3)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", FSDP_RUNS)
+def test_every_rank_shards_hold_the_model_one_process_prunes_unsharded(worlds, size, name):
+    same_as_alone_from_shares(worlds, size, f"fsdp_{name}")
+    for found in values(worlds[size], f"fsdp_{name}"):
+        assert found["own_shards"]  # each rank's shards, cut as FSDP2 cuts dim 0
+        assert found["logits"]  # the sharded model's forward after it: the pruned model's logits
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_each_block_is_gathered_once_and_given_back_before_the_next(worlds, size):
+    for found in values(worlds[size], "fsdp_gathered_one_block_at_a_time"):
+        # at every solve, only the block being pruned is whole; the blocks come in order
+        assert all(len(whole) == 1 for whole in found["whole_at_solves"])
+        blocks = [whole[0] for whole in found["whole_at_solves"]]
+        assert blocks == sorted(blocks) and set(blocks) == {0, 1, 2}
+        # every parameter gathered once: each block's for its pass, the rest (embeddings, norm, head) for the capture
+        assert found["gathers"] == found["parameters"]
+        assert found["sharded_after"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_what_cannot_run_on_a_sharded_model_is_refused_in_one_line_leaving_the_shards_as_they_were(worlds, size):
+    expected = {
+        "shrink": ("NotImplementedError", "prunereg.shrink cannot change the shapes of a sharded model's parameters"),
+        "recover": ("NotImplementedError", "prunereg.recover does not run on a sharded model"),
+        "not_permanent": ("ValueError", "prunereg.oneshot: permanent=False is not supported on a sharded model"),
+        "not_data_parallel": ("ValueError", "prunereg.oneshot: the model is sharded (DTensor parameters)"),
+        "mesh_2d": (
+            "NotImplementedError",
+            "prunereg.oneshot: model.embed_tokens.weight is sharded over the device mesh [[0, ",
+        ),
+        "tensor_parallel": ("NotImplementedError", "prunereg.oneshot: model.layers.1.mlp.up_proj.weight is a DTensor"),
+    }
+    for found in values(worlds[size], "fsdp_refused"):
+        for name, (error, start) in expected.items():
+            assert found[name]["error"] == error, (name, found[name])
+            assert found[name]["message"].startswith(start), found[name]["message"]
+            assert "\n" not in found[name]["message"]
+            assert found[name]["unchanged"], name
