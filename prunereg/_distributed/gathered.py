@@ -13,6 +13,7 @@ makes on its own share of the data starts a collective.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import OrderedDict
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -29,22 +30,41 @@ if TYPE_CHECKING:
 _INSTEAD = "shard with fully_shard on a 1-D mesh of every rank, or prune the model before sharding it"
 
 
-def has_sharded_parameters(model: nn.Module) -> bool:
-    """Whether any parameter of ``model`` is a DTensor (FSDP2, tensor parallelism)."""
-    return any(is_dtensor(parameter) for parameter in model.parameters())
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` holds a DTensor parameter (FSDP2, tensor parallelism) or an FSDP2 module.
+
+    (After a forward an FSDP2 module may hold its parameters gathered, as plain
+    tensors: writing into those would be lost at its next reshard.)
+    """
+    return any(is_dtensor(parameter) for parameter in model.parameters()) or any(map(_is_fsdp, model.modules()))
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    """Whether ``module`` is an FSDP2 module (``fully_shard`` was called on it); never imports torch.distributed."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def reshard(model: nn.Module) -> None:
+    """Put every FSDP2 module of ``model`` back in its shards (local: FSDP2 drops the gathered copy, if any)."""
+    for module in model.modules():
+        if _is_fsdp(module):
+            module.reshard()  # type: ignore[operator]  # an FSDPModule's
 
 
 def check_gatherable(model: nn.Module, what: str) -> None:
     """Refuse, in one line, a sharded ``model`` that :func:`gather` cannot run block by block; nothing changes.
 
-    Every DTensor parameter must be split (``Shard``) or replicated over one
-    1-D mesh of all the ranks of the default process group (FSDP2's standard
-    recipe), and each FSDP2 module sharded by a ``fully_shard`` call of its own.
-    ``what`` names the caller in the message.
+    Every FSDP2 module is :func:`reshard`-ed first. Then every DTensor
+    parameter must be split (``Shard``) or replicated over one 1-D mesh of all
+    the ranks of the default process group (FSDP2's standard recipe), and each
+    FSDP2 module sharded by a ``fully_shard`` call of its own. ``what`` names
+    the caller in the message.
     """
     import torch.distributed as dist
     from torch.distributed.tensor import Replicate, Shard
 
+    reshard(model)
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     for name in _outside_fsdp(model):
         raise NotImplementedError(
@@ -76,10 +96,9 @@ def check_gatherable(model: nn.Module, what: str) -> None:
 
 def _outside_fsdp(model: nn.Module) -> Iterator[str]:
     """The names of ``model``'s DTensor parameters that no FSDP2 module (it or one around it) holds."""
-    from torch.distributed.fsdp import FSDPModule
 
     def walk(module: nn.Module, prefix: str, inside: bool) -> Iterator[str]:
-        inside = inside or isinstance(module, FSDPModule)
+        inside = inside or _is_fsdp(module)
         for name, parameter in module._parameters.items():
             if is_dtensor(parameter) and not inside:
                 yield prefix + name
@@ -92,17 +111,17 @@ def _outside_fsdp(model: nn.Module) -> Iterator[str]:
 
 @contextlib.contextmanager
 def fsdp_hooks_set_aside(model: nn.Module) -> Iterator[None]:
-    """FSDP2's forward hooks on ``model``'s modules set aside, every FSDP2 module resharded first; back after.
+    """FSDP2's forward hooks on ``model``'s modules set aside, every FSDP2 module :func:`reshard`-ed first; back after.
 
     Without them a forward is a plain one, no collective, on whatever the
     modules hold: :func:`gather` makes that the whole parameters.
     """
+    reshard(model)
     set_aside = []
     for module in model.modules():
         ids = _forward_hook_ids(module)
         if not ids:
             continue
-        module.reshard()  # type: ignore[operator]  # an FSDPModule's: its parameters back to its own shards
         set_aside.append((module, module._forward_pre_hooks, module._forward_hooks))
         module._forward_pre_hooks = OrderedDict((k, h) for k, h in module._forward_pre_hooks.items() if k not in ids)
         module._forward_hooks = OrderedDict((k, h) for k, h in module._forward_hooks.items() if k not in ids)
@@ -115,12 +134,11 @@ def fsdp_hooks_set_aside(model: nn.Module) -> Iterator[None]:
 
 def _forward_hook_ids(module: nn.Module) -> set[int] | None:
     """The ids of FSDP2's forward hooks on ``module`` (empty if it is no FSDP2 module; None if they have none)."""
-    get_state = getattr(module, "_get_fsdp_state", None)
-    if get_state is None or not callable(get_state):
+    if not _is_fsdp(module):
         return set()
     from torch.utils.hooks import RemovableHandle
 
-    state = get_state()
+    state = module._get_fsdp_state()  # type: ignore[operator]  # an FSDPModule's
     handles = [getattr(state, "_pre_forward_hook_handle", None), getattr(state, "_post_forward_hook_handle", None)]
     if not all(isinstance(handle, RemovableHandle) for handle in handles):
         return None  # a group of modules sharded together: their hooks are spread over all of them

@@ -24,7 +24,7 @@ from prunereg._distributed.gathered import (
     check_gatherable,
     fsdp_hooks_set_aside,
     gather,
-    has_sharded_parameters,
+    is_sharded,
 )
 from prunereg._runtime.ranks import Ranks
 from prunereg._runtime.weights import BlockWeights, InMemory
@@ -69,7 +69,7 @@ def check_sharded_run(model: nn.Module, what: str, ranks: Ranks | None) -> None:
     ``ranks`` is None when the run does not calibrate across ranks: then each
     rank's result would differ while the shards must hold one model's.
     """
-    if not has_sharded_parameters(model):
+    if not is_sharded(model):
         return
     if ranks is None:
         raise ValueError(
@@ -81,7 +81,7 @@ def check_sharded_run(model: nn.Module, what: str, ranks: Ranks | None) -> None:
 
 def refuse_sharded(model: nn.Module, message: str) -> None:
     """Refuse a sharded ``model`` (DTensor parameters) with ``message``, one line that says what to do instead."""
-    if has_sharded_parameters(model):
+    if is_sharded(model):
         raise NotImplementedError(message)
 
 
@@ -92,7 +92,7 @@ def sharded_run(model: nn.Module, blocks: Iterable[nn.Module], ranks: Ranks | No
     Check the model with :func:`check_sharded_run` first. On the way out, a
     block still gathered (a run that raised) has its values written back.
     """
-    if ranks is None or not has_sharded_parameters(model):
+    if ranks is None or not is_sharded(model):
         yield InMemory()
         return
     sharded = ShardedBlocks(model, blocks, ranks)

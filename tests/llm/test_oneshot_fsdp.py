@@ -37,7 +37,7 @@ def test_every_rank_shards_hold_the_model_one_process_prunes_unsharded(worlds, s
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_each_block_is_gathered_once_and_given_back_before_the_next(worlds, size):
+def test_each_block_is_gathered_once_and_given_back_before_the_next_after_a_forward_left_them_gathered(worlds, size):
     for found in values(worlds[size], "fsdp_gathered_one_block_at_a_time"):
         # at every solve, only the block being pruned is whole; the blocks come in order
         assert all(len(whole) == 1 for whole in found["whole_at_solves"])
@@ -46,6 +46,7 @@ def test_each_block_is_gathered_once_and_given_back_before_the_next(worlds, size
         # every parameter gathered once: each block's for its pass, the rest (embeddings, norm, head) for the capture
         assert found["gathers"] == found["parameters"]
         assert found["sharded_after"]
+        assert found["logits"]  # the blocks' gathered copies from a forward before were not what it pruned
 
 
 @pytest.mark.parametrize("size", SIZES)

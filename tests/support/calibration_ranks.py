@@ -418,10 +418,13 @@ def one_rank_raises() -> dict[str, object]:
 FSDP_RUNS = ("wanda", "sparsegpt", "sparsegpt_2_4", "wanda_owl")
 
 
-def fully_sharded(model: nn.Module, mesh_shape: tuple[int, ...] | None = None) -> nn.Module:
+def fully_sharded(
+    model: nn.Module, mesh_shape: tuple[int, ...] | None = None, *, reshard_after_forward: bool = True
+) -> nn.Module:
     """``model`` sharded with FSDP2's standard recipe: ``fully_shard`` on each decoder block, then on the root.
 
     On a 1-D mesh of every rank, or one of ``mesh_shape`` (2-D: HSDP).
+    ``reshard_after_forward`` is the blocks' (False: they keep their gathered parameters after a forward).
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -431,7 +434,7 @@ def fully_sharded(model: nn.Module, mesh_shape: tuple[int, ...] | None = None) -
     names = ("replicate", "shard")[-len(shape) :]
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     for block in model.model.layers:
-        fully_shard(block, mesh=mesh)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh)
     return model
 
@@ -498,18 +501,32 @@ WATCHED_BLOCKS: list[nn.Module] = []
 
 
 def fsdp_gathered_one_block_at_a_time() -> dict[str, object]:
-    """One-shot on an FSDP2 Llama: what was whole at each solve, the gathers made, whether all is sharded after."""
-    model = fully_sharded(tiny_llama(layers=3))
+    """One-shot on an FSDP2 Llama whose blocks kept their gathered parameters after a forward.
+
+    What was whole at each solve, the gathers made, whether all is sharded
+    after, and whether the forward then gives the logits of the same run in
+    one process on the unsharded model.
+    """
+    calibration = calibration_ids(7, 16)
+    alone = tiny_llama(layers=3)
+    prunereg.oneshot(alone, NormScore(0.5), calibration=calibration, batch_size=2, data_parallel=False)
+    model = fully_sharded(tiny_llama(layers=3), reshard_after_forward=False)
+    with torch.no_grad():
+        model(calibration)  # the blocks now hold their parameters gathered, as plain tensors
     WATCHED_BLOCKS[:] = list(model.model.layers)
     GATHERED_AT_SOLVES.clear()
     with counting_calls(DTensor, "full_tensor") as gathers:
-        prunereg.oneshot(model, SeesGatheredBlocks(0.5), calibration=calibration_ids(7, 16), batch_size=2)
+        prunereg.oneshot(model, SeesGatheredBlocks(0.5), calibration=calibration, batch_size=2)
     n_gathers = len(gathers)
+    sharded_after = all(isinstance(parameter, DTensor) for parameter in model.parameters())
+    with torch.no_grad():
+        logits = torch.equal(model(calibration).logits, alone(calibration).logits)
     return {
         "whole_at_solves": list(GATHERED_AT_SOLVES),
         "gathers": n_gathers,
         "parameters": len(list(model.parameters())),
-        "sharded_after": all(isinstance(parameter, DTensor) for parameter in model.parameters()),
+        "sharded_after": sharded_after,
+        "logits": logits,
     }
 
 
