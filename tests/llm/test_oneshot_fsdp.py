@@ -68,3 +68,13 @@ def test_what_cannot_run_on_a_sharded_model_is_refused_in_one_line_leaving_the_s
             assert found[name]["message"].startswith(start), found[name]["message"]
             assert "\n" not in found[name]["message"]
             assert found[name]["unchanged"], name
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_rank_that_raises_midway_stops_every_rank_with_the_shards_put_back(worlds, size):
+    for rank, found in enumerate(values(worlds[size], "fsdp_one_rank_raises")):
+        if rank == 1:
+            assert (found["error"], found["message"]) == ("RuntimeError", "rank one's method broke")
+        else:
+            assert found["error"] == "RankFailed" and found["message"].startswith(f"rank 1 of {size} failed: ")
+        assert found["unchanged"] and found["sharded"] and found["logits"]

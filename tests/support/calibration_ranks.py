@@ -530,6 +530,28 @@ def fsdp_gathered_one_block_at_a_time() -> dict[str, object]:
     }
 
 
+def fsdp_one_rank_raises() -> dict[str, object]:
+    """Rank 1's method raises at the second block of an FSDP2 Llama: every rank's error, and its model after.
+
+    Whether its shards are as before the call, every parameter sharded again,
+    and the forward that of the model never pruned (FSDP2's hooks back).
+    """
+    calibration = calibration_ids(7, 16)
+    model = fully_sharded(tiny_llama())
+    before = shards_digest(model)
+    try:
+        prunereg.oneshot(model, FailsOnRankOne(0.5), calibration=calibration)
+    except Exception as error:
+        found: dict[str, object] = {"error": type(error).__name__, "message": str(error)}
+    else:
+        return {"error": None}
+    found["unchanged"] = shards_digest(model) == before
+    found["sharded"] = all(isinstance(parameter, DTensor) for parameter in model.parameters())
+    with torch.no_grad():
+        found["logits"] = torch.equal(model(calibration).logits, tiny_llama()(calibration).logits)
+    return found
+
+
 def fsdp_refused() -> dict[str, object]:
     """Each run prunereg refuses on a sharded model: its error, one line, and whether the shards are unchanged."""
     import torch.distributed as dist
@@ -591,6 +613,7 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"fsdp_{name}": (lambda name=name: run_fsdp_oneshot(name)) for name in FSDP_RUNS},
     "fsdp_gathered_one_block_at_a_time": fsdp_gathered_one_block_at_a_time,
     "fsdp_refused": fsdp_refused,
+    "fsdp_one_rank_raises": fsdp_one_rank_raises,
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
