@@ -8,6 +8,11 @@ unsharded model, bit for bit.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -25,6 +30,8 @@ pytestmark = rank_test_marks()
 worlds = worlds_fixture("fsdp_")
 
 SIZES = (2, 3)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "oneshot_fsdp.py"
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -78,3 +85,17 @@ def test_a_rank_that_raises_midway_stops_every_rank_with_the_shards_put_back(wor
         else:
             assert found["error"] == "RankFailed" and found["message"].startswith(f"rank 1 of {size} failed: ")
         assert found["unchanged"] and found["sharded"] and found["logits"]
+
+
+def test_the_docs_example_runs_under_torchrun_and_its_shards_hold_the_one_process_model():
+    """docs/distributed.md's FSDP2 example, run as it tells the user to, on two CPU ranks."""
+    process = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)],
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stdout
+    assert "same weights as one process: True, same logits: True, on 2 ranks" in process.stdout, process.stdout
