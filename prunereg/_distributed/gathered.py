@@ -136,13 +136,14 @@ def _forward_hook_ids(module: nn.Module) -> set[int] | None:
     """The ids of FSDP2's forward hooks on ``module`` (empty if it is no FSDP2 module; None if they have none)."""
     if not _is_fsdp(module):
         return set()
-    from torch.utils.hooks import RemovableHandle
-
     state = module._get_fsdp_state()  # type: ignore[operator]  # an FSDPModule's
-    handles = [getattr(state, "_pre_forward_hook_handle", None), getattr(state, "_post_forward_hook_handle", None)]
-    if not all(isinstance(handle, RemovableHandle) for handle in handles):
-        return None  # a group of modules sharded together: their hooks are spread over all of them
-    return {handle.id for handle in handles if isinstance(handle, RemovableHandle)}
+    ids = [
+        getattr(getattr(state, name, None), "id", None)
+        for name in ("_pre_forward_hook_handle", "_post_forward_hook_handle")
+    ]
+    if not all(isinstance(id_, int) for id_ in ids):
+        return None  # a group of modules sharded together: one handle for hooks spread over all of them
+    return {id_ for id_ in ids if isinstance(id_, int)}
 
 
 @dataclass

@@ -67,6 +67,7 @@ def test_what_cannot_run_on_a_sharded_model_is_refused_in_one_line_leaving_the_s
             "NotImplementedError",
             "prunereg.oneshot: model.embed_tokens.weight is sharded over the device mesh [[0, ",
         ),
+        "grouped": ("NotImplementedError", "prunereg.oneshot: model.layers.0 was sharded by one fully_shard call"),
         "tensor_parallel": ("NotImplementedError", "prunereg.oneshot: model.layers.1.mlp.up_proj.weight is a DTensor"),
     }
     for found in values(worlds[size], "fsdp_refused"):

@@ -565,6 +565,15 @@ def fsdp_refused() -> dict[str, object]:
         layer.weight = nn.Parameter(distribute_tensor(layer.weight.detach(), mesh, [Shard(0)]))
         return model
 
+    def grouped() -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        model = tiny_llama(layers=3)
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        fully_shard([model.model.layers[0], model.model.layers[1]], mesh=mesh)  # two blocks, one call
+        fully_shard(model, mesh=mesh)
+        return model
+
     calibration = calibration_ids(7, 16)
     runs: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object]]] = {
         "shrink": (
@@ -587,6 +596,7 @@ def fsdp_refused() -> dict[str, object]:
             lambda: fully_sharded(tiny_llama(layers=3), (1, dist.get_world_size())),
             lambda model: prunereg.oneshot(model, "wanda", calibration=calibration),
         ),
+        "grouped": (grouped, lambda model: prunereg.oneshot(model, "wanda", calibration=calibration)),
         "tensor_parallel": (
             tensor_parallel,
             lambda model: prunereg.oneshot(model, "sparsegpt", calibration=calibration),
