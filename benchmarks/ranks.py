@@ -13,7 +13,12 @@ groups). A row gives the wall time of the call (the slowest rank's), the peak
 resident memory of each rank during it, the time the one-shot engine spent in
 its solves (the slowest rank's ``timings.pruning``) and the speed-up against the
 one process at two threads: the issue's target is 2 ranks at one thread each no
-slower than that. Every rank's model is checked to be the same bits as the
+slower than that. On ranks, every exchange between them is counted: before it, a
+barrier waits for the slowest rank (``waiting``: the ranks' imbalance, not
+communication), then the exchange itself is timed with its serialization
+(``communication``, the slowest rank's, and its share of the call) and its bytes
+(what this rank sends; each exchange is an ``all_gather_object``, so every rank
+receives every rank's). Every rank's model is checked to be the same bits as the
 one process's at one thread (the ``bits`` column; at two threads torch's kernels
 may round differently: the ranks equal one process at the same thread count).
 
@@ -27,6 +32,7 @@ Timings need a quiet machine: the figures of a shared one mean nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import hashlib
 import json
@@ -35,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +70,56 @@ def _call(method: str, model: Any, calibration: Any) -> Callable[[], Any]:
     return lambda: prunereg.recover(model, teacher, calibration, "refit", progress=False)
 
 
+@contextlib.contextmanager
+def counted_exchanges() -> Iterator[dict[str, float]]:
+    """Count the exchanges between ranks while inside: seconds waiting, seconds communicating, bytes sent.
+
+    Every collective of the engines is a ``Ranks.exchange`` (raw or through the
+    two serializing forms); a barrier before each separates the wait for the
+    slowest rank from the exchange itself. (The benchmark's own instrument: it
+    reaches into the runtime's private ``Ranks``.)
+    """
+    import torch.distributed as dist
+
+    from prunereg._runtime.ranks import Ranks
+
+    totals = {"waiting": 0.0, "communication": 0.0, "bytes": 0.0, "exchanges": 0.0}
+    depth = [0]
+    originals = {name: getattr(Ranks, name) for name in ("exchange", "_exchange_plain", "_exchange_tensors")}
+
+    def counted(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def exchange(self: Ranks, payload: Any) -> Any:
+            if depth[0]:
+                if isinstance(payload, bytes):
+                    totals["bytes"] += len(payload)
+                return original(self, payload)
+            start = time.perf_counter()
+            dist.barrier()
+            ready = time.perf_counter()
+            depth[0] += 1
+            try:
+                if isinstance(payload, bytes):
+                    totals["bytes"] += len(payload)
+                return original(self, payload)
+            finally:
+                depth[0] -= 1
+                totals["waiting"] += ready - start
+                totals["communication"] += time.perf_counter() - ready
+                totals["exchanges"] += 1
+
+        return exchange
+
+    for name in originals:
+        setattr(Ranks, name, counted(name))
+    try:
+        yield totals
+    finally:
+        for name, original in originals.items():
+            setattr(Ranks, name, original)
+
+
 def run_one(method: str, cache: Path, threads: int, quick: bool) -> dict[str, Any]:
     """Run ``method`` in this process (a rank of a process group where ``torchrun`` started it): what it measured."""
     import torch
@@ -78,15 +134,17 @@ def run_one(method: str, cache: Path, threads: int, quick: bool) -> dict[str, An
         dist.barrier()  # every rank starts the clock together
     memory.trim()
     memory.reset_peak()
-    start = time.perf_counter()
-    report = call()
-    seconds = time.perf_counter() - start
+    with counted_exchanges() if dist.is_initialized() else contextlib.nullcontext({}) as exchanges:
+        start = time.perf_counter()
+        report = call()
+        seconds = time.perf_counter() - start
     timings = getattr(report, "timings", None)
     result = {
         "seconds": seconds,
         "peak_rss": memory.peak(),
         "solves": getattr(timings, "pruning", None),
         "state": _state_digest(model),
+        "exchanges": dict(exchanges),
     }
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -119,22 +177,37 @@ def run_layout(method: str, layout: str, cache: Path, quick: bool) -> list[dict[
 def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     """The markdown table of every method's layouts."""
     lines = [
-        "| method | layout | wall s | peak RSS per rank (MiB) | solves s | speed-up vs 1 process, 2 threads | bits |",
-        "| --- | --- | ---: | --- | ---: | ---: | --- |",
+        "| method | layout | wall s | peak RSS per rank (MiB) | solves s | speed-up vs 1 process, 2 threads | bits "
+        "| communication s (share) | waiting s | MiB sent per rank |",
+        "| --- | --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for method, layouts in results.items():
-        baseline = max(rank["seconds"] for rank in layouts[BASELINE])
-        reference = layouts[SAME_THREADS][0]["state"]
+        baseline = max(rank["seconds"] for rank in layouts[BASELINE]) if BASELINE in layouts else None
+        reference = layouts[SAME_THREADS][0]["state"] if SAME_THREADS in layouts else None
         for layout, ranks in layouts.items():
             seconds = max(rank["seconds"] for rank in ranks)
             peaks = ", ".join(f"{rank['peak_rss'] / 2**20:.0f}" for rank in ranks)
             solves = [rank["solves"] for rank in ranks if rank["solves"] is not None]
             solved = f"{max(solves):.1f}" if solves else "-"
+            speedup = f"{baseline / seconds:.2f}x" if baseline else "-"
             same = "as 1 thread" if all(rank["state"] == reference for rank in ranks) else "differ"
+            same = "-" if reference is None else same
             lines.append(
-                f"| {method} | {layout} | {seconds:.1f} | {peaks} | {solved} | {baseline / seconds:.2f}x | {same} |"
+                f"| {method} | {layout} | {seconds:.1f} | {peaks} | {solved} | {speedup} | {same} "
+                f"| {_exchanged(ranks, seconds)} |"
             )
     return "\n".join(lines)
+
+
+def _exchanged(ranks: list[dict[str, Any]], seconds: float) -> str:
+    """The exchange columns: the slowest rank's communication and waiting, the most a rank sent ("-": one process)."""
+    counted = [rank["exchanges"] for rank in ranks if rank.get("exchanges")]
+    if not counted:
+        return "- | - | -"
+    communication = max(rank["communication"] for rank in counted)
+    waiting = max(rank["waiting"] for rank in counted)
+    sent = max(rank["bytes"] for rank in counted) / 2**20
+    return f"{communication:.2f} ({communication / seconds:.1%}) | {waiting:.1f} | {sent:.1f}"
 
 
 def main() -> None:
@@ -142,6 +215,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=METHODS, help="run these methods only")
     parser.add_argument("--cache", type=Path, default=llm.cache_dir(), help="where the model and texts are kept")
     parser.add_argument("--quick", action="store_true", help="a tiny model from a config: checks the script runs")
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, help="run these layouts only (default: all three)")
     parser.add_argument("--json", type=Path, help="keep the raw results here")
     parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -155,7 +229,8 @@ def main() -> None:
         llm.prepare(args.cache)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for method in args.only or METHODS:
-        results[method] = {layout: run_layout(method, layout, args.cache, args.quick) for layout in LAYOUTS}
+        layouts = args.layouts or LAYOUTS
+        results[method] = {layout: run_layout(method, layout, args.cache, args.quick) for layout in layouts}
         print(f"{method}: {json.dumps(results[method])}", file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))

@@ -91,7 +91,10 @@ class CalibratedMethod(ABC):
     instead prunes N of every M consecutive inputs in each row, and then ``sparsity``,
     if given, must equal N/M. Subclasses add their own options as keyword arguments
     with defaults, set ``STATISTICS`` to what the engine must gather, and implement
-    :meth:`prune_group`.
+    :meth:`prune_group`. A method that changes kept weights (SparseGPT's update)
+    sets ``UPDATES_WEIGHTS``; one that does not is taken at its masks alone (the
+    engine zeroes the pruned weights itself: the same bits on one process and on
+    any number of ranks).
     """
 
     PRUNING_TYPE: ClassVar[str] = KIND

@@ -360,20 +360,38 @@ class OneShotJob:
         """Each input group's results from the method; with ranks, each group solved on one rank and sent to all.
 
         A group is solved whole wherever it runs, by the same code on the same
-        weights and statistics: the results are one process's, bit for bit.
+        weights and statistics: the results are one process's, bit for bit. A
+        method that keeps its kept weights (``UPDATES_WEIGHTS`` false) is
+        taken at its mask alone, the weight being this layer's with the pruned
+        entries set to zero: so ranks send each other masks, a fifth of the
+        bytes of weights and masks, and every rank fills the zeros alike.
         """
+        masks_only = not type(self.method).UPDATES_WEIGHTS
+
+        def weights_of(names: list[str]) -> list[torch.Tensor]:
+            return [weight_matrix(block.get_submodule(name)).detach().float() for name in names]
 
         def solve(position: int) -> list[PrunedWeight]:
             names, statistics = groups[position]
-            weights = [weight_matrix(block.get_submodule(name)).detach().float() for name in names]
-            pruned = self.method.prune_group(weights, statistics, [sparsity] * len(names))
+            pruned = self.method.prune_group(weights_of(names), statistics, [sparsity] * len(names))
             if len(pruned) != len(names):
                 raise RuntimeError(f"{self.method!r} returned {len(pruned)} results for {len(names)} layers")
             return pruned
 
+        def kept(position: int, masks: Iterable[torch.Tensor]) -> list[PrunedWeight]:
+            weights = weights_of(groups[position][0])
+            return [
+                PrunedWeight(weight.masked_fill(~mask, 0), mask) for weight, mask in zip(weights, masks, strict=True)
+            ]
+
         if self.ranks is None:  # one at a time, written before the next is solved
+            if masks_only:
+                return (kept(position, (result.mask for result in solve(position))) for position in range(len(groups)))
             return (solve(position) for position in range(len(groups)))
         costs = [solve_cost([weight_matrix(block.get_submodule(name)) for name in names]) for names, _ in groups]
+        if masks_only:
+            masks = self.ranks.solve_spread(costs, lambda position: [result.mask for result in solve(position)])
+            return iter([kept(position, found) for position, found in enumerate(masks)])
         spread = self.ranks.solve_spread(costs, lambda position: [tuple(result) for result in solve(position)])
         return iter([[PrunedWeight(*result) for result in results] for results in spread])
 

@@ -107,7 +107,9 @@ def test_by_default_the_copy_is_kept_when_it_fits_in_memory(monkeypatch, availab
 
 
 class ClaimsMoreThanItPrunes(NormScore):
-    """Returns NormScore's weights with a mask saying everything was pruned."""
+    """Returns NormScore's weights with a mask saying everything was pruned (as a method that updates weights)."""
+
+    UPDATES_WEIGHTS = True
 
     def prune_group(self, weights: Sequence[torch.Tensor], statistics, sparsities):  # type: ignore[no-untyped-def]
         results = super().prune_group(weights, statistics, sparsities)
@@ -121,6 +123,24 @@ def test_the_report_gives_the_zeros_the_weights_hold_not_the_methods_mask() -> N
     assert report.overall_sparsity == 0.5
     up = model.model.layers[0].mlp.up_proj.weight
     assert (up == 0).float().mean() == 0.5
+
+
+class ZerosBySign(NormScore):
+    """NormScore's mask, its weight as ``weight * mask``: negative pruned entries come back as -0.0."""
+
+    def prune_group(self, weights: Sequence[torch.Tensor], statistics, sparsities):  # type: ignore[no-untyped-def]
+        results = super().prune_group(weights, statistics, sparsities)
+        return [prunereg.PrunedWeight(weight * r.mask, r.mask) for weight, r in zip(weights, results, strict=True)]
+
+
+def test_a_method_that_keeps_its_kept_weights_is_taken_at_its_mask_with_positive_zeros() -> None:
+    # what ranks send each other for such a method is its masks: one process must fill the zeros as every rank does
+    model, reference = tiny_llama(), tiny_llama()
+    prunereg.oneshot(model, ZerosBySign(0.5), calibration=calibration_ids(2, 8))
+    prunereg.oneshot(reference, NormScore(0.5), calibration=calibration_ids(2, 8))
+    for (name, weight), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(weight, expected), name
+        assert not torch.signbit(weight[weight == 0]).any(), name
 
 
 def test_the_report_counts_the_zeros_a_conv1d_holds() -> None:
