@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.processes import Worlds
+from tests.support.processes import Worlds, run_example_under_torchrun
 
 # Each test starts real processes (a world of ranks, or torchrun): slow, as the project marks them.
 pytestmark = [pytest.mark.skipif(not dist.is_gloo_available(), reason="needs the gloo backend"), pytest.mark.slow]
@@ -111,13 +111,6 @@ def test_every_case_with_nccl_on_cuda(tmp_path: Path) -> None:
 
 def test_docs_example_runs_under_torchrun() -> None:
     """docs/distributed.md's example, run as it tells the user to, on two CPU ranks."""
-    process = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)],
-        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=LAUNCH_TIMEOUT_S,
-    )
+    process = run_example_under_torchrun(EXAMPLE, timeout=LAUNCH_TIMEOUT_S)
     assert process.returncode == 0, process.stdout
     assert "pruned on 2 ranks" in process.stdout, process.stdout

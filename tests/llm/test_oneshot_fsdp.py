@@ -8,9 +8,6 @@ unsharded model, bit for bit.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from tests.support.calibration_ranks import (
     values,
     worlds_fixture,
 )
+from tests.support.processes import run_example_under_torchrun
 
 pytestmark = rank_test_marks()
 
@@ -90,13 +88,6 @@ def test_a_rank_that_raises_midway_stops_every_rank_with_the_shards_put_back(wor
 
 def test_the_docs_example_runs_under_torchrun_and_its_shards_hold_the_one_process_model():
     """docs/distributed.md's FSDP2 example, run as it tells the user to, on two CPU ranks."""
-    process = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)],
-        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=300,
-    )
+    process = run_example_under_torchrun(EXAMPLE)
     assert process.returncode == 0, process.stdout
     assert "same weights as one process: True, same logits: True, on 2 ranks" in process.stdout, process.stdout

@@ -32,6 +32,24 @@ def run_prunereg(args: list[str], timeout: float = 300) -> subprocess.CompletedP
     return subprocess.run([str(script), *args], capture_output=True, text=True, check=False, timeout=timeout)
 
 
+def run_example_under_torchrun(
+    example: Path, n_ranks: int = 2, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """A docs example run as the docs tell the user to (``torchrun --standalone``), on ``n_ranks`` CPU ranks.
+
+    One thread per rank, CUDA hidden; stdout and stderr together as text.
+    """
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n_ranks)]
+    return subprocess.run(
+        [*torchrun, str(example)],
+        env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def start_gated(program: str, args: list[str], control: Path, setup: str = "") -> subprocess.Popen[str]:
     """``program`` (prunereg's ``main`` behind a gate) with ``args`` in a new process; ``setup`` runs first.
 
