@@ -156,10 +156,14 @@ class Gathered:
         """Put the sharded parameters back; with ``write_back``, each rank's shards take the whole ones' values first.
 
         Local (no collective): every rank holds the same whole values and cuts
-        its own shards out of them. The whole copies are dropped.
+        its own shards out of them. The whole copies are dropped. A module that
+        no longer holds the whole parameter (a failed run put its parameters
+        back as they were, and the values into the shards) is left as it is.
         """
         written: set[int] = set()
         for module, name, sharded, whole in self.swapped:
+            if module._parameters.get(name) is not whole:
+                continue
             if write_back and id(sharded) not in written:
                 copy_whole(sharded, whole.detach())
                 written.add(id(sharded))

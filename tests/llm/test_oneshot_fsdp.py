@@ -84,6 +84,13 @@ def test_a_rank_that_raises_midway_stops_every_rank_with_the_shards_put_back(wor
         else:
             assert found["error"] == "RankFailed" and found["message"].startswith(f"rank 1 of {size} failed: ")
         assert found["unchanged"] and found["sharded"] and found["logits"]
+    # rank 1 fails with its block 1 gathered and pruned: the shards get the values from before, not the pruned ones
+    errors = [found["error"] for found in values(worlds[size], "fsdp_rank_raises_after_writing_a_block")]
+    assert errors == ["RankFailed", "RuntimeError", *["RankFailed"] * (size - 2)]
+    assert all(
+        found["unchanged"] and found["sharded"]
+        for found in values(worlds[size], "fsdp_rank_raises_after_writing_a_block")
+    )
 
 
 def test_the_docs_example_runs_under_torchrun_and_its_shards_hold_the_one_process_model():

@@ -552,6 +552,36 @@ def fsdp_one_rank_raises() -> dict[str, object]:
     return found
 
 
+def fsdp_rank_raises_after_writing_a_block() -> dict[str, object]:
+    """Rank 1 raises after writing its second block, before giving it back: every rank's error and shards after."""
+    import prunereg._oneshot.engine as engine
+
+    calibration = calibration_ids(7, 16)
+    model = fully_sharded(tiny_llama(layers=3))
+    before = shards_digest(model)
+    advance = engine.advance
+    advanced: list[int] = []
+
+    def advance_then_fail(block: nn.Module, inputs: Any) -> None:
+        advanced.append(1)
+        if dist_rank() == 1 and len(advanced) == 2:  # block 1, whose pruned values are written by now
+            raise RuntimeError("rank one broke after writing a block")
+        advance(block, inputs)
+
+    engine.advance = advance_then_fail
+    try:
+        prunereg.oneshot(model, "sparsegpt", calibration=calibration, batch_size=1)
+    except Exception as error:
+        found: dict[str, object] = {"error": type(error).__name__}
+    else:
+        return {"error": None}
+    finally:
+        engine.advance = advance
+    found["unchanged"] = shards_digest(model) == before
+    found["sharded"] = all(isinstance(parameter, DTensor) for parameter in model.parameters())
+    return found
+
+
 def fsdp_refused() -> dict[str, object]:
     """Each run prunereg refuses on a sharded model: its error, one line, and whether the shards are unchanged."""
     import torch.distributed as dist
@@ -624,6 +654,7 @@ CASES: dict[str, Callable[[], object]] = {
     "fsdp_gathered_one_block_at_a_time": fsdp_gathered_one_block_at_a_time,
     "fsdp_refused": fsdp_refused,
     "fsdp_one_rank_raises": fsdp_one_rank_raises,
+    "fsdp_rank_raises_after_writing_a_block": fsdp_rank_raises_after_writing_a_block,
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
