@@ -23,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 from prunereg._core import reparam
-from prunereg._distributed.gathered import is_sharded
 from prunereg._distributed.layout import copy_whole
 from prunereg._oneshot.contract import (
     SITE,
@@ -179,11 +178,6 @@ class OneShotJob:
         _check_layers(block_list, layer_names, instance)
         check_not_reparametrized(model)
         check_sharded_run(model, "prunereg.oneshot", ranks)
-        if not options.permanent and is_sharded(model):
-            raise ValueError(
-                "prunereg.oneshot: permanent=False is not supported on a sharded model; leave permanent=True, "
-                "which writes the zeros into each rank's shards"
-            )
         device = input_device(model)
         batches = list(batches_of(calibration, options.batch_size, device))
         if not batches:

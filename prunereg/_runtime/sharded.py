@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
-from torch import nn
+from torch import Tensor, nn
 
+from prunereg._core import reparam
+from prunereg._core.custom import CustomFromMask
 from prunereg._distributed.gathered import (
     Gathered,
     check_gatherable,
@@ -54,13 +56,34 @@ class ShardedBlocks:
         self.gathered = gather(block)
 
     def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
+        masks = _masks_taken_off(block) if pruned else []
         self.close(write_back=pruned)
+        for module, name, mask in masks:  # each rank cuts its own shards of the mask, as of the weights
+            CustomFromMask.apply(module, name, mask)
 
     def close(self, *, write_back: bool = True) -> None:
         """Put back the sharded parameters of the block still gathered, if any (with its values, by default)."""
         if self.gathered is not None:
             self.gathered.release(write_back=write_back)
             self.gathered = None
+
+
+def _masks_taken_off(block: nn.Module) -> list[tuple[nn.Module, str, Tensor]]:
+    """Every pruning reparametrization of ``block`` (``permanent=False``) made permanent: its module, name and mask.
+
+    The whole parameter then holds the pruned values again, to be written into
+    the shards, and the mask goes back on the sharded parameter after.
+    """
+    masks = []
+    for module in block.modules():
+        for key in [key for key in module._parameters if key.endswith("_orig")]:
+            name = key[: -len("_orig")]
+            hooks = reparam.pruning_hooks(module, name)
+            mask = module._buffers.get(f"{name}_mask")
+            if hooks and mask is not None:
+                masks.append((module, name, mask))
+                reparam.remove(module, name, hooks)
+    return masks
 
 
 def check_sharded_run(model: nn.Module, what: str, ranks: Ranks | None) -> None:

@@ -42,6 +42,13 @@ def test_every_rank_shards_hold_the_model_one_process_prunes_unsharded(worlds, s
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_with_permanent_false_the_masks_are_sharded_like_the_weights_and_remove_gives_the_pruned_model(worlds, size):
+    for found in values(worlds[size], "fsdp_masks"):
+        assert found["masks"] == 3 * 7  # q, k, v, o, gate, up, down in three blocks
+        assert found["same"] and found["own_shards"] and found["laid_out"] and found["logits"]
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_each_block_is_gathered_once_and_given_back_before_the_next_after_a_forward_left_them_gathered(worlds, size):
     for found in values(worlds[size], "fsdp_gathered_one_block_at_a_time"):
         # at every solve, only the block being pruned is whole; the blocks come in order
@@ -59,7 +66,6 @@ def test_what_cannot_run_on_a_sharded_model_is_refused_in_one_line_leaving_the_s
     expected = {
         "shrink": ("NotImplementedError", "prunereg.shrink cannot change the shapes of a sharded model's parameters"),
         "recover": ("NotImplementedError", "prunereg.recover does not run on a sharded model"),
-        "not_permanent": ("ValueError", "prunereg.oneshot: permanent=False is not supported on a sharded model"),
         "not_data_parallel": ("ValueError", "prunereg.oneshot: the model is sharded (DTensor parameters)"),
         "mesh_2d": (
             "NotImplementedError",

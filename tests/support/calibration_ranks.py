@@ -476,6 +476,43 @@ def run_fsdp_oneshot(name: str) -> dict[str, object]:
     return {"state": state_digest(model), "batches": batches, "own_shards": own_shards, "logits": logits}
 
 
+def fsdp_masks() -> dict[str, object]:
+    """``permanent=False`` on an FSDP2 Llama: each rank's masks and weights against one process's, and after remove.
+
+    Whether every mask and ``weight_orig`` (whole) and this rank's shards of
+    them are those of the same run in one process on the unsharded model,
+    whether the masks are DTensors laid out like their weights, and whether
+    the forward after ``prunereg.remove`` gives that model's logits.
+    """
+    import torch.distributed as dist
+
+    calibration = calibration_ids(7, 16)
+    alone = tiny_llama(layers=3)
+    prunereg.oneshot(alone, "sparsegpt", calibration=calibration, batch_size=1, permanent=False, data_parallel=False)
+    model = fully_sharded(tiny_llama(layers=3))
+    prunereg.oneshot(model, "sparsegpt", calibration=calibration, batch_size=1, permanent=False)
+    expected = {**dict(alone.named_parameters()), **dict(alone.named_buffers())}
+    found = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    masks = {name: tensor for name, tensor in found.items() if name.endswith("weight_mask")}
+    rank, size = dist.get_rank(), dist.get_world_size()
+    sharded = [name for name, tensor in found.items() if isinstance(tensor, DTensor)]
+    same = sorted(found) == sorted(expected) and all(
+        torch.equal(found[name].full_tensor(), expected[name]) for name in sharded
+    )
+    own_shards = all(torch.equal(found[name].to_local(), torch.chunk(expected[name], size)[rank]) for name in sharded)
+    laid_out = bool(masks) and all(
+        isinstance(mask, DTensor) and mask.placements == found[name[: -len("mask")] + "orig"].placements
+        for name, mask in masks.items()
+    )
+    for each in (alone, model):
+        for module in each.modules():
+            if hasattr(module, "weight_orig"):
+                prunereg.remove(module, "weight")
+    with torch.no_grad():
+        logits = torch.equal(model(calibration).logits, alone(calibration).logits)
+    return {"same": same, "own_shards": own_shards, "masks": len(masks), "laid_out": laid_out, "logits": logits}
+
+
 #: Which decoder blocks held whole (gathered) parameters at each of :class:`SeesGatheredBlocks`' solves.
 GATHERED_AT_SOLVES: list[list[int]] = []
 
@@ -614,10 +651,6 @@ def fsdp_refused() -> dict[str, object]:
             lambda: fully_sharded(tiny_llama(layers=3)),
             lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "refit"),
         ),
-        "not_permanent": (
-            lambda: fully_sharded(tiny_llama(layers=3)),
-            lambda model: prunereg.oneshot(model, "wanda", calibration=calibration, permanent=False),
-        ),
         "not_data_parallel": (
             lambda: fully_sharded(tiny_llama(layers=3)),
             lambda model: prunereg.oneshot(model, "wanda", calibration=calibration, data_parallel=False),
@@ -653,6 +686,7 @@ CASES: dict[str, Callable[[], object]] = {
     **{f"fsdp_{name}": (lambda name=name: run_fsdp_oneshot(name)) for name in FSDP_RUNS},
     "fsdp_gathered_one_block_at_a_time": fsdp_gathered_one_block_at_a_time,
     "fsdp_refused": fsdp_refused,
+    "fsdp_masks": fsdp_masks,
     "fsdp_one_rank_raises": fsdp_one_rank_raises,
     "fsdp_rank_raises_after_writing_a_block": fsdp_rank_raises_after_writing_a_block,
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
