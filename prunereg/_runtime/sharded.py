@@ -5,7 +5,9 @@ of a model whose parameters are DTensors: :meth:`~ShardedBlocks.fetch` gathers
 a block's parameters whole on every rank (one collective per parameter, after
 one exchange that stops every rank if one failed), the run calibrates and
 prunes it as plain tensors, and :meth:`~ShardedBlocks.done` writes the result
-into each rank's own shards and drops the whole copy. A rank holds its shards,
+into each rank's own shards and drops the whole copy (with ``permanent=False``,
+each layer's mask then goes onto its sharded weight, cut into the same
+shards). A rank holds its shards,
 one whole block and its calibration activations at a time; the rest of the
 model (embeddings, final norm, head) is gathered only while the first block's
 inputs are captured. FSDP2's own forward hooks stay set aside for the run
