@@ -6,8 +6,9 @@ and :meth:`Ranks.merge` hands every rank the statistics of all of them,
 combined in rank order along the recorder's fixed tree over the batches: the
 same bits as one process over every batch, on every rank. Every collective is
 one :meth:`Ranks.exchange` (an ``all_gather_object``), which also carries a
-failure: a rank whose run raises inside :func:`together` sends its error to the
-others' next exchange, so every rank stops with one error instead of waiting
+failure, or follows one (the broadcasts of large payloads, one source rank at a
+time, after an exchange of their sizes): a rank whose run raises inside
+:func:`together` sends its error to the others' next exchange, so every rank stops with one error instead of waiting
 for a collective that never comes (a rank that dies is the process group's
 timeout to catch). The ranks are one job's processes, trusted as torch trusts them.
 """
@@ -71,28 +72,57 @@ class Ranks:
                 raise RankFailed(f"rank {rank} of {self.size} failed: {value}")
         return [value for _, value in gathered]
 
-    def _exchange_tensors(self, payload: Any) -> list[Any]:
-        """:meth:`exchange` of objects holding tensors, each rank's CUDA tensors landing on this rank's GPU.
+    def _each_loaded(self, payload: Any, take: Callable[[Any], None], *, weights_only: bool) -> None:
+        """Every rank's ``payload`` (tensors in objects), ``torch.save``-d and loaded one source rank at a time.
 
-        (``all_gather_object`` alone would unpickle them on the sender's GPU.)
+        ``take(loaded)`` gets them in rank order, CUDA tensors on this
+        rank's GPU (``all_gather_object`` alone would unpickle them on the
+        sender's); each is dropped before the next is received, so a rank holds
+        its own payload's bytes and one other rank's, not every rank's at once.
+        ``weights_only=False`` is for payloads of this job's own classes (the
+        ranks trust each other as torch does). One fail-aware :meth:`exchange`
+        of the sizes comes first, then one ``broadcast`` per rank; if ``take``
+        raises, this rank still receives the rest (no collective is left
+        unmatched) and then raises, for :func:`together` to tell the others.
         """
         buffer = io.BytesIO()
         torch.save(payload, buffer)
+        sizes = self.exchange(buffer.getbuffer().nbytes)
+        serialized: io.BytesIO | None = buffer
+        del buffer
         here = _this_gpu()
-        return [
-            torch.load(io.BytesIO(data), map_location=here, weights_only=False)  # the job's own ranks: trusted
-            for data in self.exchange(buffer.getvalue())
-        ]
+        error: Exception | None = None
+        for source, size in enumerate(sizes):
+            if source == self.rank:  # this rank's bytes are needed no longer after its own turn
+                received, serialized = self._broadcast(serialized, source, size), None
+            else:
+                received = self._broadcast(None, source, size)
+            if error is None:
+                try:
+                    take(torch.load(received, map_location=here, weights_only=weights_only))
+                except Exception as raised:
+                    error = raised
+            del received
+        if error is not None:
+            raise error
 
-    def _exchange_plain(self, payload: Any) -> list[Any]:
-        """:meth:`exchange` of tensors and numbers in lists and dicts, each rank's loaded ``weights_only`` (no code)."""
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        here = _this_gpu()
-        return [
-            torch.load(io.BytesIO(data), map_location=here, weights_only=True)
-            for data in self.exchange(buffer.getvalue())
-        ]
+    def _broadcast(self, mine: io.BytesIO | None, source: int, size: int) -> io.BytesIO:
+        """Rank ``source``'s ``size`` serialized bytes (``mine`` on that rank), from one ``broadcast``.
+
+        The bytes travel as a ``uint8`` tensor on the process group's device:
+        this rank's GPU for NCCL, the CPU otherwise.
+        """
+        import torch.distributed as dist
+
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        if mine is not None:
+            dist.broadcast(torch.frombuffer(mine.getbuffer(), dtype=torch.uint8).to(device), source)
+            mine.seek(0)
+            return mine
+        received = torch.empty(size, dtype=torch.uint8, device=device)
+        dist.broadcast(received, source)
+        return io.BytesIO(received.cpu().numpy().tobytes())  # the bytes shared, not copied again
 
     def merged(self, tally: Tally) -> Tally:
         """``tally`` over every rank's batches, combined in rank order; only tensors and numbers cross between ranks.
@@ -102,9 +132,12 @@ class Ranks:
         """
         mine = (tally.n_tokens, [(span.level, span.index, span.value.state()) for span in tally.spans()])
         merged = Tally(tally.factories)
-        for n_tokens, spans in self._exchange_plain(mine):
-            partials = [Span(level, index, Partial.from_state(tally.factories, state)) for level, index, state in spans]
-            merged.extend(n_tokens, partials)
+
+        def take(loaded: tuple[int, list[tuple[int, int, Any]]]) -> None:
+            n_tokens, spans = loaded
+            merged.extend(n_tokens, [Span(level, i, Partial.from_state(tally.factories, s)) for level, i, s in spans])
+
+        self._each_loaded(mine, take, weights_only=True)
         return merged
 
     def solve_spread(self, costs: Sequence[float], solve: Callable[[int], _R]) -> list[_R]:
@@ -117,8 +150,9 @@ class Ranks:
         """
         owner = owners(costs, self.size)
         mine = {index: solve(index) for index, rank in enumerate(owner) if rank == self.rank}
-        everyone: list[dict[int, _R]] = self._exchange_plain(mine)
-        return [everyone[rank][index] for index, rank in enumerate(owner)]
+        solved: dict[int, _R] = {}
+        self._each_loaded(mine, solved.update, weights_only=True)
+        return [solved[index] for index in range(len(owner))]
 
     def fail(self, error: BaseException) -> None:
         """Send ``error`` to the other ranks' next exchange (best effort: a rank gone already cannot hear it)."""
@@ -156,7 +190,9 @@ class Ranks:
         called = {name: Tally(recorder.call_statistics) for name in recorder.called}
         block = Tally(recorder.block_statistics)
         where: dict[tuple[str, ...], int] = {}
-        for rank_groups, rank_called, rank_block in self._exchange_tensors(mine):
+
+        def take(loaded: tuple[list[Any], dict[str, Any], tuple[int, list[Any]]]) -> None:
+            rank_groups, rank_called, rank_block = loaded
             for names, parts in rank_groups:
                 if tuple(names) not in where:
                     where[tuple(names)] = len(groups)
@@ -166,6 +202,8 @@ class Ranks:
             for name, parts in rank_called.items():
                 called[name].extend(*parts)
             block.extend(*rank_block)
+
+        self._each_loaded(mine, take, weights_only=False)  # the job's own ranks: trusted
         recorder.groups, recorder.tallies, recorder.called, recorder.block = groups, tallies, called, block
 
 

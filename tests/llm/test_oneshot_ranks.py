@@ -63,6 +63,13 @@ def test_each_group_of_a_block_is_solved_on_one_rank_and_every_rank_solves_its_s
     assert min(solves) >= 3  # every rank solves at least one group of each block (4 groups, at most 3 ranks)
 
 
+def test_a_merge_of_statistics_holds_one_other_ranks_payload_at_a_time(worlds):
+    # at 3 ranks, when the last rank's partial Hessians are loaded, the second's are combined in and gone already
+    for found in values(worlds[3], "oneshot_sparsegpt"):
+        assert found["merge_loads"] == 3 * 3  # three blocks' merges, one load per rank each
+        assert found["most_whole"] == 1  # rank 0's, whose partials the others' are combined into
+
+
 @pytest.mark.parametrize("size", (2, 3))
 def test_every_rank_takes_each_result_from_the_rank_that_solved_it(worlds, size):
     # the method prunes more on each later rank: the ranks' models agree only where each writes the solver's result

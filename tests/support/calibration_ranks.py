@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -257,13 +258,72 @@ def counting_calls(owner: object, name: str) -> Iterator[list[int]]:
 
 
 def run_oneshot(name: str) -> dict[str, object]:
-    """One-shot run ``name`` on a fresh tiny Llama: the model's hash, the batches and the groups this process solved."""
+    """One-shot run ``name`` on a fresh tiny Llama: the model's hash, the batches and the groups this process solved,
+    and the most payloads of other ranks held whole at once in a merge of statistics (:func:`whole_payloads_in_merges`).
+    """
     method, settings = ONESHOT_RUNS[name]
     model = fresh_model(name)
     seen = counting_batches(model)
-    with counting_calls(prunereg.get(method), "prune_group") as solved:
+    with counting_calls(prunereg.get(method), "prune_group") as solved, whole_payloads_in_merges() as whole:
         prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
-    return {"state": state_digest(model), "batches": len(seen), "solves": len(solved)}
+    held = {"merge_loads": len(whole), "most_whole": max(whole, default=0)}
+    return {"state": state_digest(model), "batches": len(seen), "solves": len(solved), **held}
+
+
+def tensors_in(found: object, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every tensor reachable from ``found`` through tuples, lists, dicts and objects' attributes."""
+    seen = set() if seen is None else seen
+    if id(found) in seen:
+        return []
+    seen.add(id(found))
+    if isinstance(found, torch.Tensor):
+        return [found]
+    if isinstance(found, dict):
+        inside: list[object] = [*found.keys(), *found.values()]
+    elif isinstance(found, (tuple, list)):
+        inside = list(found)
+    else:
+        inside = list(getattr(found, "__dict__", {}).values())
+    return [tensor for each in inside for tensor in tensors_in(each, seen)]
+
+
+@contextlib.contextmanager
+def whole_payloads_in_merges() -> Iterator[list[int]]:
+    """At each rank's payload that ``Ranks.merge`` loads (``torch.load``): how many loaded before it, in that merge,
+    still hold every one of their tensors (a list, one count per load).
+
+    A payload combined into the statistics loses the partials that were
+    combined into another's; one left whole is held entire. Rank 0's stays
+    whole, as the partials the others' are combined into: a merge that holds
+    one other rank's payload at a time counts 1 at most, one that loads every
+    rank's before combining counts every earlier one.
+    """
+    from prunereg._runtime.ranks import Ranks
+
+    load, merge = torch.load, Ranks.merge
+    merges: list[list[list[weakref.ref[torch.Tensor]]]] = []  # per merge under way, each load's tensors
+    counts: list[int] = []
+
+    def counted_load(*args: Any, **kwargs: Any) -> Any:
+        if not merges:
+            return load(*args, **kwargs)
+        counts.append(sum(all(ref() is not None for ref in refs) for refs in merges[-1] if refs))
+        loaded = load(*args, **kwargs)
+        merges[-1].append([weakref.ref(tensor) for tensor in tensors_in(loaded)])
+        return loaded
+
+    def counted_merge(self: Ranks, recorder: Any) -> None:
+        merges.append([])
+        try:
+            merge(self, recorder)
+        finally:
+            merges.pop()
+
+    torch.load, Ranks.merge = counted_load, counted_merge  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        torch.load, Ranks.merge = load, merge  # type: ignore[method-assign]
 
 
 class PrunesMoreOnLaterRanks(NormScore):
