@@ -17,8 +17,9 @@ slower than that. On ranks, every exchange between them is counted: before it, a
 barrier waits for the slowest rank (``waiting``: the ranks' imbalance, not
 communication), then the exchange itself is timed with its serialization
 (``communication``, the slowest rank's, and its share of the call) and its bytes
-(what this rank sends; each exchange is an ``all_gather_object``, so every rank
-receives every rank's). Every rank's model is checked to be the same bits as the
+(what this rank sends; every rank receives every rank's: small exchanges are an
+``all_gather_object``, the statistics and the solves' results one broadcast per
+source rank after an exchange of their sizes). Every rank's model is checked to be the same bits as the
 one process's at one thread (the ``bits`` column; at two threads torch's kernels
 may round differently: the ranks equal one process at the same thread count).
 
@@ -74,10 +75,11 @@ def _call(method: str, model: Any, calibration: Any) -> Callable[[], Any]:
 def counted_exchanges() -> Iterator[dict[str, float]]:
     """Count the exchanges between ranks while inside: seconds waiting, seconds communicating, bytes sent.
 
-    Every collective of the engines is a ``Ranks.exchange`` (raw or through the
-    two serializing forms); a barrier before each separates the wait for the
-    slowest rank from the exchange itself. (The benchmark's own instrument: it
-    reaches into the runtime's private ``Ranks``.)
+    Every collective of the engines is a ``Ranks.exchange``, or a
+    ``Ranks._each_loaded`` (an exchange of sizes, then a broadcast from each
+    rank: the bytes sent are this rank's broadcast); a barrier before each
+    separates the wait for the slowest rank from the exchange itself. (The
+    benchmark's own instrument: it reaches into the runtime's private ``Ranks``.)
     """
     import torch.distributed as dist
 
@@ -85,24 +87,26 @@ def counted_exchanges() -> Iterator[dict[str, float]]:
 
     totals = {"waiting": 0.0, "communication": 0.0, "bytes": 0.0, "exchanges": 0.0}
     depth = [0]
-    originals = {name: getattr(Ranks, name) for name in ("exchange", "_exchange_plain", "_exchange_tensors")}
+    originals = {name: getattr(Ranks, name) for name in ("exchange", "_each_loaded")}
+    broadcast = dist.broadcast
+
+    def counted_broadcast(tensor: Any, src: int, *args: Any, **kwargs: Any) -> Any:
+        if depth[0] and src == dist.get_rank():
+            totals["bytes"] += tensor.numel() * tensor.element_size()
+        return broadcast(tensor, src, *args, **kwargs)
 
     def counted(name: str) -> Callable[..., Any]:
         original = originals[name]
 
-        def exchange(self: Ranks, payload: Any) -> Any:
+        def exchange(self: Ranks, payload: Any, *args: Any, **kwargs: Any) -> Any:
             if depth[0]:
-                if isinstance(payload, bytes):
-                    totals["bytes"] += len(payload)
-                return original(self, payload)
+                return original(self, payload, *args, **kwargs)
             start = time.perf_counter()
             dist.barrier()
             ready = time.perf_counter()
             depth[0] += 1
             try:
-                if isinstance(payload, bytes):
-                    totals["bytes"] += len(payload)
-                return original(self, payload)
+                return original(self, payload, *args, **kwargs)
             finally:
                 depth[0] -= 1
                 totals["waiting"] += ready - start
@@ -113,11 +117,13 @@ def counted_exchanges() -> Iterator[dict[str, float]]:
 
     for name in originals:
         setattr(Ranks, name, counted(name))
+    dist.broadcast = counted_broadcast
     try:
         yield totals
     finally:
         for name, original in originals.items():
             setattr(Ranks, name, original)
+        dist.broadcast = broadcast
 
 
 def run_one(method: str, cache: Path, threads: int, quick: bool) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ def test_the_quick_ranks_benchmark_prints_every_layout_and_the_ranks_equal_one_p
     assert lines[0].startswith("| method | layout | wall s | peak RSS per rank (MiB) | solves s |")
     rows = {line.split(" | ")[1]: line for line in lines[2:]}
     assert set(rows) == {"1 process, 1 thread", "1 process, 2 threads", "2 ranks, 1 thread each"}
-    assert rows["2 ranks, 1 thread each"].endswith("| as 1 thread |")  # both ranks: the one process's bits
+    assert rows["2 ranks, 1 thread each"].split(" | ")[6] == "as 1 thread"  # both ranks: the one process's bits
     assert len(rows["2 ranks, 1 thread each"].split(" | ")[3].split(", ")) == 2  # a peak per rank
-    assert (tmp_path / "runs.json").exists()
+    ranks = json.loads((tmp_path / "runs.json").read_text())["sparsegpt"]["2 ranks, 1 thread each"]
+    counted = [rank["exchanges"] for rank in ranks]  # each block's statistics and solves, every rank alike
+    assert all(each["bytes"] > 0 for each in counted) and counted[0]["exchanges"] == counted[1]["exchanges"] > 0
