@@ -100,6 +100,17 @@ def test_a_rank_that_raises_ends_every_rank_with_its_error_and_every_model_as_it
             }
 
 
+@pytest.mark.parametrize("size", (2, 3))
+def test_a_rank_whose_combine_of_the_statistics_raises_ends_every_rank_with_its_error(worlds, size):
+    # rank 1 raises while the others' partials still come to it one rank at a time: no rank waits for it
+    found = values(worlds[size], "oneshot_combine_raises")
+    assert found[1] == {"error": "RuntimeError", "message": "rank one's combine broke", "unchanged": True}
+    message = f"rank 1 of {size} failed: RuntimeError: rank one's combine broke"
+    assert [other for rank, other in enumerate(found) if rank != 1] == [
+        {"error": "RankFailed", "message": message, "unchanged": True}
+    ] * (size - 1)
+
+
 @pytest.fixture(scope="module")
 def two_ranks_writing(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
     return launch(2, tmp_path_factory.mktemp("folders"), "folder_")

@@ -391,8 +391,8 @@ class ReadsItsOwnShare(RecoveryMethod):
         return None
 
 
-def recover_refused(run: Callable[[nn.Module], object]) -> dict[str, object]:
-    """``run`` on a tiny Llama, which every rank refuses: the error, and whether the model is unchanged."""
+def error_and_unchanged(run: Callable[[nn.Module], object]) -> dict[str, object]:
+    """``run`` on a tiny Llama, which every rank refuses or stops on: the error, and whether the model is unchanged."""
     model = tiny_llama(layers=3)
     before = state_digest(model)
     try:
@@ -461,6 +461,25 @@ def oneshot_folder_when_a_rank_dies() -> dict[str, object]:
     except Exception as error:
         return {"error": type(error).__name__, "left": sorted(path.name for path in work.iterdir() if path.is_dir())}
     return {"error": None}
+
+
+def combine_raises_on_rank_one(model: nn.Module) -> None:
+    """SparseGPT on ``model``, rank 1's combine of the ranks' statistics raising at the first rank's partials:
+    it must still take part in the other ranks' broadcasts (its own among them), or they wait for it forever."""
+    from prunereg._runtime.recorder import Tally
+
+    extend = Tally.extend
+
+    def broken(self: Tally, n_tokens: int, spans: list[Any]) -> None:
+        if dist_rank() == 1:
+            raise RuntimeError("rank one's combine broke")
+        extend(self, n_tokens, spans)
+
+    Tally.extend = broken  # type: ignore[method-assign]
+    try:
+        prunereg.oneshot(model, "sparsegpt", calibration=calibration_ids(7, 16), batch_size=1)
+    finally:
+        Tally.extend = extend  # type: ignore[method-assign]
 
 
 def one_rank_raises() -> dict[str, object]:
@@ -754,18 +773,18 @@ CASES: dict[str, Callable[[], object]] = {
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,
     "oneshot_solved_by_one_rank": solved_by_one_rank,
     **{f"recover_{name}": (lambda name=name: run_recover(name)) for name in RECOVER_RUNS},
-    "recover_blockwise_refused": lambda: recover_refused(
+    "recover_blockwise_refused": lambda: error_and_unchanged(
         lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(7, 16), "blockwise")
     ),
-    "recover_shrink_blockwise_refused": lambda: recover_refused(
+    "recover_shrink_blockwise_refused": lambda: error_and_unchanged(
         lambda model: prunereg.shrink(model, "flap", calibration_ids(7, 16), mlp=0.5, recover="blockwise")
     ),
-    "recover_method_reads_its_own_share": lambda: recover_refused(
+    "recover_method_reads_its_own_share": lambda: error_and_unchanged(
         lambda model: prunereg.recover(
             model, tiny_llama(layers=3), calibration_ids(7, 16), ReadsItsOwnShare(), batch_size=1
         )
     ),
-    "recover_fewer_batches_than_ranks": lambda: recover_refused(
+    "recover_fewer_batches_than_ranks": lambda: error_and_unchanged(
         lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration_ids(2, 16), "refit", batch_size=2)
     ),
     "folder_oneshot": oneshot_folder_written_by_rank_zero,
@@ -773,6 +792,7 @@ CASES: dict[str, Callable[[], object]] = {
     "folder_command": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "memory"),
     "folder_command_streamed": lambda: run_oneshot_command(Path(sys.argv[1]).parent / "streamed", "--stream"),
     "oneshot_one_rank_raises": one_rank_raises,
+    "oneshot_combine_raises": lambda: error_and_unchanged(combine_raises_on_rank_one),
     **{
         f"streamed_shrink_{name}": (lambda name=name: run_shrink_folder(Path(sys.argv[1]).parent / name, name))
         for name in STREAMED_SHRINK_RUNS
