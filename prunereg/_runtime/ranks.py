@@ -79,6 +79,9 @@ class Ranks:
         rank's GPU (``all_gather_object`` alone would unpickle them on the
         sender's); each is dropped before the next is received, so a rank holds
         its own payload's bytes and one other rank's, not every rank's at once.
+        This rank's own turn takes ``payload`` itself: a load of its bytes
+        would give the same bits (``torch.save`` keeps tensors' values and
+        which share storage), at the cost of a second copy.
         ``weights_only=False`` is for payloads of this job's own classes (the
         ranks trust each other as torch does). One fail-aware :meth:`exchange`
         of the sizes comes first, then one ``broadcast`` per rank; if ``take``
@@ -88,41 +91,28 @@ class Ranks:
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         sizes = self.exchange(buffer.getbuffer().nbytes)
-        serialized: io.BytesIO | None = buffer
+        own = [buffer]  # emptied at this rank's own turn: its bytes are needed no longer
         del buffer
         here = _this_gpu()
         error: Exception | None = None
         for source, size in enumerate(sizes):
-            if source == self.rank:  # this rank's bytes are needed no longer after its own turn
-                received, serialized = self._broadcast(serialized, source, size), None
+            received = None
+            if source == self.rank:
+                _send(own.pop(), source)
             else:
-                received = self._broadcast(None, source, size)
+                received = _receive(source, size)
             if error is None:
                 try:
-                    take(torch.load(received, map_location=here, weights_only=weights_only))
+                    take(
+                        payload
+                        if received is None
+                        else torch.load(received, map_location=here, weights_only=weights_only)
+                    )
                 except Exception as raised:
                     error = raised
             del received
         if error is not None:
             raise error
-
-    def _broadcast(self, mine: io.BytesIO | None, source: int, size: int) -> io.BytesIO:
-        """Rank ``source``'s ``size`` serialized bytes (``mine`` on that rank), from one ``broadcast``.
-
-        The bytes travel as a ``uint8`` tensor on the process group's device:
-        this rank's GPU for NCCL, the CPU otherwise.
-        """
-        import torch.distributed as dist
-
-        nccl = dist.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        if mine is not None:
-            dist.broadcast(torch.frombuffer(mine.getbuffer(), dtype=torch.uint8).to(device), source)
-            mine.seek(0)
-            return mine
-        received = torch.empty(size, dtype=torch.uint8, device=device)
-        dist.broadcast(received, source)
-        return io.BytesIO(received.cpu().numpy().tobytes())  # the bytes shared, not copied again
 
     def merged(self, tally: Tally) -> Tally:
         """``tally`` over every rank's batches, combined in rank order; only tensors and numbers cross between ranks.
@@ -221,6 +211,29 @@ def owners(costs: Sequence[float], size: int) -> list[int]:
         load[rank] += costs[index]
         count[rank] += 1
     return owner
+
+
+def _send(serialized: io.BytesIO, source: int) -> None:
+    """This rank's (``source``'s) serialized bytes to every other rank: one ``broadcast`` of them as ``uint8``."""
+    import torch.distributed as dist
+
+    dist.broadcast(torch.frombuffer(serialized.getbuffer(), dtype=torch.uint8).to(_group_device()), source)
+
+
+def _receive(source: int, size: int) -> io.BytesIO:
+    """Rank ``source``'s ``size`` serialized bytes, from its :func:`_send`."""
+    import torch.distributed as dist
+
+    received = torch.empty(size, dtype=torch.uint8, device=_group_device())
+    dist.broadcast(received, source)
+    return io.BytesIO(received.cpu().numpy().tobytes())  # the bytes shared with the BytesIO, not copied again
+
+
+def _group_device() -> torch.device:
+    """Where the process group's collectives take tensors: this rank's GPU for NCCL, the CPU otherwise."""
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def _this_gpu() -> dict[str, str] | None:

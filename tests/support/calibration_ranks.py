@@ -294,9 +294,9 @@ def whole_payloads_in_merges() -> Iterator[list[int]]:
 
     A payload combined into the statistics loses the partials that were
     combined into another's; one left whole is held entire. Rank 0's stays
-    whole, as the partials the others' are combined into: a merge that holds
-    one other rank's payload at a time counts 1 at most, one that loads every
-    rank's before combining counts every earlier one.
+    whole, as the partials the later ones are combined into: a merge that
+    holds one other rank's payload at a time counts 1 at most, one that loads
+    every rank's before combining counts every earlier one.
     """
     from prunereg._runtime.ranks import Ranks
 
