@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prunereg._bytes import tensor_buffer
 from prunereg._disk.errors import CheckpointError, quoted, size_text
 from prunereg._disk.input_file import open_regular, reopenable_path
 
@@ -166,10 +167,7 @@ class SafetensorsWriter:
         expected = self.order[self._next] if self._next < len(self.order) else None
         if name != expected or tensor.dtype != self._dtypes[name] or tuple(tensor.shape) != self._shapes[name]:
             raise ValueError(f"safetensors writer: got {name!r} {tensor.dtype} {tuple(tensor.shape)}, not {expected!r}")
-        import torch
-
-        data = tensor.detach().to("cpu").contiguous().reshape(-1)
-        self._handle.write(memoryview(data.view(torch.uint8).numpy()))
+        self._handle.write(tensor_buffer(tensor))
         self._next += 1
 
     def __enter__(self) -> SafetensorsWriter:

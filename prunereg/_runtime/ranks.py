@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from prunereg._bytes import tensor_buffer
 from prunereg._runtime.pairwise import Span
 from prunereg._runtime.recorder import Partial, Recorder, Tally
 from prunereg._text import describe
@@ -226,7 +227,7 @@ def _receive(source: int, size: int) -> io.BytesIO:
 
     received = torch.empty(size, dtype=torch.uint8, device=_group_device())
     dist.broadcast(received, source)
-    return io.BytesIO(received.cpu().numpy().tobytes())  # the bytes shared with the BytesIO, not copied again
+    return io.BytesIO(bytes(tensor_buffer(received)))
 
 
 def _group_device() -> torch.device:
@@ -306,7 +307,7 @@ def digest(*parts: object) -> str:
     for part in parts:
         if isinstance(part, Tensor):
             hashed.update(repr((part.dtype, tuple(part.shape))).encode())
-            hashed.update(part.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            hashed.update(tensor_buffer(part))
         else:
             hashed.update(repr(part).encode())
         hashed.update(b"\0")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from prunereg._bytes import tensor_buffer
 from prunereg._slim.graph import DependencyGraph
 from prunereg._slim.ids import Ids
 from prunereg._slim.units import Group, TensorDim
@@ -52,7 +53,7 @@ def find_groups(graph: DependencyGraph, *, every: bool = False) -> list[Group]:
     seen: set[bytes] = set()
     for key, unit_ids in roots.items():
         unique, inverse = torch.unique(unit_ids, return_inverse=True)
-        signature = unique.numpy().tobytes()  # coupled tensors (a layer's rows, its norm, ...) hold the same units
+        signature = bytes(tensor_buffer(unique))  # coupled tensors (a layer's rows, its norm, ...) hold the same units
         uniques[key] = (unique, inverse, signature)
         if signature in seen:
             continue
