@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from prunereg._recover.contract import RecoveryMethod
@@ -228,22 +229,21 @@ class Recovering(BlockFollower):
         assert self._parts is not None
         parts = self._parts
         changed = frozenset(kind for kind, owner in parts.owners.items() if _tensors(owner) != self._before[kind])
-        attention = None
-        if len(self._mlp_outputs) == len(dense):
-            attention = [hidden - output for hidden, output in zip(dense, self._mlp_outputs, strict=True)]
+        attention = _attention_targets(dense, self._mlp_outputs)
+        self._mlp_outputs = []  # (already empty where they made the targets)
         inside = {id(module) for module in block.modules()}
         flags = {flag: [owner for owner in owners if id(owner) in inside] for flag, owners in self._flags.items()}
         added = switch_on_biases(self._config, flags, self._journal)  # after the cut: its widths
         for flag, layers in added.items():
             self._added.setdefault(flag, []).extend(layers)
-        if self._journal.enabled:
-            _work_on_copies(block, self._journal)
+        originals = _work_on_copies(block, self._journal) if self._journal.enabled else []
         data = RecoveryBlock(
             block, index, (index,), inputs, dense, writers=block_parts(block, self._config).writers, mlp=parts.mlp,
             changed=changed, attention_targets=attention, masks=zero_masks(block), show_progress=self.progress,
             label=f"{self.report.blocks_path}.{index}", ranks=self.ranks,
         )  # fmt: skip
         step, outputs = recover_block(self.method, data)
+        _put_back_unchanged(originals)
         check_ranks_agree(self.ranks, data)
         self._used.update(flag for flag, layers in added.items() if any_bias_used(layers))
         self.report.steps.append(step)
@@ -259,18 +259,52 @@ class Recovering(BlockFollower):
         self.report.seconds = time.perf_counter() - self._start
 
 
+def _attention_targets(dense: list[Tensor], mlp_outputs: list[Tensor]) -> list[Tensor] | None:
+    """The dense residual stream after each batch's attention (block output less the MLP's); None without them.
+
+    Takes the MLP outputs out of ``mlp_outputs``, each as soon as its batch's
+    target exists, so the two sets are never whole at once.
+    """
+    if len(mlp_outputs) != len(dense):
+        return None
+    return [hidden - mlp_outputs.pop(0) for hidden in dense]
+
+
 def _tensors(module: nn.Module) -> list[tuple[int, int]]:
     """What identifies ``module``'s tensors as they are: each one's storage and version counter."""
     return [(parameter.data_ptr(), parameter._version) for parameter in module.parameters()]
 
 
-def _work_on_copies(block: nn.Module, journal: Any) -> None:
-    """Put a copy of each of ``block``'s parameters in its place, the originals kept in ``journal`` to put back."""
+#: A parameter replaced by a copy: its module, its name there, and the original.
+_Original = tuple[nn.Module, str, nn.Parameter]
+
+
+def _work_on_copies(block: nn.Module, journal: Any) -> list[_Original]:
+    """Put a copy of each of ``block``'s parameters in its place, the originals kept in ``journal`` to put back.
+
+    Returns the originals, for :func:`_put_back_unchanged` once the method is done.
+    """
+    originals = []
     for module in block.modules():
         journal.keep(module)
         for name, parameter in list(module._parameters.items()):
             if parameter is not None:
                 module._parameters[name] = nn.Parameter(parameter.detach().clone(), parameter.requires_grad)
+                originals.append((module, name, parameter))
+    return originals
+
+
+def _put_back_unchanged(originals: list[_Original]) -> None:
+    """Put each original back where its copy still holds the same values, and let the copy go.
+
+    The journal holds the originals until the call returns anyway: a block's
+    unchanged parameters (the attention's, where a refit changes the MLP's
+    writer only) then cost no second copy for the rest of the pass.
+    """
+    for module, name, original in originals:
+        copy = module._parameters[name]
+        if copy is not None and copy.dtype == original.dtype and torch.equal(copy, original):
+            module._parameters[name] = original
 
 
 def planned_rounds(

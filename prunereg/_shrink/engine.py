@@ -326,10 +326,10 @@ class ShrinkJob:
         with self.follower.watching(index, block):
             observation = self._observe(index, inputs, keep_outputs=True)
         result = self._cut_block(index, observation, journal)
+        if student is not inputs:  # the dense inputs are done with: not kept alive while the follower works
+            inputs.hidden = observation.outputs
         with _config_as(self.model.config, self.width):  # a method's own errors pass as they are
             outputs = self.follower.follow(index, block, student, observation.outputs)
-        if student is not inputs:
-            inputs.hidden = observation.outputs
         student.hidden = outputs
         weights.done(index, block, pruned=True)
         return result
