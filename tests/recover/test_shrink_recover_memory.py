@@ -23,11 +23,15 @@ BATCH_SIZE = 2
 N_SAMPLES = 6
 
 
-def _storages_shaped(shape: torch.Size) -> int:
-    """How many distinct storages of live floating-point tensors of ``shape`` there are."""
+def _shaped(shape: torch.Size) -> list[torch.Tensor]:
+    """The live floating-point tensors of ``shape``."""
     gc.collect()
     tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]  # type(): no lazy getattr
-    return len({t.untyped_storage().data_ptr() for t in tensors if t.shape == shape and t.is_floating_point()})
+    return [t for t in tensors if t.shape == shape and t.is_floating_point()]
+
+
+def _storages(tensors: list[torch.Tensor]) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
 
 
 @pytest.mark.parametrize("removes", [{"mlp": 0.5}, {"heads": 0.5}])
@@ -40,9 +44,10 @@ def test_while_a_block_is_recovered_three_sets_of_hidden_states_are_alive(
     shape = torch.Size([BATCH_SIZE, calibration_ids().shape[1], model.config.hidden_size])
     alive: list[int] = []
     recover_block = shrinking.recover_block
+    before = _shaped(shape)  # what other tests left alive: kept referenced, so that no new tensor takes their place
 
     def counted(method: Any, data: Any) -> Any:
-        alive.append(_storages_shaped(shape))
+        alive.append(len(_storages(_shaped(shape)) - _storages(before)))
         return recover_block(method, data)
 
     monkeypatch.setattr(shrinking, "recover_block", counted)
