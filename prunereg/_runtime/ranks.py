@@ -16,6 +16,7 @@ timeout to catch). The ranks are one job's processes, trusted as torch trusts th
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import io
 import os
@@ -269,6 +270,9 @@ def launched_group(device: str | None) -> Iterator[None]:
     try:
         yield
     finally:
+        # Objects in reference cycles can hold the group past its destruction, and gloo's threads then abort
+        # the process at exit ("terminate called without an active exception"): collect them first.
+        gc.collect()
         dist.destroy_process_group()
 
 
