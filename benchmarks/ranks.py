@@ -131,30 +131,28 @@ def run_one(method: str, cache: Path, threads: int, quick: bool) -> dict[str, An
     import torch
     import torch.distributed as dist
 
+    from prunereg._runtime.ranks import launched_group
+
     torch.set_num_threads(threads)
-    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
-        dist.init_process_group("gloo")
-    model, calibration, _ = shrink.quick_data() if quick else llm.load(cache)
-    call = _call(method, model, calibration)
-    if dist.is_initialized():
-        dist.barrier()  # every rank starts the clock together
-    memory.trim()
-    memory.reset_peak()
-    with counted_exchanges() if dist.is_initialized() else contextlib.nullcontext({}) as exchanges:
-        start = time.perf_counter()
-        report = call()
-        seconds = time.perf_counter() - start
+    with launched_group(None):  # the group the commands start under torchrun, the same way
+        model, calibration, _ = shrink.quick_data() if quick else llm.load(cache)
+        call = _call(method, model, calibration)
+        if dist.is_initialized():
+            dist.barrier()  # every rank starts the clock together
+        memory.trim()
+        memory.reset_peak()
+        with counted_exchanges() if dist.is_initialized() else contextlib.nullcontext({}) as exchanges:
+            start = time.perf_counter()
+            report = call()
+            seconds = time.perf_counter() - start
     timings = getattr(report, "timings", None)
-    result = {
+    return {
         "seconds": seconds,
         "peak_rss": memory.peak(),
         "solves": getattr(timings, "pruning", None),
         "state": _state_digest(model),
         "exchanges": dict(exchanges),
     }
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return result
 
 
 def _state_digest(model: Any) -> str:

@@ -16,7 +16,6 @@ timeout to catch). The ranks are one job's processes, trusted as torch trusts th
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import io
 import os
@@ -266,14 +265,25 @@ def launched_group(device: str | None) -> Iterator[None]:
     cuda = device is not None and torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    _import_modules_that_pin_the_group()
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
         yield
     finally:
-        # Objects in reference cycles can hold the group past its destruction, and gloo's threads then abort
-        # the process at exit ("terminate called without an active exception"): collect them first.
-        gc.collect()
         dist.destroy_process_group()
+
+
+def _import_modules_that_pin_the_group() -> None:
+    """Import, before the group exists, the torch modules whose defaults would hold it past its destruction.
+
+    ``torch.distributed.fsdp`` (imported by ``torch._dynamo``, so by loading a
+    transformers model) takes ``dist.group.WORLD`` as a default argument when it
+    is first imported. Imported inside the group, it keeps the group alive after
+    ``destroy_process_group``: gloo's threads then outlive the interpreter and
+    now and then abort the process at exit ("terminate called without an active
+    exception"), a failed command after its output was written.
+    """
+    import torch.distributed.fsdp  # noqa: F401
 
 
 @contextlib.contextmanager

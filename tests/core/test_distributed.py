@@ -114,3 +114,32 @@ def test_docs_example_runs_under_torchrun() -> None:
     process = run_example_under_torchrun(EXAMPLE, timeout=LAUNCH_TIMEOUT_S)
     assert process.returncode == 0, process.stdout
     assert "pruned on 2 ranks" in process.stdout, process.stdout
+
+
+COMMAND_GROUP_PROGRAM = """
+import os
+import torch.distributed as dist
+from prunereg._runtime.ranks import launched_group
+
+with launched_group(None):
+    import torch._dynamo  # what loading a transformers model inside a command imports
+    dist.barrier()
+threads = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+print(f"rank {os.environ['RANK']} gloo threads after the group: {sorted(t for t in threads if 'gloo' in t)}")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads from /proc")
+def test_a_commands_group_is_gone_with_its_threads_when_the_command_ends(tmp_path: Path) -> None:
+    """The group a command starts under torchrun is freed at its end, even where the command imported torch._dynamo.
+
+    Imported inside the group, ``torch.distributed.fsdp`` held it past
+    ``destroy_process_group``; gloo's threads outlived the interpreter and now
+    and then aborted a command at exit, after its output was written.
+    """
+    program = tmp_path / "command.py"
+    program.write_text(COMMAND_GROUP_PROGRAM)
+    process = run_example_under_torchrun(program, timeout=LAUNCH_TIMEOUT_S)
+    assert process.returncode == 0, process.stdout
+    for rank in (0, 1):
+        assert f"rank {rank} gloo threads after the group: []" in process.stdout, process.stdout
