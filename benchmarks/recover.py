@@ -3,6 +3,7 @@
     python benchmarks/recover.py                              # every row, a table on stdout
     python benchmarks/recover.py --only flap-mlp50+refit      # one row (its setting's "none" row comes along)
     python benchmarks/recover.py --only flap-mlp50+blockwise --epochs 3 --lr 3e-3   # a method's options
+    python benchmarks/recover.py --only flap-mlp50+blockwise --batch-size 1 --option holdout=0.125 --held-out macbeth
     python benchmarks/recover.py --only flap-mlp70+shrink-refit flap-mlp70+shrink-refit-3steps   # rounds or one
     python benchmarks/recover.py --quick                      # a tiny Llama from a config: checks the script runs
 
@@ -21,6 +22,11 @@ tokens-to-perplexity curve. The ``shrink-refit`` rows time ``prunereg.shrink(...
 recover="refit", steps=k)`` from the dense model beside a plain shrink of
 another copy (both in their CPU-seconds): refit in shrinking's own pass, in one
 round or several.
+
+``--held-out PLAY`` also measures each row's perplexity on another play of the
+sdist (cut as Hamlet is): settings are chosen there, so that Hamlet stays a
+test set. ``--option KEY=VALUE`` (a JSON value, or a string) is any option of a
+trained method, ``--batch-size`` the recovery's calibration samples per step.
 """
 
 from __future__ import annotations
@@ -144,8 +150,13 @@ def removed_model(dense: Any, setting: Setting, calibration: Any, cache: Path, q
     return model, removal
 
 
-def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str, Any]) -> dict[str, Any]:
-    """One row: remove (or take the removed model from the cache), recover (unless ``none``), measure."""
+def run_one(
+    name: str, cache: Path, threads: int, quick: bool, options: dict[str, Any], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """One row: remove (or take the removed model from the cache), recover (unless ``none``), measure.
+
+    ``settings``: ``held_out`` (plays measured beside Hamlet) and the recovery's ``batch_size``.
+    """
     import torch
 
     import prunereg
@@ -156,6 +167,7 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
     model, calibration, evaluation = shrink.quick_data() if quick else llm.load(cache)
     window = evaluation.shape[1]
     result: dict[str, Any] = {"name": name}
+    engine = {"batch_size": settings["batch_size"]} if settings.get("batch_size") else {}
     if method_name in IN_SHRINK:
         model = _in_shrink(model, setting, calibration, IN_SHRINK[method_name], result)
     elif setting.method is not None:
@@ -175,17 +187,23 @@ def run_one(name: str, cache: Path, threads: int, quick: bool, options: dict[str
             memory.trim()
             peak_was_reset = memory.reset_peak()
             start, cpu_start = time.perf_counter(), time.process_time()
-            report = prunereg.recover(model, teacher, calibration, instance, progress=False, **removed)
+            report = prunereg.recover(model, teacher, calibration, instance, progress=False, **removed, **engine)
             result["seconds"] = time.perf_counter() - start - sum(point[2] for point in curve)
             result["cpu_seconds"] = time.process_time() - cpu_start - sum(point[3] for point in curve)
             if peak_was_reset:
                 result["peak_rss"] = memory.peak()
             result["undone"] = len(report.undone)
-            result["options"] = {key: value for key, value in method_options.items() if key != "callback"}
+            result["options"] = {key: value for key, value in method_options.items() if key != "callback"} | engine
             if curve:
                 result["curve"] = [[tokens, ppl] for tokens, ppl, _, _ in curve]
         del teacher
     result["perplexity"] = prunereg.perplexity(model, evaluation, window=window, batch_size=1)
+    plays = settings.get("held_out", [])
+    # --quick has no sdist: its one text stands in for every play
+    held_out = {play: evaluation if quick else llm.held_out_ids(cache, play) for play in plays}
+    result["held_out"] = {
+        play: prunereg.perplexity(model, ids, window=window, batch_size=1) for play, ids in held_out.items()
+    }
     result["reloads"] = reloads(model, evaluation)
     return result
 
@@ -257,7 +275,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         cells = [
             setting,
             method,
-            f"{row['perplexity']:.2f}",
+            f"{row['perplexity']:.2f}"
+            + "".join(f" ({play} {ppl:.2f})" for play, ppl in row.get("held_out", {}).items()),
             f"{closed:.0%}" if closed is not None else "-",
             _time(row, method),
             f"{row['peak_rss'] / 1e9:.2f} GB" if "peak_rss" in row else "-",
@@ -282,12 +301,14 @@ def _time(row: dict[str, Any], method: str) -> str:
     return cell
 
 
-def in_subprocess(name: str, cache: Path, threads: int, quick: bool, options: dict[str, Any]) -> dict[str, Any]:
+def in_subprocess(
+    name: str, cache: Path, threads: int, quick: bool, options: dict[str, Any], settings: dict[str, Any]
+) -> dict[str, Any]:
     """:func:`run_one` in a fresh interpreter, so that each row's peak memory is its own."""
     import subprocess
 
     command = [sys.executable, __file__, "--one", name, "--cache", str(cache), "--threads", str(threads)]
-    command += ["--options", json.dumps(options)] + (["--quick"] if quick else [])
+    command += ["--options", json.dumps(options), "--settings", json.dumps(settings)] + (["--quick"] if quick else [])
     completed = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -301,13 +322,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads per row")
     parser.add_argument("--epochs", type=int, help="the method's epochs (blockwise, distill)")
     parser.add_argument("--lr", type=float, help="the method's learning rate (blockwise, distill)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a trained method's option")
+    parser.add_argument("--batch-size", type=int, help="the recovery's calibration samples per step [default: 4]")
+    parser.add_argument("--held-out", nargs="+", metavar="PLAY", help="also measure on these plays of the sdist")
+    parser.add_argument("--settings", type=str, default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--options", type=str, default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=[*ROWS, "dense+none"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     options = json.loads(args.options)
     options.update({key: getattr(args, key) for key in ("epochs", "lr") if getattr(args, key) is not None})
+    options.update(_option(text) for text in args.option)
+    settings = json.loads(args.settings)
+    settings.update({key: getattr(args, key) for key in ("batch_size", "held_out") if getattr(args, key) is not None})
     if args.one:
-        print(json.dumps(run_one(args.one, args.cache, args.threads, args.quick, options)))
+        print(json.dumps(run_one(args.one, args.cache, args.threads, args.quick, options, settings)))
         return
     if not args.quick:
         llm.prepare(args.cache)
@@ -317,13 +345,24 @@ def main() -> None:
     names = ["dense+none"] + [row for name in wanted for row in (name.partition("+")[0] + "+none", name)]
     for name in dict.fromkeys(names):
         if name not in results:
-            results[name] = in_subprocess(name, args.cache, args.threads, args.quick, options)
+            results[name] = in_subprocess(name, args.cache, args.threads, args.quick, options, settings)
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=2))
     order = ["dense+none", *ROWS]
     ordered = {name: results[name] for name in order if name in results}
     print(f"{table(ordered)}\n\n{llm.machine(load_before, os.getloadavg(), args.threads, 1)}")
+
+
+def _option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as a key and its JSON value (the text itself where it is not JSON)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise SystemExit(f"--option takes KEY=VALUE, not {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 if __name__ == "__main__":
