@@ -3,7 +3,7 @@
     python benchmarks/recover.py                              # every row, a table on stdout
     python benchmarks/recover.py --only flap-mlp50+refit      # one row (its setting's "none" row comes along)
     python benchmarks/recover.py --only flap-mlp50+blockwise --epochs 3 --lr 3e-3   # a method's options
-    python benchmarks/recover.py --only flap-mlp50+blockwise --batch-size 1 --option holdout=0.125 --held-out macbeth
+    python benchmarks/recover.py --only flap-mlp50+blockwise --batch-size 1 --held-out macbeth  # choosing
     python benchmarks/recover.py --only flap-mlp70+shrink-refit flap-mlp70+shrink-refit-3steps   # rounds or one
     python benchmarks/recover.py --quick                      # a tiny Llama from a config: checks the script runs
 
@@ -193,6 +193,7 @@ def run_one(
             if peak_was_reset:
                 result["peak_rss"] = memory.peak()
             result["undone"] = len(report.undone)
+            result["notes"] = [step.note for step in report.steps]
             result["options"] = {key: value for key, value in method_options.items() if key != "callback"} | engine
             if curve:
                 result["curve"] = [[tokens, ppl] for tokens, ppl, _, _ in curve]
