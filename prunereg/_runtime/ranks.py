@@ -73,16 +73,18 @@ class Ranks:
                 raise RankFailed(f"rank {rank} of {self.size} failed: {value}")
         return [value for _, value in gathered]
 
-    def _each_loaded(self, payload: Any, take: Callable[[Any], None], *, weights_only: bool) -> None:
-        """Every rank's ``payload`` (tensors in objects), ``torch.save``-d and loaded one source rank at a time.
+    def _each_loaded(self, payload: Callable[[], Any], take: Callable[[Any], None], *, weights_only: bool) -> None:
+        """Every rank's ``payload()`` (tensors in objects), ``torch.save``-d and loaded one source rank at a time.
 
         ``take(loaded)`` gets them in rank order, CUDA tensors on this
         rank's GPU (``all_gather_object`` alone would unpickle them on the
-        sender's); each is dropped before the next is received, so a rank holds
-        its own payload's bytes and one other rank's, not every rank's at once.
-        This rank's own turn takes ``payload`` itself: a load of its bytes
-        would give the same bits (``torch.save`` keeps tensors' values and
-        which share storage), at the cost of a second copy.
+        sender's); each is dropped before the next is received. This rank's
+        payload is built, serialized and let go before anything is exchanged,
+        and its own turn loads it back from its bytes (the same bits:
+        ``torch.save`` keeps tensors' values and which share storage), so
+        ``take`` never combines into the caller's objects, and a rank holds its
+        own payload's bytes and one other rank's, not every rank's at once, nor
+        its own objects beside their bytes.
         ``weights_only=False`` is for payloads of this job's own classes (the
         ranks trust each other as torch does). One fail-aware :meth:`exchange`
         of the sizes comes first, then one ``broadcast`` per rank; if ``take``
@@ -90,25 +92,22 @@ class Ranks:
         unmatched) and then raises, for :func:`together` to tell the others.
         """
         buffer = io.BytesIO()
-        torch.save(payload, buffer)
+        torch.save(payload(), buffer)
         sizes = self.exchange(buffer.getbuffer().nbytes)
         own = [buffer]  # emptied at this rank's own turn: its bytes are needed no longer
         del buffer
         here = _this_gpu()
         error: Exception | None = None
         for source, size in enumerate(sizes):
-            received = None
             if source == self.rank:
-                _send(own.pop(), source)
+                received = own.pop()
+                _send(received, source)
+                received.seek(0)
             else:
                 received = _receive(source, size)
             if error is None:
                 try:
-                    take(
-                        payload
-                        if received is None
-                        else torch.load(received, map_location=here, weights_only=weights_only)
-                    )
+                    take(torch.load(received, map_location=here, weights_only=weights_only))
                 except Exception as raised:
                     error = raised
             del received
@@ -121,12 +120,14 @@ class Ranks:
         Each statistic in it must be :class:`~prunereg._runtime.recorder.Stateful`
         (a fit that holds a callable: the callable stays on each rank).
         """
-        mine = (tally.n_tokens, [(span.level, span.index, span.value.state()) for span in tally.spans()])
         merged = Tally(tally.factories)
 
         def take(loaded: tuple[int, list[tuple[int, int, Any]]]) -> None:
             n_tokens, spans = loaded
             merged.extend(n_tokens, [Span(level, i, Partial.from_state(tally.factories, s)) for level, i, s in spans])
+
+        def mine() -> tuple[int, list[tuple[int, int, Any]]]:
+            return tally.n_tokens, [(span.level, span.index, span.value.state()) for span in tally.spans()]
 
         self._each_loaded(mine, take, weights_only=True)
         return merged
@@ -140,9 +141,12 @@ class Ranks:
         wherever ``solve`` is a function of its item (the same code, inputs and thread count on every rank).
         """
         owner = owners(costs, self.size)
-        mine = {index: solve(index) for index, rank in enumerate(owner) if rank == self.rank}
         solved: dict[int, _R] = {}
-        self._each_loaded(mine, solved.update, weights_only=True)
+        self._each_loaded(
+            lambda: {index: solve(index) for index, rank in enumerate(owner) if rank == self.rank},
+            solved.update,
+            weights_only=True,
+        )
         return [solved[index] for index in range(len(owner))]
 
     def fail(self, error: BaseException) -> None:
@@ -171,11 +175,19 @@ class Ranks:
         found them (rank 0's first): an expert no token of a rank reached is
         in that rank's groups only.
         """
-        mine = (
-            [(names, _parts(tally)) for names, tally in zip(recorder.groups, recorder.tallies, strict=True)],
-            {name: _parts(tally) for name, tally in recorder.called.items()},
-            _parts(recorder.block),
-        )
+
+        def mine() -> tuple[list[Any], dict[str, Any], tuple[int, list[Any]]]:
+            # Handed over whole: once serialized, this rank's partials are held by nothing (the recorder gets
+            # the merged statistics at the end), so they are gone while the other ranks' arrive.
+            parts = (
+                [(names, _parts(tally)) for names, tally in zip(recorder.groups, recorder.tallies, strict=True)],
+                {name: _parts(tally) for name, tally in recorder.called.items()},
+                _parts(recorder.block),
+            )
+            recorder.groups, recorder.tallies, recorder.called = [], [], {}
+            recorder.block = Tally(recorder.block_statistics)
+            return parts
+
         groups: list[list[str]] = []
         tallies: list[Tally] = []
         called = {name: Tally(recorder.call_statistics) for name in recorder.called}

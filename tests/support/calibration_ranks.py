@@ -266,7 +266,12 @@ def run_oneshot(name: str) -> dict[str, object]:
     seen = counting_batches(model)
     with counting_calls(prunereg.get(method), "prune_group") as solved, whole_payloads_in_merges() as whole:
         prunereg.oneshot(model, method, calibration=calibration_ids(7, 16), **settings)
-    held = {"merge_loads": len(whole), "most_whole": max(whole, default=0)}
+    held = {
+        "merge_loads": len(whole),
+        "most_whole": max(whole, default=0),
+        "own_statistics_alive": max(whole.own_alive, default=0),
+        "own_statistics_tracked": min(whole.own_tracked, default=0),
+    }
     return {"state": state_digest(model), "batches": len(seen), "solves": len(solved), **held}
 
 
@@ -288,7 +293,7 @@ def tensors_in(found: object, seen: set[int] | None = None) -> list[torch.Tensor
 
 
 @contextlib.contextmanager
-def whole_payloads_in_merges() -> Iterator[list[int]]:
+def whole_payloads_in_merges() -> Iterator[WholeCounts]:
     """At each rank's payload that ``Ranks.merge`` loads (``torch.load``): how many loaded before it, in that merge,
     still hold every one of their tensors (a list, one count per load).
 
@@ -302,28 +307,43 @@ def whole_payloads_in_merges() -> Iterator[list[int]]:
 
     load, merge = torch.load, Ranks.merge
     merges: list[list[list[weakref.ref[torch.Tensor]]]] = []  # per merge under way, each load's tensors
-    counts: list[int] = []
+    own: list[list[weakref.ref[torch.Tensor]]] = []  # per merge under way, the recorder's own statistics' tensors
+    counts = WholeCounts()
 
     def counted_load(*args: Any, **kwargs: Any) -> Any:
         if not merges:
             return load(*args, **kwargs)
         counts.append(sum(all(ref() is not None for ref in refs) for refs in merges[-1] if refs))
+        counts.own_alive.append(sum(ref() is not None for ref in own[-1]))
         loaded = load(*args, **kwargs)
         merges[-1].append([weakref.ref(tensor) for tensor in tensors_in(loaded)])
         return loaded
 
     def counted_merge(self: Ranks, recorder: Any) -> None:
         merges.append([])
+        own.append([weakref.ref(t) for t in tensors_in((recorder.tallies, recorder.called, recorder.block))])
+        counts.own_tracked.append(len(own[-1]))
         try:
             merge(self, recorder)
         finally:
             merges.pop()
+            own.pop()
 
     torch.load, Ranks.merge = counted_load, counted_merge  # type: ignore[method-assign]
     try:
         yield counts
     finally:
         torch.load, Ranks.merge = load, merge  # type: ignore[method-assign]
+
+
+class WholeCounts(list[int]):
+    """:func:`whole_payloads_in_merges`'s counts; and, for this rank's own statistics (the recorder's tensors before
+    the merge), how many each merge tracked (``own_tracked``) and how many were alive at each load (``own_alive``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.own_tracked: list[int] = []
+        self.own_alive: list[int] = []
 
 
 class PrunesMoreOnLaterRanks(NormScore):
