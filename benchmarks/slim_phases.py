@@ -5,13 +5,14 @@
     python benchmarks/slim_phases.py --models llama bert --rounds 5
 
 Printed, not written into the docs: a profile for whoever makes slimming
-faster. CPU-seconds (``time.process_time``, one thread), not wall time, so
-that a shared machine's load moves the figures less. The first slimming call
-in a process pays torch.export's one-time start (importing its tracer); it is
-measured once, on the first model, and then every model is slimmed ``--rounds``
-times, interleaved, each time a fresh copy, and the median of each phase is
-shown. A phase is one of slimming's steps, timed by wrapping the function that
-does it where :mod:`prunereg._slim` calls it (so a renamed step fails loudly here).
+faster. CPU-seconds (``time.process_time``, one thread), not wall time, so that
+a shared machine's load moves the figures less. The first slimming call in a
+process pays one-time starts (torch's dispatch modes; ``torch.export``'s tracer
+where a model goes through it); it is measured once, on the first model, and
+then every model is slimmed ``--rounds`` times, interleaved, each time a fresh
+copy, and the median of each phase is shown. A phase is one of slimming's
+steps, timed by wrapping the function that does it where :mod:`prunereg._slim`
+calls it (so a renamed step fails loudly here).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PHASES = (
-    ("engine", "export_model", "export (plan)"),
-    ("attempt", "export_quietly", "export (check)"),
+    ("engine", "capture_model", "capture (plan)"),
+    ("attempt", "capture_like", "capture (check)"),
     ("attempt", "build_graph", "graph"),
     ("attempt", "find_groups", "groups"),
     ("engine", "_lowest_units", "scores"),
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"CPU-seconds per slimming call at ratio {args.ratio:g}, one thread; warm: median of {args.rounds}, "
         f"interleaved. The first call in this process ({names[0]}): {first['total']:.3f} CPU-s, of which the "
-        f"plan's export {first.get('export (plan)', 0.0):.3f} (warm: {medians[names[0]]['total']:.3f})."
+        f"plan's capture {first.get('capture (plan)', 0.0):.3f} (warm: {medians[names[0]]['total']:.3f})."
     )
     print("\n".join(table(medians)))
     return 0

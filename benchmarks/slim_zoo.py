@@ -168,11 +168,11 @@ def _mask_a_quarter_of_a_group(model: nn.Module, inputs: tuple[torch.Tensor, ...
     first tensor masked, or ``None`` when no group has four units.
     """
     import prunereg
-    from prunereg._slim.graph import build_graph, export_model
+    from prunereg._slim.graph import build_graph, capture_model
     from prunereg._slim.groups import find_groups
 
     kwargs = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
-    graph = build_graph(model, export_model(model, inputs, kwargs))
+    graph = build_graph(model, capture_model(model, inputs, kwargs))
     groups = [group for group in find_groups(graph) if len(group.removable) >= 4]
     if not groups:
         return None

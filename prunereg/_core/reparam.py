@@ -419,6 +419,15 @@ def _set_plain_attribute(module: nn.Module, name: str, value: torch.Tensor) -> N
 _MODULE_SETATTR = torch.nn.Module.__setattr__
 
 
+def forget_pruned_tensor(method: PruningHook) -> None:
+    """Make the next forward recompute ``<name>_orig * <name>_mask``, as a traced one does.
+
+    Slimming's eager capture records the product as the operation it is,
+    where a cached product would read as a constant tensor.
+    """
+    method.__dict__.pop("_stamp", None)
+
+
 def pruned_tensor_is_current(method: PruningHook, module: nn.Module) -> bool:
     """Whether ``module.<name>`` still is ``orig * mask`` as :func:`set_pruned_tensor` left it.
 

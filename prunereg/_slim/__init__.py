@@ -4,7 +4,8 @@
 until the slimmed model computes what its plan says. A plan runs over
 ``importance`` (the registry of importances) or ``masked`` (what the masks and
 exact zeros remove), ``groups`` (what is removed together) and ``graph`` (the
-dependency graph from ``torch.export``, over the union-find of ``ids``); ``cut``
+dependency graph, over the union-find of ``ids``, from the ATen graph of one
+eager forward that ``capture`` records, or from ``torch.export``); ``cut``
 cuts through ``surgery``, the one place that cuts a module's tensors and keeps
 its shape attributes true (``prunereg.shrink`` uses it too), and puts the
 model back on a failure; ``rules`` keeps width attributes (head counts) true,

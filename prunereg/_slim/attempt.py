@@ -26,8 +26,9 @@ from torch import Tensor, nn
 
 from prunereg._models import slimmed as shapes
 from prunereg._models.slimmed import Record
+from prunereg._slim.capture import Captured
 from prunereg._slim.cut import cut
-from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, export_quietly
+from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, capture_like
 from prunereg._slim.groups import Chosen, Group, TensorDim, find_groups, kept_positions
 from prunereg._slim.report import TensorChange
 from prunereg._slim.rules import HEAD_WIDTHS, sync_width_attributes
@@ -80,7 +81,7 @@ class Failure:
 def attempt(
     model: nn.Module,
     inputs: tuple[tuple[Any, ...], dict[str, Any]],
-    exported: torch.export.ExportedProgram,
+    exported: Captured,
     pinned: list[str],
     choose: Chooser,
     *,
@@ -113,12 +114,12 @@ def attempt(
     planned = planned_shapes(graph, gone)
     try:
         if on_meta:  # its code may ask for values (transformers' masks call .all()): traced, not run
-            after: torch.export.ExportedProgram | None = export_quietly(model, *inputs)
+            after: Captured | None = capture_like(model, *inputs, exported)
             assert after is not None
             outputs = exported_outputs(after)
         else:
             outputs = tensors(forward(model, *inputs))
-            after = export_quietly(model, *inputs) if needs_capture(graph, planned) else None
+            after = capture_like(model, *inputs, exported) if needs_capture(graph, planned) else None
     except Exception as error:  # any failure of the slimmed model is reported, the model put back
         return _failed(error, model, widths, bool(chosen.by_zeros))
     if _shapes(outputs) != outputs_before:
@@ -326,7 +327,7 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def exported_outputs(exported: torch.export.ExportedProgram) -> list[Tensor]:
+def exported_outputs(exported: Captured) -> list[Tensor]:
     """The model's output tensors as torch.export saw them, as meta tensors (no forward needed)."""
     specs = exported.graph_signature.output_specs
     user = [getattr(spec.arg, "name", None) for spec in specs if spec.kind.name == "USER_OUTPUT"]

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from prunereg._slim.attempt import parameter_values
 from prunereg._slim.engine import slim
-from prunereg._slim.graph import build_graph, export_model
+from prunereg._slim.graph import build_graph, capture_model
 from prunereg._slim.groups import find_groups
 from prunereg._slim.importance import Importance, get_importance
 
@@ -61,7 +61,7 @@ def check_importance(
     instance, label = _instance(importance, kwargs)
     torch.manual_seed(0)
     model, x = _Residual().eval(), torch.randn(4, 6)
-    graph = build_graph(model, export_model(model, (x,), {}))
+    graph = build_graph(model, capture_model(model, (x,), {}))
     groups = find_groups(graph)
     for dtype in dtypes:
         typed, inputs = copy.deepcopy(model).to(dtype), x.to(dtype)

@@ -54,15 +54,17 @@ def cut(
         touched[owner] = module
         if not name.endswith("_mask"):
             changes.append(TensorChange(name.removesuffix("_orig"), before, tuple(new.shape)))
-    for owner, module in touched.items():
+    # by module, not name: a module shared by several blocks goes by any of its names
+    conv_groups, norm_groups = (_by_module(model, per_name) for per_name in (graph.conv_groups, graph.norm_groups))
+    for module in touched.values():
         for hook in module._forward_pre_hooks.values():
             if isinstance(hook, PruningHook):
                 set_pruned_tensor(hook, module)
-        if owner in graph.conv_groups and isinstance(module, nn.modules.conv._ConvNd):
-            module.groups = module.weight.shape[0] // graph.conv_groups[owner]
+        if id(module) in conv_groups and isinstance(module, nn.modules.conv._ConvNd):
+            module.groups = module.weight.shape[0] // conv_groups[id(module)]
         sync_shape_attributes(module)
-        if owner in graph.norm_groups and isinstance(module, nn.GroupNorm):
-            module.num_groups = module.num_channels // graph.norm_groups[owner]
+        if id(module) in norm_groups and isinstance(module, nn.GroupNorm):
+            module.num_groups = module.num_channels // norm_groups[id(module)]
     for owner in {name.rpartition(".")[0] for name in touched}:
         parent = model.get_submodule(owner) if owner else model
         sync_attention(parent)
@@ -118,3 +120,7 @@ class Snapshot:
     ) -> None:
         if error is not None:
             self.restore()
+
+
+def _by_module(model: nn.Module, per_name: dict[str, int]) -> dict[int, int]:
+    return {id(model.get_submodule(name)): value for name, value in per_name.items()}

@@ -28,7 +28,7 @@ from prunereg._selection.amount import count_for
 from prunereg._selection.select import removal_order
 from prunereg._slim.attempt import Chooser, Fallback, Slimmed, attempt, forward, pruning_masks, tensors
 from prunereg._slim.cut import Snapshot
-from prunereg._slim.graph import GROUPED, DependencyGraph, SlimError, export_model
+from prunereg._slim.graph import GROUPED, DependencyGraph, SlimError, capture_model
 from prunereg._slim.groups import Chosen, Group
 from prunereg._slim.importance import Importance, resolve_importance
 from prunereg._slim.masked import choose_pruned
@@ -50,8 +50,9 @@ def slim(
     """Remove channels from ``model`` in place, so that it is physically smaller and faster.
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of
-    keyword inputs; the model is exported (``torch.export``) on them to find
-    which tensor dimensions must lose the same positions together.
+    keyword inputs; one forward on them, recorded (or ``torch.export`` where
+    that could mislead: see docs/slimming.md), shows which tensor dimensions
+    must lose the same positions together.
 
     ``ratio=None`` removes exactly the channels already pruned structurally
     (whole rows or filters zero in a ``<name>_mask``, e.g. by ``ln_structured``),
@@ -109,7 +110,7 @@ def slim_keeping(
     on_meta = _refuse_meta(model, args, kwargs, masked=ratio is None)
     name = _importance_name(importance or "magnitude")
     with eval_mode(model), Snapshot(model) as snapshot:  # any failure, from planning to the config: as it was
-        exported = export_model(model, args, kwargs)
+        exported = capture_model(model, args, kwargs, on_meta=on_meta)
         if scorer is not None:
             with _values_needed(name, on_meta):
                 scorer.prepare(model, args, kwargs)

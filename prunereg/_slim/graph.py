@@ -1,17 +1,19 @@
-"""The channel dependency graph of a model, read from ``torch.export``'s ATen graph.
+"""The channel dependency graph of a model, read from its ATen graph.
 
-``torch.export`` (not autograd tracing) gives every operation with the shapes
-of its inputs and outputs, whatever Python the model runs, tuples and caches
-included. Each dimension of each tensor gets an array of channel ids
-(:mod:`prunereg._slim.ids`) and each operation couples them by a rule below:
-a residual add couples the added tensors' channels position by position, a
+The ATen graph (not autograd's) gives every operation with the shapes of its
+inputs and outputs, whatever Python the model runs, tuples and caches included:
+one eager forward recorded by :mod:`prunereg._slim.capture`, or
+``torch.export`` where that could mislead (:func:`capture_model`). Each
+dimension of each tensor gets an array of channel ids
+(:mod:`prunereg._slim.ids`) and each operation couples them by a rule below: a
+residual add couples the added tensors' channels position by position, a
 concatenation lays its inputs' ids end to end, a split hands out slices of
-them, a grouped or depthwise convolution couples each group's input and
-output channels, a reshape into heads couples each head's positions (heads go
-whole; their width stays), attention couples queries, keys and values head by
-head (with grouped KV heads, a KV head with its group of query heads), and so
-on. An operation without a rule pins what it touches, naming itself, so a
-channel only ever goes where every rule says it may.
+them, a grouped or depthwise convolution couples each group's input and output
+channels, a reshape into heads couples each head's positions (heads go whole;
+their width stays), attention couples queries, keys and values head by head
+(with grouped KV heads, a KV head with its group of query heads), and so on. An
+operation without a rule pins what it touches, naming itself, so a channel only
+ever goes where every rule says it may.
 
 The result, :class:`DependencyGraph`, says for each parameter and buffer which
 id every position of every dimension carries; :mod:`prunereg._slim.groups`
@@ -21,6 +23,7 @@ turns that into removable units.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import logging
 import math
@@ -34,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Node
 
+from prunereg._slim.capture import Captured, EagerCapture, capture
 from prunereg._slim.ids import IdArray, Ids
 
 Dims = list[IdArray]
@@ -99,25 +103,77 @@ class DependencyGraph:
         return total
 
 
-def export_model(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
-    """:func:`export_quietly`, its failure turned into a :class:`SlimError`."""
+_THROUGH_EXPORT: contextvars.ContextVar[bool] = contextvars.ContextVar("prunereg_slim_export", default=False)
+
+
+@contextlib.contextmanager
+def through_export() -> Iterator[None]:
+    """Every capture inside goes through ``torch.export``, as a model on the meta device does (tests compare both)."""
+    token = _THROUGH_EXPORT.set(True)
     try:
-        return export_quietly(model, args, kwargs)
-    except Exception as error:
+        yield
+    finally:
+        _THROUGH_EXPORT.reset(token)
+
+
+def capture_model(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, on_meta: bool = False
+) -> Captured:
+    """The ATen graph of ``model`` on the example inputs, with no output from torch; the model as it was after.
+
+    One eager forward (:mod:`prunereg._slim.capture`) where it can: a model whose
+    tensors hold values and whose code reads none of them (``.item()``, a branch
+    on a tensor, a boolean index), since a branch on values would be followed
+    one way only; ``torch.export`` for the rest, which refuses such code
+    (transformers' code avoids it when traced). A failure is a :class:`SlimError`
+    saying which capture failed.
+    """
+    try:
+        return _capture(model, args, kwargs, eager=not on_meta and not _THROUGH_EXPORT.get(), fall_back=True)
+    except _CaptureFailed as failed:
+        error = failed.error
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SlimError(
-            f"cannot build the graph of {type(model).__name__} with torch.export: {type(error).__name__}: {first_line}"
-        ) from error
+        how = "build the graph of {} with torch.export" if failed.exported else "run {} on the example inputs"
+        raise SlimError(f"cannot {how.format(type(model).__name__)}: {type(error).__name__}: {first_line}") from error
 
 
-def export_quietly(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` on the example inputs, with no output from torch; its own errors raised."""
-    # A pruning hook sets module.<name> while traced: the model's own tensors are put back after.
+def capture_like(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], like: Captured) -> Captured:
+    """The graph of ``model`` (slimmed) captured the way ``like`` (the plan's graph) was, so their nodes pair up.
+
+    Errors are the model's or torch's own.
+    """
+    try:
+        return _capture(model, args, kwargs, eager=isinstance(like, EagerCapture), fall_back=False)
+    except _CaptureFailed as failed:
+        raise failed.error from failed.error.__cause__
+
+
+class _CaptureFailed(Exception):
+    def __init__(self, error: Exception, exported: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.exported = error, exported
+
+
+def _capture(
+    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, eager: bool, fall_back: bool
+) -> Captured:
+    """Eager (``fall_back``: through torch.export where the code reads values) or torch.export; errors wrapped."""
+    # A pruning hook sets module.<name> while it runs: the model's own tensors are put back after.
     held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
     try:
-        with warnings.catch_warnings(), _no_stack_traces(), _lazy_graph_modules(), _torch_silenced():
-            warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
-            return torch.export.export(model, args, kwargs=kwargs, strict=False)
+        if eager:
+            try:
+                captured = capture(model, args, kwargs)
+            except Exception as error:
+                raise _CaptureFailed(error, exported=False) from None
+            if captured.not_export is None or not fall_back:
+                return captured
+        try:
+            with warnings.catch_warnings(), _no_stack_traces(), _lazy_graph_modules(), _torch_silenced():
+                warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
+                return torch.export.export(model, args, kwargs=kwargs, strict=False)
+        except Exception as error:
+            raise _CaptureFailed(error, exported=True) from None
     finally:
         for module, tensors in held:
             for key in _plain_tensors(module).keys() - tensors.keys():
@@ -194,7 +250,7 @@ GROUPED = ("whole", "inside")
 
 def build_graph(
     model: nn.Module,
-    exported: torch.export.ExportedProgram,
+    exported: Captured,
     pinned_modules: Iterable[str] = (),
     grouped: str = "whole",
 ) -> DependencyGraph:
@@ -274,9 +330,7 @@ def coupling(kind: str, where: str) -> str:
 
 
 class _Builder:
-    def __init__(
-        self, exported: torch.export.ExportedProgram, pinned: tuple[str, ...], fused: set[str], grouped: str
-    ) -> None:
+    def __init__(self, exported: Captured, pinned: tuple[str, ...], fused: set[str], grouped: str) -> None:
         self.exported = exported
         self.grouped = grouped
         self.pinned_modules = pinned

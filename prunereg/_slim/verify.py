@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
+from prunereg._slim.capture import Captured
 from prunereg._slim.graph import DependencyGraph, NodeDims
 
 SIZED = frozenset(
@@ -56,7 +56,7 @@ def needs_capture(graph: DependencyGraph, planned: list[tuple[NodeDims, tuple[in
 
 
 def compare(
-    graph: DependencyGraph, planned: list[tuple[NodeDims, tuple[int, ...]]], exported: torch.export.ExportedProgram
+    graph: DependencyGraph, planned: list[tuple[NodeDims, tuple[int, ...]]], exported: Captured
 ) -> Mismatch | None:
     """The first operation of ``exported`` (the slimmed model) that differs from the plan for ``graph``, or ``None``."""
     ops = {node.name: node.op for node in graph.nodes}
@@ -76,7 +76,7 @@ def compare(
     return None
 
 
-def _operations(exported: torch.export.ExportedProgram) -> Iterator[tuple[str, str, str, tuple[int, ...] | None]]:
+def _operations(exported: Captured) -> Iterator[tuple[str, str, str, tuple[int, ...] | None]]:
     for node in exported.graph.nodes:
         if node.op != "call_function":
             continue

@@ -270,5 +270,5 @@ def test_the_phase_profile_times_each_step_and_puts_slimming_back(capsys: pytest
     lines = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     header, *rows = [[cell.strip() for cell in cells] for cells in lines]
     seconds = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
-    assert float(seconds["lenet"]["export (plan)"]) > 0 and float(seconds["lenet"]["export (check)"]) > 0
-    assert float(seconds["mlp"]["export (check)"]) == 0  # no view reads a planned width: no second capture
+    assert float(seconds["lenet"]["capture (plan)"]) > 0 and float(seconds["lenet"]["capture (check)"]) > 0
+    assert float(seconds["mlp"]["capture (check)"]) == 0  # no view reads a planned width: no second capture

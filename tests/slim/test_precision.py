@@ -23,7 +23,7 @@ from torch import nn
 
 import prunereg
 from prunereg._cli import main
-from prunereg._slim.graph import build_graph, export_model
+from prunereg._slim.graph import build_graph, capture_model
 from prunereg._slim.groups import find_groups
 from prunereg._slim.importance import get_importance
 from tests.support import slim_models
@@ -89,7 +89,7 @@ def test_every_builtin_importance_slims_the_same_units_in_bfloat16_float16_and_f
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_importance_scores_half_precision_values_as_it_scores_float32_ones(importance: str, seed: int) -> None:
     model, inputs = _exact_mlp(seed)
-    graph = build_graph(model, export_model(model, (inputs,), {}))
+    graph = build_graph(model, capture_model(model, (inputs,), {}))
     groups = find_groups(graph)
     scores = {}
     for dtype in EXACT_DTYPES:
@@ -107,7 +107,7 @@ def test_every_importance_scores_half_precision_values_as_it_scores_float32_ones
 
 def test_one_magnitude_importance_scores_new_values_held_under_the_same_names() -> None:
     model, inputs = _exact_mlp(0)
-    groups = find_groups(build_graph(model, export_model(model, (inputs,), {})))
+    groups = find_groups(build_graph(model, capture_model(model, (inputs,), {})))
     scorer = get_importance("magnitude")()
     for scale in (1.0, 2.0, 4.0):
         values = {name: (parameter.detach() * scale).bfloat16() for name, parameter in model.named_parameters()}
@@ -128,7 +128,7 @@ def test_taylor_multiplies_half_precision_weights_by_their_gradients_in_float32(
         for parameter in model.parameters():  # odd integers up to 63: the first layer's outputs positive, below 253
             parameter.copy_(2 * torch.randint(0, 32, parameter.shape, generator=generator).float() + 1)
     inputs = torch.ones(1, 4)
-    graph = build_graph(model, export_model(model, (inputs,), {}))
+    graph = build_graph(model, capture_model(model, (inputs,), {}))
     [group] = find_groups(graph)
     scores = []
     for typed in (model, copy.deepcopy(model).to(dtype)):
