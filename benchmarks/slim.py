@@ -282,11 +282,24 @@ def _failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"[:160]
 
 
-def slim_timed(model: Any, inputs: tuple[Any, ...], ratio: float, spec: Model, tool: str, quick: bool) -> float:
+def slim_timed(model: Any, inputs: tuple[Any, ...], ratio: float, spec: Model, tool: str, seconds: int) -> float:
+    """Seconds ``tool`` takes to slim ``model``; :class:`SlimTimeout` past ``seconds``."""
     start = time.perf_counter()
-    with deadline(SLIM_TIMEOUT[quick]):
+    with deadline(seconds):
         SLIMMERS[tool](model, inputs, ratio, spec)
     return time.perf_counter() - start
+
+
+def slim_measured(
+    model: Any, inputs: tuple[Any, ...], ratio: float, spec: Model, tool: str, seconds: int
+) -> tuple[float, int]:
+    """:func:`slim_timed`, and the resident high-water mark while slimming above what was resident before (bytes)."""
+    gc.collect()
+    memory.trim()
+    memory.reset_peak()
+    baseline = memory.rss()
+    took = slim_timed(model, inputs, ratio, spec, tool, seconds)
+    return took, memory.peak() - baseline
 
 
 TAG = 1e-7
@@ -356,7 +369,7 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
         for ratio in QUICK_SWEEP_RATIOS if quick else SWEEP_RATIOS:
             slimmed = copy.deepcopy(model)
             try:
-                seconds = slim_timed(slimmed, inputs, ratio, spec, tool, quick)
+                seconds = slim_timed(slimmed, inputs, ratio, spec, tool, SLIM_TIMEOUT[quick])
             except Exception as error:  # a library's failure is a result
                 points.append({"ratio": ratio, "error": _failure(error)})
                 break
@@ -371,15 +384,10 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if tool != ORIGINAL:
         again = copy.deepcopy(model)  # slimmed second, in this process: the time without first-call costs
-        gc.collect()
-        memory.trim()
-        memory.reset_peak()
-        baseline = memory.rss()
         try:
-            result["seconds"] = slim_timed(model, inputs, RATIO, spec, tool, quick)
-            result["peak"] = memory.peak() - baseline
+            result["seconds"], result["peak"] = slim_measured(model, inputs, RATIO, spec, tool, SLIM_TIMEOUT[quick])
             after = slim_models.output_shapes(model, inputs)
-            result["warm_seconds"] = slim_timed(again, inputs, RATIO, spec, tool, quick)
+            result["warm_seconds"] = slim_timed(again, inputs, RATIO, spec, tool, SLIM_TIMEOUT[quick])
         except Exception as error:  # a library's failure is a result
             return {"error": _failure(error)}
         del again
@@ -406,11 +414,20 @@ def run_in_subprocess(
     name: str, tool: str, quick: bool, sweep: bool = False, timeout: float = PROCESS_TIMEOUT
 ) -> dict[str, Any]:
     command = [sys.executable, __file__, "--one", name, tool] + ["--quick"] * quick + ["--one-sweep"] * sweep
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TRANSFORMERS_VERBOSITY": "error"}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        return result_of(command, timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"{SKIPPED} process stopped after {timeout:.0f} s"}
+
+
+def result_of(command: list[str], timeout: float) -> dict[str, Any]:
+    """Run a benchmark's one-measurement mode in a fresh process, on ``THREADS`` threads: its ``RESULT`` line.
+
+    A process that dies without one gives ``{"error": its last line on stderr}``;
+    past ``timeout`` seconds it is stopped (subprocess.TimeoutExpired).
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TRANSFORMERS_VERBOSITY": "error"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -562,7 +579,8 @@ def sweep_table(sweeps: dict[str, dict[str, list[dict[str, Any]]]], results: dic
     return rows
 
 
-def machine(before: str, after: str) -> str:
+def machine(before: str, after: str, packages: tuple[str, ...] = ("torch-pruning", "transformers")) -> str:
+    """The provenance line: processor, threads, the versions of torch and ``packages``, the date, the load."""
     import torch
 
     cpu = platform.processor() or "unknown CPU"
@@ -572,7 +590,7 @@ def machine(before: str, after: str) -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     versions = f"torch {torch.__version__}"
-    for package in ("torch-pruning", "transformers"):
+    for package in packages:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions += f", {package} {importlib.metadata.version(package)}"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -18,7 +18,7 @@ venv: ``pip install -c constraints.txt -e . timm torchvision transformers``).
 torchvision's wheel here is a CUDA build whose ``torchvision._meta_registrations``
 fails to import on the CPU torch; it is kept from loading, which every
 classification builder allows. :data:`ZOO` and :func:`check` are meant to be
-reused by a fuller benchmark (timings, Torch-Pruning beside it).
+reused by benchmarks/slim_zoo_peer.py (timings, Torch-Pruning beside it).
 """
 
 from __future__ import annotations
@@ -158,6 +158,11 @@ def _close(a: list[torch.Tensor], b: list[torch.Tensor], exact: bool = False) ->
     )
 
 
+def forward_kwargs(model: nn.Module) -> dict[str, Any]:
+    """Keyword arguments of a forward that only computes: a Hugging Face model keeps no cache."""
+    return {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
+
+
 def _mask_a_quarter_of_a_group(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> str | None:
     """Masks pruning a quarter of the units of the model's middle removable group, in every tensor holding them.
 
@@ -171,8 +176,7 @@ def _mask_a_quarter_of_a_group(model: nn.Module, inputs: tuple[torch.Tensor, ...
     from prunereg._slim.graph import build_graph, capture_model
     from prunereg._slim.groups import find_groups
 
-    kwargs = {"use_cache": False} if hasattr(getattr(model, "config", None), "use_cache") else {}
-    graph = build_graph(model, capture_model(model, inputs, kwargs))
+    graph = build_graph(model, capture_model(model, inputs, forward_kwargs(model)))
     groups = [group for group in find_groups(graph) if len(group.removable) >= 4]
     if not groups:
         return None
@@ -199,6 +203,39 @@ def _said(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
 
 
+def no_op_check(model: nn.Module, inputs: tuple[torch.Tensor, ...], timeout: int) -> str:
+    """``slim(model, inputs)`` with no masks: ``ok`` if every tensor and output is bitwise as it was."""
+    import prunereg
+
+    state, dense = _state(model), _outputs(model, inputs)
+    try:
+        with deadline(timeout):
+            prunereg.slim(model, inputs)
+        same = _same_state(model, state) and _close(_outputs(model, inputs), dense, exact=True)
+    except Exception as error:
+        return f"refused: {_said(error)}"
+    return "ok" if same else "CHANGED"
+
+
+def masked_check(model: nn.Module, inputs: tuple[torch.Tensor, ...], timeout: int) -> str:
+    """A quarter of a middle group masked, then ``slim``: ``ok (...)`` if the outputs are the masked model's."""
+    import prunereg
+
+    try:
+        first = _mask_a_quarter_of_a_group(model, inputs)
+    except Exception as error:  # the graph itself: the no-op says so too
+        return f"refused: {_said(error)}"
+    if first is None:
+        return "no group of four units"
+    masked = _outputs(model, inputs)
+    try:
+        with deadline(timeout):
+            report = prunereg.slim(model, inputs)
+    except Exception as error:
+        return f"refused ({first}): {_said(error)}"
+    return f"ok ({first}: {report.removed} removed)" if _close(_outputs(model, inputs), masked) else "DIFFERENT"
+
+
 def check(name: str, timeout: int = 600) -> dict[str, Any]:
     """The three checks on model ``name``: a dict of what each found (``ok``, or why not)."""
     import prunereg
@@ -213,32 +250,8 @@ def check(name: str, timeout: int = 600) -> dict[str, Any]:
     result["params"] = sum(p.numel() for p in model.parameters())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # no-op
-        state, dense = _state(model), _outputs(model, inputs)
-        try:
-            with deadline(timeout):
-                prunereg.slim(model, inputs)
-            same = _same_state(model, state) and _close(_outputs(model, inputs), dense, exact=True)
-            result["no_op"] = "ok" if same else "CHANGED"
-        except Exception as error:
-            result["no_op"] = f"refused: {_said(error)}"
-        # masked
-        model = copy.deepcopy(pristine)
-        try:
-            first = _mask_a_quarter_of_a_group(model, inputs)
-        except Exception as error:  # the graph itself: the no-op said so already
-            first, result["masked"] = None, f"refused: {_said(error)}"
-        if first is not None:
-            masked = _outputs(model, inputs)
-            try:
-                with deadline(timeout):
-                    report = prunereg.slim(model, inputs)
-                exact = _close(_outputs(model, inputs), masked)
-                result["masked"] = f"ok ({first}: {report.removed} removed)" if exact else "DIFFERENT"
-            except Exception as error:
-                result["masked"] = f"refused ({first}): {_said(error)}"
-        elif "masked" not in result:
-            result["masked"] = "no group of four units"
+        result["no_op"] = no_op_check(model, inputs, timeout)
+        result["masked"] = masked_check(copy.deepcopy(pristine), inputs, timeout)
         # ratio 0.5
         model = copy.deepcopy(pristine)
         shapes = [o.shape for o in _outputs(model, inputs)]
