@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 import memory  # noqa: E402
+
+# torchvision (the zoo extra; timm and transformers import it where installed) must not load its detection-op
+# registrations: its wheel on these machines is a CUDA build, which the CPU torch cannot register.
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
 from llm import replace_between  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
@@ -627,8 +632,8 @@ def report(
         "for every library); latencies are the median of a few forwards under `torch.no_grad()`, speed-ups",
         "against the original timed in turn with the slimmed model in its process; *peak memory* is the",
         "resident high-water mark above the loaded model while slimming. *slimming time* is the first call in",
-        "the process (with the library's imports and torch.export's one-time start: up to about a CPU-second,",
-        "less where building the model imported the same parts of torch); *warm*",
+        "the process (with the library's imports and one-time starts; prunereg goes through torch.export, whose",
+        "first call imports torch's compiler, only for the models docs/slimming.md lists); *warm*",
         "slims a second copy of the model in the same process. Torch-Pruning's plain call is its",
         "README's (`MagnitudePruner`, L2 importance, the output head in `ignored_layers`); the hand-configured",
         "rows add what its examples write for the model and,",

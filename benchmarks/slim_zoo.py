@@ -13,11 +13,10 @@ Per model (randomly initialised, eval mode, one small example input), three chec
 - **ratio 0.5**: ``slim(model, x, ratio=0.5)`` keeps the output shapes; parameters
   before and after, and the modules kept whole (named in the report's notes).
 
-Needs timm, torchvision and transformers (the ``bench`` extra, or a throwaway
-venv: ``pip install -c constraints.txt -e . timm torchvision transformers``).
+Needs timm, torchvision and transformers (``pip install -c constraints.txt -e ".[bench,zoo]"``).
 torchvision's wheel here is a CUDA build whose ``torchvision._meta_registrations``
-fails to import on the CPU torch; it is kept from loading, which every
-classification builder allows. :data:`ZOO` and :func:`check` are meant to be
+fails to import on the CPU torch; benchmarks/slim.py keeps it from loading,
+which every classification builder allows. :data:`ZOO` and :func:`check` are meant to be
 reused by benchmarks/slim_zoo_peer.py (timings, Torch-Pruning beside it).
 """
 
@@ -28,7 +27,6 @@ import copy
 import json
 import sys
 import time
-import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -44,9 +42,6 @@ sys.path.insert(0, str(ROOT))
 from slim import deadline  # noqa: E402  (benchmarks/slim.py: stops a slimming call that runs too long)
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...]]
-
-# torchvision (imported by timm too) must not load its detection-op registrations, which fail on the CPU torch
-sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
 
 
 def _torchvision(name: str, image: int = 64, **kwargs: Any) -> Callable[[], Built]:

@@ -16,7 +16,7 @@ slimmed model timed in turn in that process), the slimming time of the first
 call in the process and of a second call on a fresh copy (*warm*), and the peak
 resident memory above the loaded model while slimming; for prunereg also
 slim_zoo's no-op and masked-equality checks. Needs timm, torchvision,
-transformers and torch-pruning (the ``bench`` extra); without torch_pruning
+transformers and torch-pruning (the ``bench`` and ``zoo`` extras); without torch_pruning
 only prunereg runs, and the section says so.
 """
 
