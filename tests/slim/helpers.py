@@ -84,3 +84,29 @@ def outputs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     with torch.no_grad():
         out = model(*inputs)
     return out.logits if hasattr(out, "logits") else out
+
+
+class AttentionResidual(nn.Module):
+    """nn.MultiheadAttention on a projected stream with a residual add: its width is the stream's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(6, 16)
+        self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.head(h + self.attention(h, h, h, need_weights=False)[0])
+
+
+class DataDependentShape(nn.Module):
+    """A shape made from the values (a boolean index): refused by name, through torch.export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h[h > 0]

@@ -28,7 +28,7 @@ from torch import nn
 import prunereg
 from prunereg._slim.capture import EagerCapture
 from prunereg._slim.graph import capture_model, through_export
-from tests.slim.helpers import assert_unchanged, exact_state
+from tests.slim.helpers import AttentionResidual, DataDependentShape, assert_unchanged, exact_state
 from tests.slim.test_random_graphs import IMAGE, _built, graphs
 from tests.support import slim_models
 
@@ -103,37 +103,11 @@ class ReadsAValue(nn.Module):
         return self.head(self.a(x) if x.sum() > 0 else self.b(x))  # followed one way only by an eager run
 
 
-class SplitsInside(nn.Module):
-    """nn.MultiheadAttention: a Python torch function whose body splits linear and attention (export keeps them)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem, self.attention, self.head = (
-            nn.Linear(6, 16),
-            nn.MultiheadAttention(16, 4, batch_first=True),
-            nn.Linear(16, 3),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        return self.head(h + self.attention(h, h, h, need_weights=False)[0])
-
-
-class BooleanIndex(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
-        return h[h > 0]
-
-
 @pytest.mark.parametrize(
     ("build", "inputs"),
     [
-        (BooleanIndex, (torch.randn(2, 4),)),
-        (SplitsInside, (torch.randn(2, 5, 6),)),
+        (DataDependentShape, (torch.randn(2, 4),)),
+        (AttentionResidual, (torch.randn(2, 5, 6),)),
     ],
     ids=["a boolean index", "a Python torch function splitting linear"],
 )

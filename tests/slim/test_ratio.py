@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import prunereg
-from tests.slim.helpers import DataDependentBranch, outputs
+from tests.slim.helpers import AttentionResidual, DataDependentBranch, DataDependentShape, outputs
 from tests.support import slim_models
 
 
@@ -178,20 +178,6 @@ def test_a_grouped_conv_loses_whole_groups_and_a_depthwise_conv_its_channels_wit
     assert outputs(model, (x,)).shape == (1, 2)
 
 
-class AttentionResidual(nn.Module):
-    """nn.MultiheadAttention on a projected stream with a residual add: its width is the stream's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Linear(6, 16)
-        self.attention = nn.MultiheadAttention(16, 4, batch_first=True)
-        self.head = nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.stem(x)
-        return self.head(h + self.attention(h, h, h, need_weights=False)[0])
-
-
 def test_multihead_attention_loses_whole_heads_with_its_width() -> None:
     model, x = AttentionResidual(), torch.randn(2, 5, 6)
     prunereg.slim(model, x, ratio=0.5)
@@ -229,16 +215,6 @@ def test_a_module_that_reads_a_fixed_width_fails_after_the_cut_and_is_put_back_e
     with pytest.raises(prunereg.SlimError, match=r"the slimmed model fails.*ignore="):
         prunereg.slim(model, x, ratio=0.5, importance="taylor" if pruned else "magnitude")
     assert_unchanged(model, before)
-
-
-class DataDependentShape(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
-        return h[h > 0]
 
 
 @pytest.mark.parametrize(
