@@ -158,7 +158,8 @@ def _by_ratio(scorer: Importance | None, name: str, ratio: float, round_to: int,
     assert scorer is not None
 
     def choose(groups: list[Group], graph: DependencyGraph, values: dict[str, Tensor], zeros: bool) -> Chosen:
-        return Chosen(_lowest_units(groups, _scorer(scorer, name, values, on_meta), ratio, round_to))
+        scores = _scorer(scorer, name, values, on_meta)
+        return Chosen(_lowest_units(groups, scores, ratio, round_to, graph.producers))
 
     return choose
 
@@ -347,25 +348,52 @@ def _no_values(name: str) -> SlimError:
 
 
 def _lowest_units(
-    groups: list[Group], score: Callable[[Group], Tensor], ratio: float, round_to: int
+    groups: list[Group],
+    score: Callable[[Group], Tensor],
+    ratio: float,
+    round_to: int,
+    producers: set[TensorDim],
 ) -> dict[int, set[int]]:
-    """Per group, the units removed: the lowest-ranked removable ones, in :func:`removal_order` (NaN first)."""
+    """Per group, the units removed: the lowest-ranked removable ones, in :func:`removal_order` (NaN first).
+
+    A group several layers make side by side (a concatenation of branches)
+    loses ``ratio`` of each layer's units, as each of those layers would on
+    its own: ranked across the whole group, the importances of layers of other
+    shapes (a 3x3 branch beside a 1x1) are not on one scale, and a branch
+    could be cut to one channel while another keeps all of its own.
+    """
     removed: dict[int, set[int]] = {}
     for g, group in enumerate(groups):
-        count = min(group.size - _units_kept(group.size, ratio, round_to), len(group.removable))
-        if count <= 0:
-            continue
         order = removal_order(score(group))
         rank = torch.empty_like(order)
         rank[order] = torch.arange(len(order))  # a unit's place in the removal order: higher stays longer
-        candidates = set(group.removable)
-        gone = set([unit for unit in order.tolist() if unit in candidates][:count])
+        removable = set(group.removable)
+        gone: set[int] = set()
+        for share in _shares(group, producers):
+            count = min(len(share) - _units_kept(len(share), ratio, round_to), len(share & removable))
+            if count > 0:
+                gone |= set([unit for unit in order.tolist() if unit in share and unit in removable][:count])
+        if not gone:
+            continue
         for unit_index in group.members.values():  # every tensor dimension keeps a position
             units = set(unit_index.unique().tolist())
             if units <= gone:
                 gone.discard(max(units, key=lambda k: int(rank[k])))
         removed[g] = gone
     return removed
+
+
+def _shares(group: Group, producers: set[TensorDim]) -> list[set[int]]:
+    """The group's units split by the layers making them: one share where every unit has the same makers."""
+    makers: dict[int, list[TensorDim]] = {unit: [] for unit in range(group.size)}
+    for key, unit_index in group.members.items():
+        if key in producers:
+            for unit in unit_index.unique().tolist():
+                makers[unit].append(key)
+    shares: dict[tuple[TensorDim, ...], set[int]] = {}
+    for unit, keys in makers.items():
+        shares.setdefault(tuple(sorted(keys)), set()).add(unit)
+    return list(shares.values())
 
 
 def _units_kept(size: int, ratio: float, round_to: int) -> int:

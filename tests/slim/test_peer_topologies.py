@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 from torch import nn
 
 import prunereg
@@ -67,3 +68,26 @@ def test_slimmed_multihead_attention_stays_a_consistent_module() -> None:
     assert tuple(attention.in_proj_weight.shape) == (3 * attention.embed_dim, attention.embed_dim)
     assert tuple(attention.out_proj.weight.shape) == (attention.embed_dim, attention.embed_dim)
     assert model.norm1.normalized_shape == (attention.embed_dim,)
+
+
+class TwoBranches(nn.Module):
+    """An Inception-like block: a 1x1 and a 3x3 branch concatenated, their norms on different scales."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.narrow, self.wide = nn.Conv2d(4, 8, 1), nn.Conv2d(4, 8, 3, padding=1)
+        with torch.no_grad():
+            self.narrow.weight.mul_(0.01)  # every 1x1 filter ranks below every 3x3 one across the block
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.narrow(x), self.wide(x)], 1).mean((2, 3)))
+
+
+def test_each_branch_of_a_concatenation_loses_the_ratio_of_its_own_channels() -> None:
+    model = TwoBranches().eval()
+    report = prunereg.slim(model, torch.randn(1, 4, 6, 6), ratio=0.5)
+    # ranked across the block, the 1x1 branch went down to one channel and the 3x3 kept all eight
+    assert (model.narrow.out_channels, model.wide.out_channels, model.head.in_features) == (4, 4, 8)
+    assert report.removed == 8
