@@ -367,12 +367,13 @@ def _lowest_units(
         order = removal_order(score(group))
         rank = torch.empty_like(order)
         rank[order] = torch.arange(len(order))  # a unit's place in the removal order: higher stays longer
-        removable = set(group.removable)
+        ordered, removable = order.tolist(), set(group.removable)
         gone: set[int] = set()
         for share in _shares(group, producers):
-            count = min(len(share) - _units_kept(len(share), ratio, round_to), len(share & removable))
+            candidates = share & removable
+            count = min(len(share) - _units_kept(len(share), ratio, round_to), len(candidates))
             if count > 0:
-                gone |= set([unit for unit in order.tolist() if unit in share and unit in removable][:count])
+                gone |= set([unit for unit in ordered if unit in candidates][:count])
         if not gone:
             continue
         for unit_index in group.members.values():  # every tensor dimension keeps a position
