@@ -258,28 +258,26 @@ def latency(model: Any, inputs: tuple[Any, ...], spec: Model, repeats: int) -> f
     return statistics.median(times)
 
 
-def paired_latency(
-    original: Any, slimmed: Any, inputs: tuple[Any, ...], spec: Model, repeats: int
-) -> tuple[float, float]:
-    """Median seconds of the original's and the slimmed model's forwards, taken in turn after a warm-up each.
+def latencies_in_turn(models: list[Any], inputs: tuple[Any, ...], spec: Model, repeats: int) -> list[float]:
+    """Median seconds of each model's forwards, taken in turn (one forward of each per round) after a warm-up each.
 
     Batch-1 forwards of two processes differ by up to 2x on the same model (where
-    the allocator and the threads land); in one process, in turn, the speed-up
-    is the model's and not the process's.
+    the allocator and the threads land); in one process, in turn, the ratios are
+    the models' and not the processes'.
     """
     import torch
 
     kwargs = dict(spec.forward)
-    times: tuple[list[float], list[float]] = ([], [])
+    times: list[list[float]] = [[] for _ in models]
     with torch.no_grad():
-        original(*inputs, **kwargs)
-        slimmed(*inputs, **kwargs)
+        for model in models:
+            model(*inputs, **kwargs)
         for _ in range(repeats):
-            for model, kept in zip((original, slimmed), times):
+            for model, kept in zip(models, times, strict=True):
                 start = time.perf_counter()
                 model(*inputs, **kwargs)
                 kept.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return [statistics.median(kept) for kept in times]
 
 
 def _failure(error: BaseException) -> str:
@@ -407,7 +405,7 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
         if original is None:
             result[f"latency_{batch}"] = latency(model, batched, spec, repeats[batch])
         else:  # the speed-up from forwards in turn in this process, the original rebuilt from the same seed
-            pair = paired_latency(original, model, batched, spec, repeats[batch])
+            pair = latencies_in_turn([original, model], batched, spec, repeats[batch])
             result[f"original_latency_{batch}"], result[f"latency_{batch}"] = pair
     return result
 

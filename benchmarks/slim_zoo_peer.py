@@ -11,11 +11,13 @@ forward: the classifier, ``lm_head``), and it is slimmed at ``ratio=0.5`` with
 no hand configuration: ``prunereg.slim(model, inputs, ratio=0.5)``, and
 Torch-Pruning's plain README call with the head in ``ignored_layers``
 (benchmarks/slim.py). A call past ``--timeout`` seconds is stopped: *hung*.
-Measured: parameters and MACs after, the batch-1 speed-up (the original and the
-slimmed model timed in turn in that process), the slimming time of the first
-call in the process and of a second call on a fresh copy (*warm*), and the peak
+Measured: parameters and MACs after, the slimming time of the first call in
+the process and of a second call on a fresh copy (*warm*), and the peak
 resident memory above the loaded model while slimming; for prunereg also
-slim_zoo's no-op and masked-equality checks. Needs timm, torchvision,
+slim_zoo's no-op and masked-equality checks. The speed-ups at batch 1 and 32
+come from one more fresh process per model, where the original and the models
+every library slimmed are timed in turn: latencies of separate processes differ
+by more than the libraries do. Needs timm, torchvision,
 transformers and torch-pruning (the ``bench`` and ``zoo`` extras); without torch_pruning
 only prunereg runs, and the section says so.
 """
@@ -43,7 +45,8 @@ MARKER = "slim-zoo"
 HEADING = "## Slimming the model zoo beside Torch-Pruning"
 LIBRARIES = (slim.PRUNEREG, slim.TP)
 TIMEOUT = 120  # seconds for one slimming call: past it the library hung on the model
-REPEATS = 25  # batch-1 forwards of each model, in turn, for the speed-up's medians
+BATCHES = (1, 32)
+REPEATS = {1: 25, 32: 5}  # forwards of each model, in turn, for the speed-ups' medians: batch 32 takes 32x longer
 SPEED_UP_MARGIN = 0.05  # the speed-up target: within 5 % of Torch-Pruning's median
 FEW_LAYERS_SECONDS = 1.0
 FEW_LAYERS = ("hf_llama", "hf_qwen2", "hf_mistral", "hf_gemma2", "hf_gpt2")
@@ -128,8 +131,6 @@ def run_one(name: str, library: str, timeout: int) -> dict[str, Any]:
         if after != shapes:
             return {**result, "status": BROKEN, "said": f"output shapes changed: {shapes} -> {after}"}
         result.update(status=OK, params=_parameters(model), macs=slim.macs(model, inputs, spec))
-        pair = slim.paired_latency(original, model, inputs, spec, REPEATS)
-        result["original_latency_1"], result["latency_1"] = pair
         try:
             result["warm_seconds"] = slim.slim_timed(again, inputs, slim.RATIO, spec, library, timeout)
         except Exception as error:  # the first call worked: the row keeps its figures and says this
@@ -138,6 +139,40 @@ def run_one(name: str, library: str, timeout: int) -> dict[str, Any]:
             result["no_op"] = slim_zoo.no_op_check(copy.deepcopy(original), inputs, timeout)
             result["masked"] = slim_zoo.masked_check(copy.deepcopy(original), inputs, timeout)
     return result
+
+
+def latency_one(name: str, libraries: list[str], timeout: int) -> dict[str, dict[str, Any]]:
+    """Build zoo model ``name``, slim a copy with each of ``libraries`` and time them all with the original in turn.
+
+    Per library: the original's and its slimmed model's median latency at each
+    of :data:`BATCHES` (``original_latency_1``, ``latency_1``, ...), or
+    ``latency_error`` where its slimming fails this time.
+    """
+    import torch
+
+    from tests.support.slim_models import batched
+
+    torch.set_num_threads(slim.THREADS)
+    torch.manual_seed(0)
+    model, inputs = slim_zoo.ZOO[name]()
+    spec = slim.Model(name, name, output_head(model, inputs), forward=tuple(slim_zoo.forward_kwargs(model).items()))
+    slimmed: dict[str, Any] = {}
+    found: dict[str, dict[str, Any]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for library in libraries:
+            copied = copy.deepcopy(model)
+            try:
+                slim.slim_timed(copied, inputs, slim.RATIO, spec, library, timeout)
+            except Exception as error:  # a library that slimmed it in its own process can still hang here
+                found[library] = {"latency_error": slim._failure(error)}
+                continue
+            slimmed[library] = copied
+    for batch in BATCHES:
+        times = slim.latencies_in_turn([model, *slimmed.values()], batched(inputs, batch), spec, REPEATS[batch])
+        for library, seconds in zip(slimmed, times[1:], strict=True):
+            found.setdefault(library, {}).update({f"original_latency_{batch}": times[0], f"latency_{batch}": seconds})
+    return found
 
 
 # the runner -----------------------------------------------------------------------------------------
@@ -156,15 +191,46 @@ def run_in_subprocess(name: str, library: str, timeout: int) -> dict[str, Any]:
     return result
 
 
+def latency_in_subprocess(name: str, libraries: list[str], timeout: int) -> dict[str, dict[str, Any]]:
+    """:func:`latency_one` in a fresh process; a process that dies or hangs gives each library a ``latency_error``."""
+    command = [sys.executable, __file__, "--latency", name, *libraries, "--timeout", str(timeout)]
+    process_timeout = len(libraries) * timeout + 600
+    try:
+        found = slim.result_of(command, process_timeout)
+    except subprocess.TimeoutExpired:
+        found = {"error": f"process stopped after {process_timeout} s"}
+    if "error" in found:
+        return {library: {"latency_error": found["error"]} for library in libraries}
+    return found
+
+
+def add_latencies(results: dict[str, dict[str, dict[str, Any]]], name: str, timeout: int) -> None:
+    """Time model ``name`` with every library that slimmed it (in turn, one process), unless timed already."""
+    by_library = results.get(name, {})
+    untimed = [
+        library
+        for library, result in by_library.items()
+        if result.get("status") == OK and "latency_1" not in result and "latency_error" not in result
+    ]
+    if untimed:
+        timed = [library for library, result in by_library.items() if result.get("status") == OK]
+        for library, found in latency_in_subprocess(name, timed, timeout).items():
+            by_library[library].update(found)
+
+
 # the report -----------------------------------------------------------------------------------------
 
 
-def speed_up(result: dict[str, Any]) -> float:
-    return float(result["original_latency_1"] / result["latency_1"])
+def speed_up(result: dict[str, Any], batch: int = 1) -> float | None:
+    """The original's latency over the slimmed model's at ``batch``; ``None`` where it was not timed."""
+    if f"latency_{batch}" not in result:
+        return None
+    return float(result[f"original_latency_{batch}"] / result[f"latency_{batch}"])
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def _cell(value: float | None, form: str = "seconds") -> str:
@@ -179,7 +245,7 @@ def _part(after: int, before: int) -> str:
 
 def model_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     columns = [
-        "model", "library", "status", "parameters", "MACs", "speed-up, batch 1", "slimming time", "warm",
+        "model", "library", "status", "parameters", "MACs", "speed-up, batch 1", "batch 32", "slimming time", "warm",
         "peak memory", "no-op", "masked",
     ]  # fmt: skip
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -193,7 +259,7 @@ def model_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                     OK,
                     _part(result["params"], result["params_before"]),
                     _part(result["macs"], result["macs_before"]),
-                    _cell(speed_up(result), "speed-up"),
+                    *(_cell(speed_up(result, batch), "speed-up") for batch in BATCHES),
                     slim._seconds(result["seconds"]),
                     _cell(result.get("warm_seconds")) if "warm" not in result else f"failed: `{result['warm']}`",
                     f"{result['peak'] / 2**20:.0f} MiB",
@@ -209,12 +275,12 @@ def _slimmed(results: dict[str, dict[str, dict[str, Any]]], libraries: tuple[str
 
 
 def _medians(results: dict[str, dict[str, dict[str, Any]]], library: str, models: list[str]) -> dict[str, Any]:
-    """Median first-call and warm slimming times and batch-1 speed-up of ``library`` over ``models``."""
+    """Median first-call and warm slimming times and speed-ups (``speed_up_1``, ...) of ``library`` over ``models``."""
     runs = [results[name][library] for name in models]
     return {
         "seconds": _median([run["seconds"] for run in runs]),
-        "warm_seconds": _median([run["warm_seconds"] for run in runs if "warm_seconds" in run]),
-        "speed_up": _median([speed_up(run) for run in runs]),
+        "warm_seconds": _median([run.get("warm_seconds") for run in runs]),
+        **{f"speed_up_{batch}": _median([speed_up(run, batch) for run in runs]) for batch in BATCHES},
     }
 
 
@@ -236,7 +302,7 @@ def summary_table(results: dict[str, dict[str, dict[str, Any]]], libraries: tupl
     for what, key, form in (
         ("slimming time", "seconds", "seconds"),
         ("slimming time, warm", "warm_seconds", "seconds"),
-        ("speed-up, batch 1", "speed_up", "speed-up"),
+        *((f"speed-up, batch {batch}", f"speed_up_{batch}", "speed-up") for batch in BATCHES),
     ):
         if len(libraries) > 1:
             rows.append(
@@ -274,12 +340,12 @@ def targets_table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
         not fewer if both else None)  # fmt: skip
     ours, theirs = _medians(results, slim.PRUNEREG, both), _medians(results, slim.TP, both)
     for item, target, key, form in (
-        (6, f"median batch-1 speed-up within {SPEED_UP_MARGIN:.0%} of Torch-Pruning's", "speed_up", "speed-up"),
+        (6, f"median batch-1 speed-up within {SPEED_UP_MARGIN:.0%} of Torch-Pruning's", "speed_up_1", "speed-up"),
         (3, "median slimming time no slower than Torch-Pruning's", "seconds", "seconds"),
         (3, "median slimming time, warm, no slower than Torch-Pruning's", "warm_seconds", "seconds"),
     ):
         a, b = ours[key], theirs[key]
-        met = None if a is None or b is None else a >= (1 - SPEED_UP_MARGIN) * b if key == "speed_up" else a <= b
+        met = None if a is None or b is None else a >= (1 - SPEED_UP_MARGIN) * b if form == "speed-up" else a <= b
         add(item, f"{target} (the models both slim)", f"{_cell(a, form)} vs {_cell(b, form)}", met)
     few = [results[name][slim.PRUNEREG] for name in FEW_LAYERS if name in results and slim.PRUNEREG in results[name]]
     for key, what in (("seconds", "first call"), ("warm_seconds", "warm")):
@@ -300,9 +366,11 @@ def report(results: dict[str, dict[str, dict[str, Any]]], libraries: tuple[str, 
         "each (model, library) in a fresh process. *status*: ok (output shapes kept), refused (the library",
         "raised), hung (stopped past the deadline), broken (slimmed, but the outputs changed shape or the",
         "forward fails). *parameters* and *MACs* (one forward, torch's FlopCounterMode) after slimming, in per",
-        "cent of the original's; *speed-up*: the original's batch-1 latency over the slimmed model's, median",
-        "of forwards taken in turn in one process; *slimming time*: the first call in the process (with its",
-        "one-time imports), *warm* a second call on a fresh copy; *peak memory*: resident high-water mark",
+        "cent of the original's; *speed-up*: the original's latency at batch 1 and 32 over the slimmed model's,",
+        "medians of forwards taken in turn in one more fresh process holding the original and every library's",
+        "slimmed model (latencies of separate processes differ by more than the libraries do); *slimming",
+        "time*: the first call in the process (with its one-time imports), *warm* a second call on a fresh",
+        "copy; *peak memory*: resident high-water mark",
         "above the loaded model while slimming. *no-op* and *masked* are prunereg's exactness checks",
         "(`benchmarks/slim_zoo.py`): slimming with no masks changes no bit; a quarter of a middle channel",
         "group masked, then slimmed, gives the masked model's outputs.",
@@ -341,9 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="keep the raw results here; what it holds already is not rerun")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "LIBRARY"), help=argparse.SUPPRESS)
+    parser.add_argument("--latency", nargs="+", metavar="MODEL LIBRARY", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one[0], args.one[1], args.timeout)))
+        return 0
+    if args.latency:
+        print("RESULT " + json.dumps(latency_one(args.latency[0], args.latency[1:], args.timeout)))
         return 0
     models = args.models or list(slim_zoo.ZOO)
     libraries = tuple(args.libraries or (LIBRARIES if slim.has_torch_pruning() else (slim.PRUNEREG,)))
@@ -362,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1) + "\n")
             print(results[name][library]["status"], f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        add_latencies(results, name, args.timeout)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1) + "\n")
     results = {name: {lib: results[name][lib] for lib in libraries} for name in models}
     command = "python benchmarks/slim_zoo_peer.py" + (f" --models {' '.join(models)}" if args.models else "")
     command += f" --timeout {args.timeout}" if args.timeout != TIMEOUT else ""

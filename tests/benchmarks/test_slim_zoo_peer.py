@@ -75,8 +75,34 @@ def test_prunereg_on_a_plain_model_is_measured_and_checked(plain_zoo: None) -> N
     assert result["params_before"] == 8 * 32 + 32 + 32 * 32 + 32 + 32 * 3 + 3
     assert 0 < result["params"] < result["params_before"] and 0 < result["macs"] < result["macs_before"]
     assert result["seconds"] > 0 and result["warm_seconds"] > 0 and "peak" in result
-    assert result["latency_1"] > 0 and result["original_latency_1"] > 0
     assert result["no_op"] == "ok" and result["masked"].startswith("ok (")
+    assert "latency_1" not in result  # timed with the other libraries' models, in their own process
+
+
+def test_the_original_and_every_librarys_slimmed_model_are_timed_in_one_process_at_both_batches(
+    plain_zoo: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(slim.SLIMMERS, slim.TP, _loops)  # a library that hangs here has no latencies, and says why
+    found = peer.latency_one("mlp", [slim.PRUNEREG, slim.TP], 1)
+    assert found[slim.TP] == {"latency_error": "SlimTimeout: did not finish in 1 s (stopped)"}
+    timed = found[slim.PRUNEREG]
+    assert sorted(timed) == ["latency_1", "latency_32", "original_latency_1", "original_latency_32"]
+    assert all(seconds > 0 for seconds in timed.values())
+
+
+def test_latencies_are_added_once_for_the_libraries_that_slimmed_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def timed(name: str, libraries: list[str], timeout: int) -> dict[str, dict[str, Any]]:
+        asked.append(libraries)
+        return {library: {"original_latency_1": 2.0, "latency_1": 1.0} for library in libraries}
+
+    monkeypatch.setattr(peer, "latency_in_subprocess", timed)
+    results = {"m": {slim.PRUNEREG: {"status": peer.OK}, slim.TP: {"status": peer.HUNG, "said": "stopped"}}}
+    peer.add_latencies(results, "m", 60)
+    peer.add_latencies(results, "m", 60)  # timed already: no second process
+    assert asked == [[slim.PRUNEREG]]
+    assert peer.speed_up(results["m"][slim.PRUNEREG]) == 2.0 and "latency_1" not in results["m"][slim.TP]
 
 
 def test_torch_pruning_on_a_plain_model_keeps_the_head(plain_zoo: None) -> None:
@@ -119,7 +145,8 @@ def test_a_library_that_raises_hangs_or_breaks_the_model_is_reported_so(
 def _ok(params: int, seconds: float, speed: float, **checks: str) -> dict[str, Any]:
     return {
         "status": peer.OK, "params_before": 1000, "params": params, "macs_before": 4000, "macs": 2000,
-        "original_latency_1": speed, "latency_1": 1.0, "seconds": seconds, "warm_seconds": seconds / 10,
+        "original_latency_1": speed, "latency_1": 1.0, "original_latency_32": 2 * speed, "latency_32": 1.0,
+        "seconds": seconds, "warm_seconds": seconds / 10,
         "peak": 2**20, **checks,
     }  # fmt: skip
 
@@ -146,13 +173,15 @@ def _row(text: str, *cells: str) -> str:
 
 def test_the_report_counts_compares_and_judges_the_targets() -> None:
     text = peer.report(RESULTS, peer.LIBRARIES, "a test machine")
-    assert _row(text, "resnet18", "prunereg", "ok", "400 (40%)", "2.00k (50%)", "x2.00", "2.00 s", "200.0 ms", "1 MiB")
+    row = ("resnet18", "prunereg", "ok", "400 (40%)", "2.00k (50%)", "x2.00", "x4.00", "2.00 s", "200.0 ms", "1 MiB")
+    assert _row(text, *row)
     assert _row(text, "swin_t", "Torch-Pruning", "hung: `SlimTimeout: did not finish in 120 s (stopped)`")
     assert _row(text, "ok", "3", "3") and _row(text, "hung", "0", "1") and _row(text, "refused", "1", "0")
     # resnet18 and hf_llama both slim: medians of (2.0, 0.5) against (1.0, 0.1), speed-ups (2.0, 1.5) against (2.0, 1.0)
     assert _row(text, "median slimming time, the 2 models all slim", "1.25 s", "550.0 ms")
     assert _row(text, "median slimming time, every model each slims", "2.00 s (3)", "300.0 ms (3)")
     assert _row(text, "median speed-up, batch 1, the 2 models all slim", "x1.75", "x1.50")
+    assert _row(text, "median speed-up, batch 32, the 2 models all slim", "x3.50", "x3.00")
     assert "prunereg removes fewer parameters than Torch-Pruning on: hf_llama." in text
     assert _row(text, "6", "every model slims at `ratio=0.5` with no hand configuration", "3 of 4", "**no**")
     assert _row(text, "6", "no-op on every model", "3 of 4", "**no**")
@@ -188,7 +217,9 @@ def test_a_run_writes_its_section_from_fresh_processes_and_leaves_the_rest_of_th
     assert peer.main(arguments) == 0
     text = page.read_text()
     assert text.startswith(others) and text.endswith("\n## After\n") and "stale" not in text
-    assert _row(text, "hf_gpt2", "prunereg", "ok") and "`ok (transformer.h." in _row(text, "hf_gpt2", "prunereg")
+    row = _row(text, "hf_gpt2", "prunereg", "ok")
+    assert "`ok (transformer.h." in row
+    assert all(cell.startswith("x") for cell in row.split(" | ")[5:7])  # speed-ups at batch 1 and 32, from one process
     assert "Reproduce: `python benchmarks/slim_zoo_peer.py --models hf_gpt2`" in text
     assert peer.main(arguments) == 0  # the JSON file holds the result: kept, not rerun
     assert "(1 results kept from an earlier run in zoo.json)" in page.read_text()
