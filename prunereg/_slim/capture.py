@@ -135,6 +135,11 @@ Python functions of ``torch.nn.functional`` that call one of these are listed to
 outermost torch function only."""
 
 
+_SIZES_FROM_INPUT = frozenset({torch.flatten, Tensor.flatten})
+"""Torch functions whose ATen view gets sizes computed from the input's shape, never written in the model's code:
+their nodes are marked ``sizes_from_input`` (a slimmed model's check need not capture it again for them)."""
+
+
 class _Recorder:
     """The graph being written: tensors seen so far and the node each one is, the module stack."""
 
@@ -146,6 +151,7 @@ class _Recorder:
         self.constants = 0
         self.inside_whole = 0
         self.inside_python = 0
+        self.sizes_from_input = 0
         self.split: str | None = None
         """What makes this graph not export's, always: a composite operation export keeps whole split where the
         function mode could not see it, or a shape made from values (export refuses it, naming it)."""
@@ -180,6 +186,8 @@ class _Recorder:
     def record(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         node = self.graph.call_function(op, self.argument(args), self.argument(kwargs))
         node.meta["nn_module_stack"] = {f"L__{i}": entry for i, entry in enumerate(self.modules)}
+        if self.sizes_from_input:
+            node.meta["sizes_from_input"] = True
         if isinstance(out, Tensor):
             node.meta["val"] = _meta(out)
             self._remember(out, node)
@@ -277,11 +285,14 @@ class _WholeMode(TorchFunctionMode):
         whole = _WHOLE.get(func)
         if whole is None or self.recorder.inside_whole:
             python = isinstance(func, python_types.FunctionType)  # its body runs with this mode off: whole ones unseen
+            from_input = func in _SIZES_FROM_INPUT
             self.recorder.inside_python += python
+            self.recorder.sizes_from_input += from_input
             try:
                 return func(*args, **kwargs)
             finally:
                 self.recorder.inside_python -= python
+                self.recorder.sizes_from_input -= from_input
         op, arrange = whole
         self.recorder.inside_whole += 1  # neither its parts nor the meta tensors of its record are recorded
         try:

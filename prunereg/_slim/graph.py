@@ -55,6 +55,9 @@ class NodeDims:
     op: str
     module: str
     dims: Dims | None
+    from_input: frozenset[int] = frozenset()
+    """Output dimensions whose size the operation takes from its input's shape, whatever its code says: a view's
+    ``-1``, every dimension of ``flatten``'s view (marked by the eager capture)."""
 
 
 class SlimError(RuntimeError):
@@ -361,7 +364,9 @@ class _Builder:
                 dims = out if isinstance(out, list) and all(isinstance(v, torch.Tensor) for v in out) else None
                 if dims is not None and [ids.numel() for ids in dims] != list(_shape(node)):
                     dims = None  # ids not position by position (a rule's fallback): no plan for its shape
-                self.graph.nodes.append(NodeDims(node.name, _op_text(node), _module_path(node), dims))
+                self.graph.nodes.append(
+                    NodeDims(node.name, _op_text(node), _module_path(node), dims, _sizes_from_input(node))
+                )
             elif node.op == "output":
                 for value in _flatten(_a(node)[0]):
                     if isinstance(value, Node):
@@ -1127,6 +1132,22 @@ def _conv(b: _Builder, node: Node) -> Any:
     out = [*batch, out_channels, *out_spatial]
     b.graph.macs.append(([*out, weight[1] if not transposed else weight[0]], math.prod(_shape(_a(node)[1])[2:])))
     return out
+
+
+_VIEWS = frozenset({"view", "reshape", "_unsafe_view"})
+
+
+def _sizes_from_input(node: Node) -> frozenset[int]:
+    """The output dimensions of ``node`` sized by its input's shape (see :attr:`NodeDims.from_input`)."""
+    if node.meta.get("sizes_from_input"):
+        return frozenset(range(len(_shape(node))))
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet is None or packet.__name__ not in _VIEWS or len(node.args) < 2:
+        return frozenset()
+    sizes = node.args[1]
+    if not isinstance(sizes, (list, tuple)):
+        return frozenset()
+    return frozenset(i for i, size in enumerate(sizes) if size == -1)
 
 
 def _module_path(node: Node) -> str:

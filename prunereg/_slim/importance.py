@@ -86,16 +86,15 @@ class DimensionSums:
     def add(self, name: str, tensor: Tensor) -> None:
         """Measure ``tensor`` as ``name``'s values now, a slice of rows at a time (see :data:`MEASURED_AT_ONCE`)."""
         if tensor.dim() <= 1 or tensor.numel() <= MEASURED_AT_ONCE:
-            entries = self.measure(_widened(tensor))
-            self._sums[name] = [_sum_along(entries, dim) for dim in range(entries.dim())]
+            self._sums[name] = _sums_along_each(self.measure(_widened(tensor)))
             return
         rows = max(1, MEASURED_AT_ONCE // (tensor.numel() // tensor.shape[0]))
         firsts: list[Tensor] = []
         others: list[Tensor] = []
         for start in range(0, tensor.shape[0], rows):
-            entries = self.measure(_widened(tensor[start : start + rows]))
-            firsts.append(_sum_along(entries, 0))
-            sums = [_sum_along(entries, dim).double() for dim in range(1, entries.dim())]
+            first, *sums = _sums_along_each(self.measure(_widened(tensor[start : start + rows])))
+            firsts.append(first)
+            sums = [part.double() for part in sums]
             others = sums if not others else [total + part for total, part in zip(others, sums, strict=True)]
         self._sums[name] = [torch.cat(firsts), *others]
 
@@ -123,11 +122,19 @@ def _widened(tensor: Tensor) -> Tensor:
     return tensor if tensor.dtype in (torch.float64, torch.float32) else tensor.float()
 
 
-def _sum_along(entries: Tensor, dim: int) -> Tensor:
-    """The sums of ``entries`` over every dimension but ``dim``."""
+def _sums_along_each(entries: Tensor) -> list[Tensor]:
+    """For each dimension of ``entries`` in turn, the sums over every other dimension.
+
+    Two passes over ``entries`` whatever its rank: the first two dimensions'
+    sums come from its sums over the rest (a convolution's rows and columns from
+    its kernels' totals), the rest from its sums over the first two.
+    """
     if entries.dim() <= 1:
-        return entries
-    return entries.sum(dim=[d for d in range(entries.dim()) if d != dim])
+        return [entries]
+    if entries.dim() == 2:
+        return [entries.sum(1), entries.sum(0)]
+    leading = entries.sum(dim=tuple(range(2, entries.dim())))
+    return [*_sums_along_each(leading), *_sums_along_each(entries.sum(dim=(0, 1)))]
 
 
 def _add_per_unit(group: Group, sums: Mapping[TensorDim, Tensor]) -> Tensor:

@@ -48,9 +48,17 @@ def planned_shapes(graph: DependencyGraph, removed: set[int]) -> list[tuple[Node
 
 
 def needs_capture(graph: DependencyGraph, planned: list[tuple[NodeDims, tuple[int, ...]]]) -> bool:
-    """Whether an operation taking its sizes from the code gets another shape from the plan."""
+    """Whether an operation taking its sizes from the code gets another shape from the plan.
+
+    A dimension the operation sizes from its input (a view's ``-1``, ``flatten``)
+    follows the plan as its input does: only one the code writes can disagree.
+    """
     return any(
-        node.op in SIZED and shape != tuple(ids.numel() for ids in node.dims)  # type: ignore[union-attr]
+        node.op in SIZED
+        and any(
+            size != ids.numel() and dim not in node.from_input
+            for dim, (size, ids) in enumerate(zip(shape, node.dims, strict=True))  # type: ignore[arg-type]
+        )
         for node, shape in planned
     )
 

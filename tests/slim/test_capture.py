@@ -260,3 +260,46 @@ def test_grouped_kv_heads_repeated_by_expand_and_reshape_slim_alike_through_eith
     ids = torch.randint(32, (1, 8), generator=torch.Generator().manual_seed(0))
     assert isinstance(capture_model(model, (ids,), {"use_cache": False}), EagerCapture)
     assert "removed" in _assert_alike(model, (ids,), ratio=0.5)
+
+
+class _Classifier(nn.Module):
+    """Convolutions then a classifier over their channels, flattened the way ``how`` says."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU())
+        self.pool, self.flatten, self.head = nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.body(x))
+        flat = {
+            "torch.flatten": lambda: torch.flatten(x, 1),
+            "Tensor.flatten": lambda: x.flatten(1),
+            "nn.Flatten": lambda: self.flatten(x),
+            "view(-1)": lambda: x.view(x.size(0), -1),
+        }[self.how]()
+        return self.head(flat)
+
+
+@pytest.mark.parametrize("how", ["torch.flatten", "Tensor.flatten", "nn.Flatten", "view(-1)"])
+def test_a_slimmed_model_is_not_captured_again_for_a_view_sized_by_its_input(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prunereg._slim import attempt
+
+    captured_again: list[str] = []
+
+    def counted(*arguments: Any) -> Any:
+        captured_again.append(how)
+        return capture_like(*arguments)
+
+    capture_like = attempt.capture_like
+    monkeypatch.setattr(attempt, "capture_like", counted)
+    torch.manual_seed(0)
+    model, inputs = _Classifier(how).eval(), (torch.randn(2, 3, 9, 9),)
+    slimmed = copy.deepcopy(model)
+    prunereg.slim(slimmed, inputs, ratio=0.5)
+    assert captured_again == []  # the flattened width follows the plan as the pooled channels do
+    assert slimmed.head.in_features == 4 and slimmed(*inputs).shape == (2, 4)
+    assert _assert_alike(model, inputs, ratio=0.5) == "8 removed; []"
