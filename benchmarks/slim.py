@@ -668,6 +668,15 @@ def report(
     return "\n".join(lines)
 
 
+def unrunnable(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """``model: error`` for each model whose original (unslimmed) row failed: built or run, not slimmed."""
+    return [
+        f"{name}: {by_tool[ORIGINAL]['error']}"
+        for name, by_tool in results.items()
+        if "error" in by_tool.get(ORIGINAL, {}) and not unfinished(by_tool[ORIGINAL])
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny models; print the section instead of writing it")
@@ -752,6 +761,10 @@ def main(argv: list[str] | None = None) -> int:
     if output is None:
         print(text)
         return 0
+    unbuilt = unrunnable(results)
+    if unbuilt:  # the environment's failure, not a library's: a page written now would hide the rows
+        print(f"not written: the original model did not run: {'; '.join(unbuilt)}", file=sys.stderr)
+        return 1
     replace_between(output, MARKER, text, HEADING)
     print(f"wrote the slimming section of {output}", file=sys.stderr)
     if image is not None:  # drawn from the page just written, as benchmarks/plots.py redraws it later

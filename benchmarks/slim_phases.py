@@ -47,6 +47,7 @@ PHASES = (
 MODELS = {
     "mlp": ("residual_mlp", False),
     "lenet": ("lenet", False),
+    "unflatten": ("unflatten_into_transposed_conv", False),
     "cnn": ("concat_depthwise_residual_cnn", True),
     "resnet50": ("hf_resnet50", True),
     "bert": ("hf_bert", True),
@@ -54,7 +55,7 @@ MODELS = {
 }
 """Name to (builder in tests/support/slim_models.py, whether it takes ``full``); the HF ones need transformers."""
 
-QUICK = ("mlp", "lenet", "cnn")
+QUICK = ("mlp", "lenet", "unflatten", "cnn")
 
 
 @contextlib.contextmanager

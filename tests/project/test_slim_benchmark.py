@@ -256,7 +256,7 @@ def test_torch_pruning_keeps_vit_heads_whole_only_when_configured_by_hand(tool: 
 
 @pytest.mark.slow  # a few seconds of slimming with the profile on
 def test_the_phase_profile_times_each_step_and_puts_slimming_back(capsys: pytest.CaptureFixture[str]) -> None:
-    """benchmarks/slim_phases.py on the 3-layer MLP and LeNet (a view after the cut: a second capture)."""
+    """benchmarks/slim_phases.py on the 3-layer MLP, LeNet and a Linear viewed as channels (a second capture)."""
     import slim_phases
 
     from prunereg._slim import attempt, engine
@@ -265,10 +265,27 @@ def test_the_phase_profile_times_each_step_and_puts_slimming_back(capsys: pytest
         return [getattr({"attempt": attempt, "engine": engine}[where], name) for where, name, _ in slim_phases.PHASES]
 
     before = steps()
-    assert slim_phases.main(["--quick", "--models", "mlp", "lenet", "--rounds", "1"]) == 0
+    assert slim_phases.main(["--quick", "--models", "mlp", "lenet", "unflatten", "--rounds", "1"]) == 0
     assert steps() == before
     lines = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     header, *rows = [[cell.strip() for cell in cells] for cells in lines]
     seconds = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
-    assert float(seconds["lenet"]["capture (plan)"]) > 0 and float(seconds["lenet"]["capture (check)"]) > 0
-    assert float(seconds["mlp"]["capture (check)"]) == 0  # no view reads a planned width: no second capture
+    assert float(seconds["unflatten"]["capture (plan)"]) > 0  # its view's channel count is read from a layer:
+    assert float(seconds["unflatten"]["capture (check)"]) > 0  # the slimmed model is captured again
+    for name in ("mlp", "lenet"):  # no view; LeNet's view(batch, -1) is sized by its input: no second capture
+        assert float(seconds[name]["capture (check)"]) == 0
+
+
+def test_a_run_whose_original_model_did_not_run_leaves_the_page_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n")
+
+    def fake_run(name: str, tool: str, quick: bool, sweep: bool = False, timeout: float = 0) -> dict[str, Any]:
+        return {"error": "ImportError: cannot import name 'LlamaForCausalLM'"} if tool == slim.ORIGINAL else dict(MINE)
+
+    monkeypatch.setattr(slim, "run_in_subprocess", fake_run)
+    assert slim.main(["--models", "cnn", "--output", str(page)]) == 1
+    assert page.read_text() == "# Benchmarks\n"  # the environment failed, not a library: nothing to report
+    assert "not written: the original model did not run: cnn: ImportError" in capsys.readouterr().err
