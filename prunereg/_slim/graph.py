@@ -1035,25 +1035,41 @@ _SAME_DIMS = frozenset(
 def _mark_producer(b: _Builder, arg: Any, dim: int, *, reads: bool = False) -> None:
     """Record that ``arg``'s dimension ``dim`` makes channels (``reads``: reads them, a layer's input columns).
 
-    ``orig * mask``, casts and q/k/v parts are followed back to the parameter.
+    ``orig * mask``, casts and q/k/v parts are followed back to the parameter;
+    through any other operation (a weight standardized in the forward, as
+    timm's ``ScaledStdConv2d`` does), the parameter dimension whose positions
+    ``dim`` carries is the one recorded.
     """
     found = b.graph.consumers if reads else b.graph.producers
-    seen: set[Node] = set()
-    stack = [arg]
+    carried = b.dims(arg)
+    wanted = carried[dim] if carried is not None and dim < len(carried) else None
+    seen: set[tuple[Node, bool]] = set()
+    stack: list[tuple[Any, bool]] = [(arg, True)]  # a node, and whether only dimension-keeping operations led there
     names = {spec.arg.name: spec.target for spec in b.exported.graph_signature.input_specs if hasattr(spec.arg, "name")}
-    while stack:
-        current = stack.pop()
-        if not isinstance(current, Node) or current in seen:
+    while stack and len(seen) < _MOST_FOLLOWED:
+        current, kept = stack.pop()
+        if not isinstance(current, Node) or (current, kept) in seen:
             continue
-        seen.add(current)
+        seen.add((current, kept))
         if current.op == "placeholder":
             target = names.get(current.name)
-            if isinstance(target, str) and target in b.graph.tensors and len(_shape(current)) == len(_shape(arg)):
+            if not isinstance(target, str) or target not in b.graph.tensors:
+                continue
+            if kept and len(_shape(current)) == len(_shape(arg)):
                 found.add((target, dim))
-        elif current.op == "call_function" and (
-            current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS
-        ):
-            stack.extend(a for a in current.args if isinstance(a, Node))
+            elif not kept and wanted is not None:
+                found.update(
+                    (target, d)
+                    for d, ids in enumerate(b.graph.tensors[target])
+                    if ids.shape == wanted.shape and torch.equal(ids, wanted)
+                )
+        elif current.op == "call_function":
+            keeps = kept and (current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS)
+            stack.extend((a, keeps) for a in current.args if isinstance(a, Node))
+
+
+_MOST_FOLLOWED = 64
+"""Most operations followed back from a layer's weight to its parameter: a weight's own computation is short."""
 
 
 @_rule(
@@ -1174,8 +1190,10 @@ def _batch_norm(b: _Builder, node: Node) -> Any:
         if stats is not None and len(stats) == 1:
             b.union(stats[0], channels)
     value = node.meta.get("val")
-    if isinstance(value, (tuple, list)):
-        return [list(x), *b.fresh_like(node, None)[1:]]
+    if isinstance(value, (tuple, list)):  # a batch's mean and inverse deviation are per channel; in eval, empty
+        rest = b.fresh_like(node, None)[1:]
+        per_channel = (channels.numel(),)
+        return [list(x), *([channels] if _shape_of(v) == per_channel else r for v, r in zip(value[1:], rest))]
     return list(x)
 
 

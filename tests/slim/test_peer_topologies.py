@@ -6,11 +6,13 @@ the shapes it gave before: the channels that reach an output are never removed.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
 import prunereg
 from tests.support.slim_models import HUGGING_FACE, PEERS, Built, output_shapes, parameter_count
@@ -91,3 +93,36 @@ def test_each_branch_of_a_concatenation_loses_the_ratio_of_its_own_channels() ->
     # ranked across the block, the 1x1 branch went down to one channel and the 3x3 kept all eight
     assert (model.narrow.out_channels, model.wide.out_channels, model.head.in_features) == (4, 4, 8)
     assert report.removed == 8
+
+
+class _StandardizedConv(nn.Conv2d):
+    """A convolution whose weight is standardized per output channel in each forward (timm's ScaledStdConv2d)."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__(cin, cout, 3, padding=1, bias=False)
+        self.gain = nn.Parameter(torch.rand(cout, 1, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = self.weight.reshape(1, self.out_channels, -1)
+        weight = nn.functional.batch_norm(flat, None, None, weight=self.gain.reshape(-1), training=True, eps=1e-5)
+        return self._conv_forward(x, weight.reshape_as(self.weight), None)
+
+
+def test_a_convolution_standardizing_its_weight_by_batch_norm_slims_with_its_statistics_per_channel() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        _StandardizedConv(3, 8), nn.ReLU(), _StandardizedConv(8, 8), nn.ReLU(), nn.Conv2d(8, 4, 1)
+    ).eval()
+    inputs = (torch.randn(2, 3, 6, 6),)
+    halved = copy.deepcopy(model)
+    report = prunereg.slim(halved, inputs, ratio=0.5)
+    assert report.notes == [] and (halved[0].out_channels, halved[2].out_channels) == (4, 4)
+    assert halved[0].gain.shape == (4, 1, 1, 1) and halved(*inputs).shape == (2, 4, 6, 6)
+    prune.ln_structured(model[2], "weight", amount=0.25, n=2, dim=0)
+    prune.remove(model[2], "weight")
+    with torch.no_grad():
+        masked = model(*inputs)
+    report = prunereg.slim(model, inputs)
+    assert model[2].out_channels == 6 and model[4].in_channels == 6
+    with torch.no_grad():
+        torch.testing.assert_close(model(*inputs), masked)
