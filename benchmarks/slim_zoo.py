@@ -74,6 +74,7 @@ def _hugging_face(kind: str, head: str = "ForCausalLM", **config: Any) -> Callab
 
 
 _TEXT = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+_OPT = {"vocab_size": 128, "hidden_size": 32, "ffn_dim": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 
 ZOO: dict[str, Callable[[], Built]] = {
     # torchvision classification builders
@@ -95,6 +96,17 @@ ZOO: dict[str, Callable[[], Built]] = {
     "vit_b_16": _torchvision("vit_b_16", image=64, image_size=64),
     "swin_t": _torchvision("swin_t"),
     "maxvit_t": _torchvision("maxvit_t", image=224),
+    "resnet50": _torchvision("resnet50"),
+    "wide_resnet50_2": _torchvision("wide_resnet50_2"),
+    "vgg11_bn": _torchvision("vgg11_bn"),
+    "mobilenet_v3_large": _torchvision("mobilenet_v3_large"),
+    "efficientnet_v2_s": _torchvision("efficientnet_v2_s"),
+    "shufflenet_v2_x1_0": _torchvision("shufflenet_v2_x1_0"),
+    "mnasnet1_0": _torchvision("mnasnet1_0"),
+    "squeezenet1_0": _torchvision("squeezenet1_0"),
+    "regnet_y_800mf": _torchvision("regnet_y_800mf"),
+    "swin_v2_t": _torchvision("swin_v2_t"),
+    "vit_b_32": _torchvision("vit_b_32", image=64, image_size=64),
     # timm
     "timm_vit_tiny": _timm("vit_tiny_patch16_224", img_size=64),
     "timm_deit_tiny": _timm("deit_tiny_patch16_224", img_size=64),
@@ -112,12 +124,40 @@ ZOO: dict[str, Callable[[], Built]] = {
     "timm_convnext_atto": _timm("convnext_atto"),
     "timm_regnetx_002": _timm("regnetx_002"),
     "timm_efficientnet_b0": _timm("efficientnet_b0"),
+    "timm_levit_128s": _timm("levit_128s", image=224),
+    "timm_pvt_v2_b0": _timm("pvt_v2_b0"),
+    "timm_poolformer_s12": _timm("poolformer_s12"),
+    "timm_resmlp_12": _timm("resmlp_12_224", img_size=64),
+    "timm_gmlp_ti16": _timm("gmlp_ti16_224", img_size=64),
+    "timm_cait_xxs24": _timm("cait_xxs24_224", img_size=64),
+    "timm_xcit_nano_12_p16": _timm("xcit_nano_12_p16_224", img_size=64),
+    "timm_efficientformer_l1": _timm("efficientformer_l1", image=224),
+    "timm_hrnet_w18_small": _timm("hrnet_w18_small"),
+    "timm_dpn68": _timm("dpn68"),
+    "timm_nfnet_l0": _timm("nfnet_l0"),
+    "timm_repvgg_a0": _timm("repvgg_a0"),
+    "timm_mobileone_s0": _timm("mobileone_s0"),
+    "timm_fastvit_t8": _timm("fastvit_t8"),
+    "timm_inception_v4": _timm("inception_v4", image=96),
+    "timm_tinynet_a": _timm("tinynet_a"),
+    "timm_convmixer_768_32": _timm("convmixer_768_32"),
+    "timm_swin_tiny": _timm("swin_tiny_patch4_window7_224", img_size=64, window_size=2),
     # Hugging Face causal LMs from configs
     "hf_llama": _hugging_face("Llama", **_TEXT, num_attention_heads=4, num_key_value_heads=2),
     "hf_qwen2": _hugging_face("Qwen2", **_TEXT, num_attention_heads=4, num_key_value_heads=2),
     "hf_mistral": _hugging_face("Mistral", **_TEXT, num_attention_heads=4, num_key_value_heads=1),
     "hf_gemma2": _hugging_face("Gemma2", **_TEXT, num_attention_heads=4, num_key_value_heads=2, head_dim=8),
     "hf_gpt2": _hugging_face("GPT2", "LMHeadModel", vocab_size=128, n_embd=32, n_layer=2, n_head=4),
+    "hf_phi3": _hugging_face("Phi3", **_TEXT, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0),
+    "hf_gemma": _hugging_face("Gemma", **_TEXT, num_attention_heads=4, num_key_value_heads=1, head_dim=8),
+    "hf_qwen3": _hugging_face("Qwen3", **_TEXT, num_attention_heads=4, num_key_value_heads=2, head_dim=8),
+    "hf_olmo2": _hugging_face("Olmo2", **_TEXT, num_attention_heads=4, num_key_value_heads=2),
+    "hf_opt": _hugging_face("OPT", **_OPT),
+    "hf_gpt_neox": _hugging_face("GPTNeoX", **_TEXT, num_attention_heads=4),
+    "hf_falcon": _hugging_face("Falcon", vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4),
+    "hf_mixtral": _hugging_face(
+        "Mixtral", **_TEXT, num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2
+    ),
 }
 """Each model by name: a builder of ``(model in eval mode, example inputs)``."""
 

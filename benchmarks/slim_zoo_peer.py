@@ -50,7 +50,7 @@ BATCHES = (1, 32)
 REPEATS = {1: 25, 32: 5}  # forwards of each model, in turn, for the speed-ups' medians: batch 32 takes 32x longer
 SPEED_UP_MARGIN = 0.05  # the speed-up target: within 5 % of Torch-Pruning's median
 FEW_LAYERS_SECONDS = 1.0
-FEW_LAYERS = ("hf_llama", "hf_qwen2", "hf_mistral", "hf_gemma2", "hf_gpt2")
+FEW_LAYERS = tuple(name for name in slim_zoo.ZOO if name.startswith("hf_"))
 """The zoo's models of a few layers (two blocks each), where slimming must take under a second."""
 PACKAGES = ("torch-pruning", "transformers", "timm", "torchvision")
 
