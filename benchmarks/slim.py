@@ -238,8 +238,17 @@ def macs(model: Any, inputs: tuple[Any, ...], spec: Model) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(*inputs, **dict(spec.forward))
+    # its module tracker hooks every module input needing grad, and under no_grad fails on a parameter passed as
+    # one (timm's CaiT hands its class token to a block): nothing needs grad while counting
+    needed = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
+    try:
+        for parameter, _ in needed:
+            parameter.requires_grad_(False)
+        with torch.no_grad(), counter:
+            model(*inputs, **dict(spec.forward))
+    finally:
+        for parameter, flag in needed:
+            parameter.requires_grad_(flag)
     return counter.get_total_flops() // 2
 
 
