@@ -34,6 +34,7 @@ import datetime
 import gc
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -272,20 +273,25 @@ def latencies_in_turn(models: list[Any], inputs: tuple[Any, ...], spec: Model, r
 
     Batch-1 forwards of two processes differ by up to 2x on the same model (where
     the allocator and the threads land); in one process, in turn, the ratios are
-    the models' and not the processes'.
+    the models' and not the processes'. The rounds go through every order of the
+    models in turn, so that no model always follows the same one: a model run
+    right after the larger original is slower (timm's ConvNeXt-Atto slimmed
+    alike by both libraries at batch 32: x2.30 against x2.60-2.82, the other way
+    round x2.73-2.77 against x2.25-2.27).
     """
     import torch
 
     kwargs = dict(spec.forward)
     times: list[list[float]] = [[] for _ in models]
+    orders = itertools.cycle(itertools.permutations(range(len(models))))
     with torch.no_grad():
         for model in models:
             model(*inputs, **kwargs)
         for _ in range(repeats):
-            for model, kept in zip(models, times, strict=True):
+            for index in next(orders):
                 start = time.perf_counter()
-                model(*inputs, **kwargs)
-                kept.append(time.perf_counter() - start)
+                models[index](*inputs, **kwargs)
+                times[index].append(time.perf_counter() - start)
     return [statistics.median(kept) for kept in times]
 
 

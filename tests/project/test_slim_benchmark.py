@@ -289,3 +289,15 @@ def test_a_run_whose_original_model_did_not_run_leaves_the_page_as_it_was(
     assert slim.main(["--models", "cnn", "--output", str(page)]) == 1
     assert page.read_text() == "# Benchmarks\n"  # the environment failed, not a library: nothing to report
     assert "not written: the original model did not run: cnn: ImportError" in capsys.readouterr().err
+
+
+def test_forwards_in_turn_go_through_every_order_so_no_model_always_follows_the_same_one() -> None:
+    ran: list[str] = []
+
+    def model(name: str) -> Any:
+        return lambda *inputs: ran.append(name)
+
+    medians = slim.latencies_in_turn([model("a"), model("b"), model("c")], (), slim.MODELS["cnn"], 6)
+    assert len(medians) == 3 and all(seconds >= 0 for seconds in medians)
+    rounds = ["".join(ran[3 + 3 * k : 6 + 3 * k]) for k in range(6)]  # after one warm-up forward each
+    assert ran[:3] == ["a", "b", "c"] and sorted(rounds) == ["abc", "acb", "bac", "bca", "cab", "cba"]
