@@ -1036,36 +1036,48 @@ def _mark_producer(b: _Builder, arg: Any, dim: int, *, reads: bool = False) -> N
     """Record that ``arg``'s dimension ``dim`` makes channels (``reads``: reads them, a layer's input columns).
 
     ``orig * mask``, casts and q/k/v parts are followed back to the parameter;
-    through any other operation (a weight standardized in the forward, as
-    timm's ``ScaledStdConv2d`` does), the parameter dimension whose positions
-    ``dim`` carries is the one recorded.
+    through any other operation (a transpose, a weight standardized in the
+    forward as timm's ``ScaledStdConv2d`` does), the search goes on to the first
+    tensor whose dimension carries ``dim``'s very positions, and from there as
+    before.
     """
     found = b.graph.consumers if reads else b.graph.producers
     carried = b.dims(arg)
     wanted = carried[dim] if carried is not None and dim < len(carried) else None
-    seen: set[tuple[Node, bool]] = set()
-    stack: list[tuple[Any, bool]] = [(arg, True)]  # a node, and whether only dimension-keeping operations led there
+    seen: set[tuple[Node, int | None, bool]] = set()
+    # a node; the dimension carrying ``dim``'s positions there (None: not found yet); whether only
+    # dimension-keeping operations led there from ``arg``
+    stack: list[tuple[Any, int | None, bool]] = [(arg, dim, True)]
     names = {spec.arg.name: spec.target for spec in b.exported.graph_signature.input_specs if hasattr(spec.arg, "name")}
     while stack and len(seen) < _MOST_FOLLOWED:
-        current, kept = stack.pop()
-        if not isinstance(current, Node) or (current, kept) in seen:
+        current, at, direct = stack.pop()
+        if not isinstance(current, Node) or (current, at, direct) in seen:
             continue
-        seen.add((current, kept))
+        seen.add((current, at, direct))
+        if at is None and wanted is not None:
+            at = _carrying(b, current, wanted)
         if current.op == "placeholder":
             target = names.get(current.name)
             if not isinstance(target, str) or target not in b.graph.tensors:
                 continue
-            if kept and len(_shape(current)) == len(_shape(arg)):
+            if direct and len(_shape(current)) == len(_shape(arg)):
                 found.add((target, dim))
-            elif not kept and wanted is not None:
-                found.update(
-                    (target, d)
-                    for d, ids in enumerate(b.graph.tensors[target])
-                    if ids.shape == wanted.shape and torch.equal(ids, wanted)
-                )
+            elif not direct and at is not None:
+                found.add((target, at))
         elif current.op == "call_function":
-            keeps = kept and (current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS)
-            stack.extend((a, keeps) for a in current.args if isinstance(a, Node))
+            keeps = current.target is operator.getitem or _op_name(current.target) in _SAME_DIMS
+            stack.extend((a, at if keeps else None, direct and keeps) for a in current.args if isinstance(a, Node))
+
+
+def _carrying(b: _Builder, node: Node, wanted: IdArray) -> int | None:
+    """The dimension of ``node``'s output whose ids are ``wanted`` (the same positions), if one is."""
+    dims = b.env.get(node)
+    if not isinstance(dims, list) or not all(isinstance(ids, torch.Tensor) for ids in dims):
+        return None
+    for index, ids in enumerate(dims):
+        if ids.shape == wanted.shape and torch.equal(ids, wanted):
+            return index
+    return None
 
 
 _MOST_FOLLOWED = 64

@@ -126,3 +126,25 @@ def test_a_convolution_standardizing_its_weight_by_batch_norm_slims_with_its_sta
     assert model[2].out_channels == 6 and model[4].in_channels == 6
     with torch.no_grad():
         torch.testing.assert_close(model(*inputs), masked)
+
+
+class _TransposedLinear(nn.Linear):
+    """A Linear that multiplies by its weight's transpose itself (Hugging Face's FalconLinear)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T + self.bias
+
+
+def test_rows_a_mask_prunes_in_a_layer_multiplying_by_its_transposed_weight_are_removed_exactly() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_TransposedLinear(6, 8), nn.GELU(), _TransposedLinear(8, 3)).eval()
+    inputs = (torch.randn(4, 6),)
+    prune.ln_structured(model[0], "weight", amount=0.25, n=1, dim=0)
+    prune.l1_unstructured(model[0], "bias", amount=0.0)  # the bias keeps its values; its pruned rows come next
+    with torch.no_grad():
+        model[0].bias_mask[model[0].weight_mask[:, 0] == 0] = 0
+        masked = model(*inputs)
+    report = prunereg.slim(model, inputs)
+    assert report.removed == 2 and model[0].weight.shape == (6, 6) and model[2].weight.shape == (3, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(model(*inputs), masked)
