@@ -91,6 +91,11 @@ def output_head(model: Any, inputs: tuple[Any, ...]) -> str:
     return started[-1]
 
 
+def _spec(name: str, model: Any, inputs: tuple[Any, ...]) -> slim.Model:
+    """How benchmarks/slim.py's helpers call zoo model ``name``: its output head kept, a Hugging Face model uncached."""
+    return slim.Model(name, name, output_head(model, inputs), forward=tuple(slim_zoo.forward_kwargs(model).items()))
+
+
 def _parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -109,7 +114,7 @@ def run_one(name: str, library: str, timeout: int) -> dict[str, Any]:
         model, inputs = slim_zoo.ZOO[name]()
     except Exception as error:  # a builder this torchvision or timm does not have
         return _stopped({}, UNBUILT, error)
-    spec = slim.Model(name, name, output_head(model, inputs), forward=tuple(slim_zoo.forward_kwargs(model).items()))
+    spec = _spec(name, model, inputs)
     result: dict[str, Any] = {
         "head": spec.head,
         "params_before": _parameters(model),
@@ -160,7 +165,7 @@ def latency_one(name: str, libraries: list[str], timeout: int) -> dict[str, dict
     torch.set_num_threads(slim.THREADS)
     torch.manual_seed(0)
     model, inputs = slim_zoo.ZOO[name]()
-    spec = slim.Model(name, name, output_head(model, inputs), forward=tuple(slim_zoo.forward_kwargs(model).items()))
+    spec = _spec(name, model, inputs)
     slimmed: dict[str, Any] = {}
     found: dict[str, dict[str, Any]] = {}
     with warnings.catch_warnings():
@@ -212,12 +217,10 @@ def latency_in_subprocess(name: str, libraries: list[str], timeout: int) -> dict
 def add_latencies(results: dict[str, dict[str, dict[str, Any]]], name: str, timeout: int) -> None:
     """Time model ``name`` with every library that slimmed it (in turn, one process), unless timed already."""
     by_library = results.get(name, {})
-    untimed = [
-        library
-        for library, result in by_library.items()
-        if result.get("status") == OK and "latency_1" not in result and "latency_error" not in result
-    ]
-    if untimed:
+    if any(
+        result.get("status") == OK and "latency_1" not in result and "latency_error" not in result
+        for result in by_library.values()
+    ):
         timed = [library for library, result in by_library.items() if result.get("status") == OK]
         for library, found in latency_in_subprocess(name, timed, timeout).items():
             by_library[library].update(found)
