@@ -10,7 +10,10 @@ torch-pruning, transformers, matplotlib); without torch_pruning its rows are
 left out and the section says so. The models are built from transformers configs (no download) by
 tests/support/slim_models.py. Every (model, library) pair runs in a fresh Python
 process with ``torch.set_num_threads(2)``: its peak memory is its own, and a
-library that hangs is stopped after ``SLIM_TIMEOUT`` seconds. The full run is
+library that hangs is stopped after ``SLIM_TIMEOUT`` seconds. The latencies come
+from one more fresh process per model, which slims a copy with every library
+that worked (at every sweep ratio too) and times them all with the original in
+turn: latencies of separate processes differ by more than the libraries do. The full run is
 sized to about 12 minutes on 2 quiet cores (estimated from the models' MACs);
 past ``--budget`` minutes (14.5) what is left is skipped and its rows say so;
 with ``--json results.json`` a second run does only what the first did not.
@@ -38,6 +41,7 @@ import itertools
 import json
 import os
 import platform
+import random
 import signal
 import statistics
 import subprocess
@@ -68,6 +72,8 @@ THREADS = 2
 RATIO = 0.5
 SWEEP_RATIOS = (0.1, 0.3, 0.5, 0.7)  # four slimming runs of the full Llama: the run stays under 15 minutes
 QUICK_SWEEP_RATIOS = (0.3, 0.6)
+REPEATS = {False: {1: 24, 32: 6}, True: {1: 2, 4: 1}}
+"""Rounds of forwards in turn, full and quick: at batch 1 every order of up to four models; batch 32 takes seconds."""
 SLIM_TIMEOUT = {False: 60, True: 20}  # seconds for one slimming call, full and quick: 10x what Torch-Pruning needs
 PROCESS_TIMEOUT = 600
 BUDGET = 14.5  # minutes: what is still to run after that is skipped, and says so
@@ -277,13 +283,20 @@ def latencies_in_turn(models: list[Any], inputs: tuple[Any, ...], spec: Model, r
     models in turn, so that no model always follows the same one: a model run
     right after the larger original is slower (timm's ConvNeXt-Atto slimmed
     alike by both libraries at batch 32: x2.30 against x2.60-2.82, the other way
-    round x2.73-2.77 against x2.25-2.27).
+    round x2.73-2.77 against x2.25-2.27). Past four models (24 orders) the
+    rounds take orders shuffled from a fixed seed: the first orders of many
+    models, in sequence, would all start alike.
     """
     import torch
 
     kwargs = dict(spec.forward)
     times: list[list[float]] = [[] for _ in models]
-    orders = itertools.cycle(itertools.permutations(range(len(models))))
+    orders: Iterator[tuple[int, ...]]
+    if len(models) <= 4:
+        orders = itertools.cycle(itertools.permutations(range(len(models))))
+    else:
+        shuffler = random.Random(0)
+        orders = iter(lambda: tuple(shuffler.sample(range(len(models)), len(models))), None)
     with torch.no_grad():
         for model in models:
             model(*inputs, **kwargs)
@@ -293,6 +306,30 @@ def latencies_in_turn(models: list[Any], inputs: tuple[Any, ...], spec: Model, r
                 models[index](*inputs, **kwargs)
                 times[index].append(time.perf_counter() - start)
     return [statistics.median(kept) for kept in times]
+
+
+def latencies_of(
+    original: Any,
+    slimmed: dict[str, Any],
+    inputs: tuple[Any, ...],
+    spec: Model,
+    repeats: dict[int, int],
+) -> dict[str, dict[str, float]]:
+    """Per label of ``slimmed``: its and the original's median latency at each batch of ``repeats``, timed in turn.
+
+    The keys are ``latency_<batch>`` and ``original_latency_<batch>``; the
+    inputs are ``inputs`` repeated to each batch size. With nothing slimmed the
+    original is timed alone, under the label :data:`ORIGINAL`.
+    """
+    from tests.support.slim_models import batched
+
+    labels = list(slimmed) or [ORIGINAL]
+    found: dict[str, dict[str, float]] = {label: {} for label in labels}
+    for batch, rounds in repeats.items():
+        times = latencies_in_turn([original, *slimmed.values()], batched(inputs, batch), spec, rounds)
+        for label, seconds in zip(labels, times[1:] or times, strict=True):
+            found[label].update({f"original_latency_{batch}": times[0], f"latency_{batch}": seconds})
+    return found
 
 
 def _failure(error: BaseException) -> str:
@@ -368,35 +405,43 @@ def heads_kept_whole(model: Any, head_dims: list[int | None]) -> bool | None:
     return all(verdicts) if verdicts else None
 
 
-def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
-    """Build ``name``, slim it with ``tool`` (the original: not at all) and measure it."""
+def _built(name: str, quick: bool) -> tuple[Any, tuple[Any, ...]]:
+    """Model ``name`` and its inputs, from the same seed in every process, its attention channels numbered."""
     import torch
 
     from tests.support import slim_models
 
     torch.set_num_threads(THREADS)
-    spec = MODELS[name]
-    model, inputs = getattr(slim_models, spec.builder)(0, full=not quick)
+    model, inputs = getattr(slim_models, MODELS[name].builder)(0, full=not quick)
     tag_attention_channels(model)
+    return model, inputs
+
+
+def sweep_ratios(quick: bool) -> tuple[float, ...]:
+    return QUICK_SWEEP_RATIOS if quick else SWEEP_RATIOS
+
+
+def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
+    """Build ``name``, slim it with ``tool`` (the original: not at all) and measure all but its latency.
+
+    The latencies come from :func:`latency_one`, in a process of their own.
+    """
+    from tests.support import slim_models
+
+    spec = MODELS[name]
+    model, inputs = _built(name, quick)
     head_dims = [_head_dim(module) for module, _ in _attention_projections(model)]
     shapes = slim_models.output_shapes(model, inputs)
-    batches = (1, 4) if quick else (1, 32)
-    repeats = {1: 2 if quick else 25, batches[1]: 1}  # batch 1: a median of many; batch 32 takes seconds: one
     if sweep:
         points = []
-        for ratio in QUICK_SWEEP_RATIOS if quick else SWEEP_RATIOS:
+        for ratio in sweep_ratios(quick):
             slimmed = copy.deepcopy(model)
             try:
                 seconds = slim_timed(slimmed, inputs, ratio, spec, tool, SLIM_TIMEOUT[quick])
             except Exception as error:  # a library's failure is a result
                 points.append({"ratio": ratio, "error": _failure(error)})
                 break
-            points.append({
-                "ratio": ratio,
-                "seconds": seconds,
-                "params": slim_models.parameter_count(slimmed),
-                "latency": latency(slimmed, inputs, spec, repeats[1]),
-            })  # fmt: skip
+            points.append({"ratio": ratio, "seconds": seconds, "params": slim_models.parameter_count(slimmed)})
             del slimmed
         return {"sweep": points}
     result: dict[str, Any] = {}
@@ -414,15 +459,53 @@ def run_one(name: str, tool: str, quick: bool, sweep: bool) -> dict[str, Any]:
         result["heads_whole"] = heads_kept_whole(model, head_dims)
     result["params"] = slim_models.parameter_count(model)
     result["macs"] = macs(model, inputs, spec)
-    original = getattr(slim_models, spec.builder)(0, full=not quick)[0] if tool != ORIGINAL else None
-    for batch in batches:
-        batched = slim_models.batched(inputs, batch)
-        if original is None:
-            result[f"latency_{batch}"] = latency(model, batched, spec, repeats[batch])
-        else:  # the speed-up from forwards in turn in this process, the original rebuilt from the same seed
-            pair = latencies_in_turn([original, model], batched, spec, repeats[batch])
-            result[f"original_latency_{batch}"], result[f"latency_{batch}"] = pair
     return result
+
+
+def latency_one(name: str, tools: list[str], swept: list[str], quick: bool) -> dict[str, Any]:
+    """Build ``name``, slim a copy with each of ``tools`` (each of ``swept`` at every sweep ratio too) and time them.
+
+    All are timed in turn with the original in this process (:func:`latencies_of`):
+    ``{"results": {tool: latencies}, "sweeps": {tool: [{"ratio", "latency", "original_latency"}, ...]}}``, with
+    ``latency_error`` in place of a tool's latencies, or ``error`` in a point, where slimming failed this time.
+    """
+    spec = MODELS[name]
+    model, inputs = _built(name, quick)
+    slimmed: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    wanted = dict.fromkeys([(tool, RATIO) for tool in tools] + [(t, r) for t in swept for r in sweep_ratios(quick)])
+    for tool, ratio in wanted:
+        label = tool if ratio == RATIO else f"{tool} at {ratio:g}"
+        copied = copy.deepcopy(model)
+        try:
+            slim_timed(copied, inputs, ratio, spec, tool, SLIM_TIMEOUT[quick])
+        except Exception as error:  # it worked in its own process; a failure here is reported, not hidden
+            failed[label] = _failure(error)
+            continue
+        slimmed[label] = copied
+    main = {label: slimmed[label] for label in tools if label in slimmed}
+    timed = latencies_of(model, main, inputs, spec, REPEATS[quick])
+    original = next(iter(timed.values()))
+    results: dict[str, dict[str, Any]] = {
+        ORIGINAL: {key[len("original_") :]: value for key, value in original.items() if key.startswith("original_")}
+    }
+    results.update({tool: timed[tool] for tool in main})
+    results.update({tool: {"latency_error": failed[tool]} for tool in tools if tool in failed})
+    points = {label: slimmed[label] for label in slimmed if label not in main}
+    at_one = {1: REPEATS[quick][1]}
+    swept_times = latencies_of(model, {**{t: main[t] for t in swept if t in main}, **points}, inputs, spec, at_one)
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    for tool in swept:
+        for ratio in sweep_ratios(quick):
+            label = tool if ratio == RATIO else f"{tool} at {ratio:g}"
+            point: dict[str, Any] = {"ratio": ratio}
+            if label in swept_times:
+                times = swept_times[label]
+                point.update(latency=times["latency_1"], original_latency=times["original_latency_1"])
+            else:
+                point["error"] = failed.get(label, "not slimmed")
+            sweeps.setdefault(tool, []).append(point)
+    return {"results": results, "sweeps": sweeps}
 
 
 # the runner -----------------------------------------------------------------------------------------
@@ -436,6 +519,63 @@ def run_in_subprocess(
         return result_of(command, timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"{SKIPPED} process stopped after {timeout:.0f} s"}
+
+
+def latency_in_subprocess(name: str, tools: list[str], swept: list[str], quick: bool, timeout: float) -> dict[str, Any]:
+    """:func:`latency_one` in a fresh process; one that dies or is stopped gives every tool a ``latency_error``."""
+    command = [sys.executable, __file__, "--latency", name, *tools, "--swept", *swept] + ["--quick"] * quick
+    try:
+        found = result_of(command, timeout)
+    except subprocess.TimeoutExpired:
+        found = {"error": f"{SKIPPED} process stopped after {timeout:.0f} s"}
+    if "error" in found:
+        return {"results": {tool: {"latency_error": found["error"]} for tool in [ORIGINAL, *tools]}, "sweeps": {}}
+    return found
+
+
+def _settled(error: str | None) -> bool:
+    """A latency error that a second run would not redo (one not caused by the time budget)."""
+    return error is not None and not error.startswith(SKIPPED)
+
+
+def needs_latency(name: str, results: dict[str, dict[str, Any]], sweeps: dict[str, dict[str, Any]]) -> bool:
+    """Whether a tool that slimmed ``name``, or a sweep point, has no latency (or the original none) yet."""
+    rows = results.get(name, {})
+    untimed = [
+        result
+        for result in rows.values()
+        if "error" not in result and "latency_1" not in result and not _settled(result.get("latency_error"))
+    ]
+    points = [
+        point
+        for points in sweeps.get(name, {}).values()
+        for point in points
+        if "error" not in point and "latency" not in point and not _settled(point.get("latency_error"))
+    ]
+    return bool(untimed or points)
+
+
+def add_latencies(
+    name: str, results: dict[str, dict[str, Any]], sweeps: dict[str, dict[str, Any]], quick: bool, timeout: float
+) -> None:
+    """Time ``name``'s original with every tool that slimmed it and every sweep point, in one process; merge them in."""
+    rows = results[name]
+    tools = [tool for tool, result in rows.items() if tool != ORIGINAL and "error" not in result]
+    swept = [tool for tool, points in sweeps.get(name, {}).items() if any("error" not in p for p in points)]
+    found = latency_in_subprocess(name, tools, swept, quick, timeout)
+    for tool, latencies in found["results"].items():
+        if tool in rows and "error" not in rows[tool]:
+            rows[tool].update(latencies)
+    for tool, points in found["sweeps"].items():
+        timed = {point["ratio"]: point for point in points}
+        for point in sweeps.get(name, {}).get(tool, []):
+            again = timed.get(point["ratio"])
+            if "error" in point or again is None:
+                continue
+            if "error" in again:
+                point["latency_error"] = again["error"]
+            else:
+                point.update(latency=again["latency"], original_latency=again["original_latency"])
 
 
 def result_of(command: list[str], timeout: float) -> dict[str, Any]:
@@ -530,6 +670,9 @@ def main_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[int
                 ]
                 for batch in batches:
                     key = f"latency_{batch}"
+                    if key not in result:  # the latency process could not slim it again, or the budget ran out
+                        cells += [f"failed: `{result.get('latency_error', 'not timed')}`", "-"]
+                        continue
                     speed = _speedup(original, result, key) if tool != ORIGINAL else None
                     cells += [_seconds(result[key]), "-" if speed is None else f"x{speed:.2f}"]
                 cells += [
@@ -581,7 +724,7 @@ def targets_table(results: dict[str, dict[str, dict[str, Any]]], batches: tuple[
 def sweep_table(sweeps: dict[str, dict[str, list[dict[str, Any]]]], results: dict[str, Any]) -> list[str]:
     rows = ["| model | library | ratio | parameters | latency, batch 1 | speed-up |", "|---|---|---|---|---|---|"]
     for name, by_tool in sweeps.items():
-        base = results.get(name, {}).get(ORIGINAL, {}).get("latency_1")
+        unslimmed = results.get(name, {}).get(ORIGINAL, {}).get("latency_1")
         for tool, points in by_tool.items():
             for point in points:
                 if "error" in point:
@@ -589,6 +732,13 @@ def sweep_table(sweeps: dict[str, dict[str, list[dict[str, Any]]]], results: dic
                         f"| {MODELS[name].title} | {tool} | {point['ratio'] or '-'} | failed: `{point['error']}` | | |"
                     )
                     continue
+                if "latency" not in point:
+                    rows.append(
+                        f"| {MODELS[name].title} | {tool} | {point['ratio']:g} | {_count(point['params'])} | "
+                        f"failed: `{point.get('latency_error', 'not timed')}` | |"
+                    )
+                    continue
+                base = point.get("original_latency", unslimmed)  # the original timed in turn with the point
                 speed = f"x{base / point['latency']:.2f}" if base else "-"
                 rows.append(
                     f"| {MODELS[name].title} | {tool} | {point['ratio']:g} | {_count(point['params'])} | "
@@ -713,9 +863,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "LIBRARY"), help=argparse.SUPPRESS)
     parser.add_argument("--one-sweep", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--latency", nargs="+", metavar="MODEL TOOL", help=argparse.SUPPRESS)
+    parser.add_argument("--swept", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one[0], args.one[1], args.quick, args.one_sweep)))
+        return 0
+    if args.latency:
+        print("RESULT " + json.dumps(latency_one(args.latency[0], args.latency[1:], args.swept, args.quick)))
         return 0
     before, started = load(), time.perf_counter()
     stored = json.loads(args.json.read_text()) if args.json and args.json.exists() else {}
@@ -735,6 +890,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps({"results": results, "sweeps": sweeps}, indent=1) + "\n")
 
+    def skipped() -> str:
+        return f"{SKIPPED} the run's {args.budget:g} minutes were spent"
+
     for name in args.only or args.models:
         for tool in tools_for(name):
             if tool in results.get(name, {}) and not unfinished(results[name][tool]):
@@ -744,22 +902,31 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault(name, {})[tool] = (
                 run_in_subprocess(name, tool, args.quick, timeout=min(PROCESS_TIMEOUT, left()))
                 if left() > MINIMUM_LEFT
-                else {"error": f"{SKIPPED} the run's {args.budget:g} minutes were spent"}
+                else {"error": skipped()}
             )
             save()
             print(results[name][tool].get("error", "done"), f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    for name in (m for m in SWEEP_MODELS if m in (args.only or args.models)):
-        for tool in sweep_tools(name, results):
+        for tool in sweep_tools(name, results) if name in SWEEP_MODELS else []:
             points = sweeps.get(name, {}).get(tool, [])
             if points and not any(unfinished(point) for point in points):
                 reused += 1
                 continue
             print(f"{name} [{tool}] ratio sweep ...", end=" ", flush=True, file=sys.stderr)
             if left() <= MINIMUM_LEFT:
-                print(f"{SKIPPED} the run's {args.budget:g} minutes were spent", file=sys.stderr)
+                print(skipped(), file=sys.stderr)
                 continue
             swept = run_in_subprocess(name, tool, args.quick, sweep=True, timeout=min(PROCESS_TIMEOUT, left()))
             sweeps.setdefault(name, {})[tool] = swept.get("sweep", [{"ratio": None, "error": swept.get("error")}])
+            save()
+            print(f"done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        if needs_latency(name, results, sweeps):
+            print(f"{name} latencies, in turn ...", end=" ", flush=True, file=sys.stderr)
+            if left() <= MINIMUM_LEFT:
+                for result in results[name].values():
+                    result.setdefault("latency_error", skipped())
+                print(skipped(), file=sys.stderr)
+                continue
+            add_latencies(name, results, sweeps, args.quick, min(PROCESS_TIMEOUT, left()))
             save()
             print(f"done ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     results = {n: {t: results[n][t] for t in TOOLS if t in results[n]} for n in args.models if n in results}

@@ -46,8 +46,8 @@ HEADING = "## Slimming the model zoo beside Torch-Pruning"
 LIBRARIES = (slim.PRUNEREG, slim.TP)
 TIMEOUT = 120  # seconds for one slimming call: past it the library hung on the model
 WARM_CALLS = 3  # a warm call now and then pays a full collection of Python's garbage (over 100 ms): the median
-BATCHES = (1, 32)
-REPEATS = {1: 24, 32: 6}  # rounds of forwards in turn (every order of three models: a multiple of 6); batch 32: fewer
+REPEATS = slim.REPEATS[False]  # rounds of forwards in turn per batch size, as benchmarks/slim.py times them
+BATCHES = tuple(REPEATS)
 SPEED_UP_MARGIN = 0.05  # the speed-up target: within 5 % of Torch-Pruning's median
 FEW_LAYERS_SECONDS = 1.0
 FEW_LAYERS = tuple(name for name in slim_zoo.ZOO if name.startswith("hf_"))
@@ -160,8 +160,6 @@ def latency_one(name: str, libraries: list[str], timeout: int) -> dict[str, dict
     """
     import torch
 
-    from tests.support.slim_models import batched
-
     torch.set_num_threads(slim.THREADS)
     torch.manual_seed(0)
     model, inputs = slim_zoo.ZOO[name]()
@@ -178,10 +176,8 @@ def latency_one(name: str, libraries: list[str], timeout: int) -> dict[str, dict
                 found[library] = {"latency_error": slim._failure(error)}
                 continue
             slimmed[library] = copied
-    for batch in BATCHES:
-        times = slim.latencies_in_turn([model, *slimmed.values()], batched(inputs, batch), spec, REPEATS[batch])
-        for library, seconds in zip(slimmed, times[1:], strict=True):
-            found.setdefault(library, {}).update({f"original_latency_{batch}": times[0], f"latency_{batch}": seconds})
+    if slimmed:
+        found.update(slim.latencies_of(model, slimmed, inputs, spec, REPEATS))
     return found
 
 

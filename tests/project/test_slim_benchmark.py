@@ -301,3 +301,66 @@ def test_forwards_in_turn_go_through_every_order_so_no_model_always_follows_the_
     assert len(medians) == 3 and all(seconds >= 0 for seconds in medians)
     rounds = ["".join(ran[3 + 3 * k : 6 + 3 * k]) for k in range(6)]  # after one warm-up forward each
     assert ran[:3] == ["a", "b", "c"] and sorted(rounds) == ["abc", "acb", "bac", "bca", "cab", "cba"]
+
+
+def test_past_four_models_each_round_is_a_shuffled_order_of_all_of_them() -> None:
+    ran: list[str] = []
+
+    def model(name: str) -> Any:
+        return lambda *inputs: ran.append(name)
+
+    names = "abcde"
+    slim.latencies_in_turn([model(name) for name in names], (), slim.MODELS["cnn"], 8)
+    rounds = ["".join(ran[5 + 5 * k : 10 + 5 * k]) for k in range(8)]
+    assert all(sorted(order) == list(names) for order in rounds)
+    assert len(set(rounds)) > 1 and len({order[0] for order in rounds}) > 1  # not the same order every round
+
+
+def test_every_latency_comes_from_one_process_per_model_timing_all_libraries_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = tmp_path / "benchmarks.md"
+    untimed = {key: value for key, value in MINE.items() if not key.startswith("latency")}
+    tools = slim.tools_for("resnet50")
+    timed_calls: list[tuple[str, list[str], list[str]]] = []
+
+    def fake_run(name: str, tool: str, quick: bool, sweep: bool = False, timeout: float = 0) -> dict[str, Any]:
+        if sweep:
+            return {
+                "sweep": [{"ratio": 0.3, "seconds": 1.0, "params": 700}, {"ratio": 0.5, "seconds": 1.0, "params": 300}]
+            }
+        return {"params": 1000, "macs": 4000} if tool == slim.ORIGINAL else dict(untimed)
+
+    def fake_latency(name: str, tools: list[str], swept: list[str], quick: bool, timeout: float) -> dict[str, Any]:
+        timed_calls.append((name, tools, swept))
+        in_turn = {"original_latency_1": 0.3, "latency_1": 0.1, "original_latency_32": 6.0, "latency_32": 2.0}
+        return {
+            "results": {
+                slim.ORIGINAL: {"latency_1": 0.3, "latency_32": 6.0},
+                **{tool: dict(in_turn) for tool in tools},
+            },
+            "sweeps": {
+                tool: [
+                    {"ratio": 0.3, "latency": 0.2, "original_latency": 0.4},
+                    {"ratio": 0.5, "latency": 0.1, "original_latency": 0.4},
+                ]
+                for tool in swept
+            },
+        }
+
+    monkeypatch.setattr(slim, "run_in_subprocess", fake_run)
+    monkeypatch.setattr(slim, "latency_in_subprocess", fake_latency)
+    assert slim.main(["--models", "resnet50", "--output", str(page)]) == 0
+    assert timed_calls == [
+        (
+            "resnet50",
+            [tool for tool in tools if tool != slim.ORIGINAL],
+            slim.sweep_tools("resnet50", {"resnet50": {tool: untimed for tool in tools}}),
+        )
+    ]
+    text = page.read_text()
+    resnet = slim.MODELS["resnet50"].title
+    assert "| 300.0 ms | - |" in _row(text, resnet, "original")
+    # the speed-up against the original timed in the same rounds: 0.3 / 0.1 and 6.0 / 2.0
+    assert "| 100.0 ms | x3.00 | 2.00 s | x3.00 |" in _row(text, resnet, "prunereg")
+    assert _row(text, resnet, "prunereg", "0.3").endswith("| 200.0 ms | x2.00 |")  # the sweep's original: 0.4 s
