@@ -335,6 +335,10 @@ def coupling(kind: str, where: str) -> str:
 class _Builder:
     def __init__(self, exported: Captured, pinned: tuple[str, ...], fused: set[str], grouped: str) -> None:
         self.exported = exported
+        self.input_specs = {
+            spec.arg.name: spec for spec in exported.graph_signature.input_specs if hasattr(spec.arg, "name")
+        }
+        """Each placeholder's input spec (parameter, buffer, user input), by the placeholder's name."""
         self.grouped = grouped
         self.pinned_modules = pinned
         self.fused = fused
@@ -349,13 +353,11 @@ class _Builder:
 
     # -- running ------------------------------------------------------------------------------------------------
     def run(self) -> None:
-        signature = self.exported.graph_signature
-        kinds = {spec.arg.name: spec for spec in signature.input_specs if hasattr(spec.arg, "name")}
         for node in self.exported.graph.nodes:
             self.node = node
             self.ids.coupling = None
             if node.op == "placeholder":
-                self.env[node] = self._placeholder(node, kinds.get(node.name))
+                self.env[node] = self._placeholder(node, self.input_specs.get(node.name))
             elif node.op == "call_function":
                 _refuse_symbolic(node, self)
                 self.ids.coupling = self._coupling(node)
@@ -1048,7 +1050,6 @@ def _mark_producer(b: _Builder, arg: Any, dim: int, *, reads: bool = False) -> N
     # a node; the dimension carrying ``dim``'s positions there (None: not found yet); whether only
     # dimension-keeping operations led there from ``arg``
     stack: list[tuple[Any, int | None, bool]] = [(arg, dim, True)]
-    names = {spec.arg.name: spec.target for spec in b.exported.graph_signature.input_specs if hasattr(spec.arg, "name")}
     while stack and len(seen) < _MOST_FOLLOWED:
         current, at, direct = stack.pop()
         if not isinstance(current, Node) or (current, at, direct) in seen:
@@ -1057,7 +1058,7 @@ def _mark_producer(b: _Builder, arg: Any, dim: int, *, reads: bool = False) -> N
         if at is None and wanted is not None:
             at = _carrying(b, current, wanted)
         if current.op == "placeholder":
-            target = names.get(current.name)
+            target = getattr(b.input_specs.get(current.name), "target", None)
             if not isinstance(target, str) or target not in b.graph.tensors:
                 continue
             if direct and len(_shape(current)) == len(_shape(arg)):

@@ -105,8 +105,12 @@ def _by_class(model: nn.Module, touched: set[str]) -> list[str]:
     changed: list[str] = []
     if not _RULES:
         return changed
+    above_touched = {""} if touched else set()  # a touched module, and every module holding one
+    for name in touched:
+        parts = name.split(".")
+        above_touched.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
     for path, module in model.named_modules():
-        if not any(name == path or name.startswith(path + ".") or not path for name in touched):
+        if path not in above_touched:
             continue
         for cls in type(module).__mro__:
             rules = _RULES.get(_qualified(cls))
