@@ -259,21 +259,6 @@ def macs(model: Any, inputs: tuple[Any, ...], spec: Model) -> int:
     return counter.get_total_flops() // 2
 
 
-def latency(model: Any, inputs: tuple[Any, ...], spec: Model, repeats: int) -> float:
-    """Median seconds of ``repeats`` forwards after one warm-up, under no_grad."""
-    import torch
-
-    kwargs = dict(spec.forward)
-    times = []
-    with torch.no_grad():
-        model(*inputs, **kwargs)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(*inputs, **kwargs)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def latencies_in_turn(models: list[Any], inputs: tuple[Any, ...], spec: Model, repeats: int) -> list[float]:
     """Median seconds of each model's forwards, taken in turn (one forward of each per round) after a warm-up each.
 
