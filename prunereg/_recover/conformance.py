@@ -123,12 +123,13 @@ def _block_data(student: _TinyLM, teacher: _TinyLM, batches: list[Tensor], metho
         BlockInputs([teacher.embed(ids) for ids in batches], [()] * len(batches), [{}] * len(batches)),
         attention="attention_residual" in method.STATISTICS,
     )
+    dense_inputs = list(trajectory.inputs.hidden) if method.reads_dense_inputs else None
     targets, attention = trajectory.run((0,))
     parts = block_parts(student.block, _CONFIG)
     return RecoveryBlock(
         student.block, 0, (0,), inputs, targets, writers=parts.writers, mlp=parts.mlp,
         changed=changed_parts(parts, student.block, teacher.block), attention_targets=attention,
-        masks=zero_masks(student.block), seed=_SEED,
+        masks=zero_masks(student.block), seed=_SEED, dense_inputs=dense_inputs,
     )  # fmt: skip
 
 

@@ -76,6 +76,15 @@ class RecoveryMethod:
         """The writer kinds (``"mlp"``, ``"attention"``) whose bias the engine switches on where the config can."""
         return frozenset()
 
+    @property
+    def reads_dense_inputs(self) -> bool:
+        """Whether the engine keeps each block's dense inputs for :meth:`RecoveryBlock.forward`'s ``dense_inputs``.
+
+        They cost one more set of the calibration's hidden states while a block
+        is recovered, so the engine keeps them only for a method that says so.
+        """
+        return False
+
     def recover_block(self, block: RecoveryBlock) -> str | None:
         """Change ``block.module``'s parameters in place so that its outputs come closer to ``block``'s targets.
 

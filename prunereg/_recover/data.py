@@ -110,7 +110,11 @@ class RecoveryBlock:
       ``changed``: the parts (``"attention"``, ``"mlp"``) whose tensors are
       no longer the teacher block's (narrowed, pruned, recovered before);
     - :meth:`forward` runs it on calibration batch ``b`` (the student's
-      trajectory), :meth:`target` is the dense model's output there;
+      trajectory), :meth:`target` is the dense model's output there; with
+      ``dense_inputs=True`` it runs on the hidden states the dense model's
+      block read to give that target (:meth:`dense_input`: kept by the
+      engine for a method whose :attr:`~prunereg.RecoveryMethod.reads_dense_inputs`
+      says so; where the targets came from the student's own inputs, those);
       :meth:`loss` the mean squared error between the two over the calibration set;
     - :meth:`writer` the projections whose outputs the block adds to its
       residual stream as they are (``"attention"``: ``o_proj``, ``"mlp"``:
@@ -143,9 +147,14 @@ class RecoveryBlock:
         show_progress: bool | None = False,
         label: str = "",
         ranks: Ranks | None = None,
+        dense_inputs: list[Tensor] | None = None,
     ) -> None:
         if len(inputs) != len(targets) or not targets:
             raise ValueError(f"a block needs one target per calibration batch: {len(inputs)} and {len(targets)}")
+        if dense_inputs is not None and len(dense_inputs) != len(targets):
+            raise ValueError(
+                f"a block needs one dense input per calibration batch: {len(dense_inputs)} and {len(targets)}"
+            )
         self.module = module
         self.index = index
         self.teacher_indices = teacher_indices
@@ -156,6 +165,7 @@ class RecoveryBlock:
         self.ranks = ranks
         self._inputs = inputs
         self._targets = targets
+        self._dense_inputs = dense_inputs
         self._attention_targets = attention_targets
         self._candidates = writers
         self._checked: dict[str, nn.Module | None] = {}
@@ -195,21 +205,41 @@ class RecoveryBlock:
         """How many of the teacher's blocks right after this one the model no longer has."""
         return len(self.teacher_indices) - 1
 
-    def forward(self, batch: int, *, dtype: torch.dtype | None = None) -> Tensor:
+    def forward(self, batch: int, *, dtype: torch.dtype | None = None, dense_inputs: bool = False) -> Tensor:
         """The block's output on calibration batch ``batch`` (its floating inputs as ``dtype`` if given).
 
-        Runs in the caller's grad mode: a training method calls it under ``torch.enable_grad()``.
+        ``dense_inputs``: on :meth:`dense_input` (what the dense block read to give
+        the target) rather than on the student's trajectory; the other arguments
+        (position embeddings, masks) are the batch's own either way. Runs in the
+        caller's grad mode: a training method calls it under ``torch.enable_grad()``.
         """
         inputs = self._inputs
-        if dtype is None:
+        hidden = self.dense_input(batch) if dense_inputs else inputs.hidden[batch]
+        if dtype is None and hidden is inputs.hidden[batch]:
             return call_block(self.module, inputs, batch)
-        one = BlockInputs([inputs.hidden[batch].to(dtype)], [_cast(inputs.args[batch], dtype)])
-        one.kwargs.append(_cast(inputs.kwargs[batch], dtype))
+        one = BlockInputs(
+            [hidden if dtype is None else hidden.to(dtype)],
+            [_cast(inputs.args[batch], dtype)],
+            [_cast(inputs.kwargs[batch], dtype)],
+        )
         return call_block(self.module, one, 0)
 
     def block_input(self, batch: int) -> Tensor:
         """The hidden states the block reads on calibration batch ``batch`` (the student's trajectory)."""
         return self._inputs.hidden[batch]
+
+    def dense_input(self, batch: int) -> Tensor:
+        """The hidden states the dense model's block read to give :meth:`target` on batch ``batch``.
+
+        Those the engine kept for a method that :attr:`~prunereg.RecoveryMethod.reads_dense_inputs`
+        (on the student's inputs' device and in their dtype); where it kept none
+        (the targets came from the student's own inputs, or the method did not
+        ask), the student's.
+        """
+        own = self._inputs.hidden[batch]
+        if self._dense_inputs is None:
+            return own
+        return self._dense_inputs[batch].to(device=own.device, dtype=own.dtype)
 
     def output_of(self, module: nn.Module, batch: int) -> Tensor:
         """What ``module`` (a module inside the block) outputs when the block runs on calibration batch ``batch``."""

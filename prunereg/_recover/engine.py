@@ -231,8 +231,10 @@ class RecoverJob:
         label = f"{self.method_name} {self.blocks_path}"
         for index in progress_bar(range(len(self.blocks)), label=label, enabled=self.options.progress):
             span = self.matching.spans[index]
+            # the teacher's inputs to the span, as they are before it runs (it replaces them batch by batch)
+            dense_inputs = list(teacher.inputs.hidden) if self.method.reads_dense_inputs else None
             targets, attention = teacher.run(span)
-            block = self._block_data(index, span, student_inputs, targets, attention)
+            block = self._block_data(index, span, student_inputs, targets, attention, dense_inputs)
             try:
                 step, outputs = recover_block(self.method, block)
             except BaseException as error:
@@ -241,7 +243,7 @@ class RecoverJob:
             check_ranks_agree(self.ranks, block)
             report.steps.append(step)
             student_inputs.hidden = outputs
-            del block, targets, attention
+            del block, targets, attention, dense_inputs
 
     def _block_data(
         self,
@@ -250,6 +252,7 @@ class RecoverJob:
         inputs: BlockInputs,
         targets: list[Tensor],
         attention: list[Tensor] | None,
+        dense_inputs: list[Tensor] | None,
     ) -> RecoveryBlock:
         module = self.blocks[index]
         parts = block_parts(module, getattr(self.model, "config", None))
@@ -269,6 +272,7 @@ class RecoverJob:
             show_progress=self.options.progress,
             label=f"{self.blocks_path}.{index}",
             ranks=self.ranks,
+            dense_inputs=dense_inputs,
         )
 
 

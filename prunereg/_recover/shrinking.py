@@ -225,7 +225,18 @@ class Recovering(BlockFollower):
         finally:
             handle.remove()
 
-    def follow(self, index: int, block: nn.Module, inputs: BlockInputs, dense: list[Tensor]) -> list[Tensor]:
+    @property
+    def reads_dense_inputs(self) -> bool:
+        return self.method.reads_dense_inputs
+
+    def follow(
+        self,
+        index: int,
+        block: nn.Module,
+        inputs: BlockInputs,
+        dense: list[Tensor],
+        dense_inputs: list[Tensor] | None = None,
+    ) -> list[Tensor]:
         assert self._parts is not None
         parts = self._parts
         changed = frozenset(kind for kind, owner in parts.owners.items() if _tensors(owner) != self._before[kind])
@@ -240,7 +251,7 @@ class Recovering(BlockFollower):
         data = RecoveryBlock(
             block, index, (index,), inputs, dense, writers=block_parts(block, self._config).writers, mlp=parts.mlp,
             changed=changed, attention_targets=attention, masks=zero_masks(block), show_progress=self.progress,
-            label=f"{self.report.blocks_path}.{index}", ranks=self.ranks,
+            label=f"{self.report.blocks_path}.{index}", ranks=self.ranks, dense_inputs=dense_inputs,
         )  # fmt: skip
         step, outputs = recover_block(self.method, data)
         _put_back_unchanged(originals)

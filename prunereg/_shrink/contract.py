@@ -174,7 +174,9 @@ class BlockFollower:
     calls :meth:`start` with the first block's inputs, :meth:`watching` around
     each block's pass before its cut (to watch inside it), then :meth:`follow`
     with the cut block, the inputs along the shrunk model's trajectory and the
-    dense outputs: it returns the cut block's outputs, which feed the next
+    dense outputs (and, for a follower whose :attr:`reads_dense_inputs` is true,
+    the inputs those outputs came from where they are not the shrunk
+    trajectory's): it returns the cut block's outputs, which feed the next
     block. :meth:`finish` runs after the last block. The engine puts back what a
     follower changed in the blocks and the config when the run fails.
 
@@ -183,6 +185,11 @@ class BlockFollower:
     notes there what :meth:`finish` needs, and a parameter :meth:`finish` sets
     to None (a bias taken back) is deleted from the written shards.
     """
+
+    @property
+    def reads_dense_inputs(self) -> bool:
+        """Whether :meth:`follow` wants the dense block's inputs (kept alive through it: one more set of them)."""
+        return False
 
     def over_ranks(self, ranks: Ranks, n_batches: int) -> None:
         """Under torch.distributed, before the pass: work on this rank's share of the ``n_batches`` and combine
@@ -197,9 +204,18 @@ class BlockFollower:
         return nullcontext()
 
     def follow(
-        self, index: int, block: torch.nn.Module, inputs: BlockInputs, dense: list[torch.Tensor]
+        self,
+        index: int,
+        block: torch.nn.Module,
+        inputs: BlockInputs,
+        dense: list[torch.Tensor],
+        dense_inputs: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """Work on cut block ``index`` given its ``inputs`` and the dense block's outputs: its outputs per batch."""
+        """Work on cut block ``index`` given its ``inputs`` and the dense block's outputs: its outputs per batch.
+
+        ``dense_inputs``: the hidden states the dense outputs came from, where the
+        follower :attr:`reads_dense_inputs` and they are not ``inputs`` (None: ``inputs``').
+        """
         raise NotImplementedError
 
     def finish(self, model: torch.nn.Module) -> None:

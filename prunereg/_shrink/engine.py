@@ -326,10 +326,13 @@ class ShrinkJob:
         with self.follower.watching(index, block):
             observation = self._observe(index, inputs, keep_outputs=True)
         result = self._cut_block(index, observation, journal)
-        if student is not inputs:  # the dense inputs are done with: not kept alive while the follower works
+        dense_inputs = None
+        if student is not inputs:  # the dense inputs are done with (unless the follower reads them): let go
+            dense_inputs = inputs.hidden if self.follower.reads_dense_inputs else None
             inputs.hidden = observation.outputs
         with _config_as(self.model.config, self.width):  # a method's own errors pass as they are
-            outputs = self.follower.follow(index, block, student, observation.outputs)
+            outputs = self.follower.follow(index, block, student, observation.outputs, dense_inputs)
+        del dense_inputs
         student.hidden = outputs
         weights.done(index, block, pruned=True)
         return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
@@ -66,3 +67,95 @@ def test_bad_options_are_refused() -> None:
     for options, message in (({"epochs": 0}, "epochs must be an int >= 1"), ({"lr": 0}, "lr must be a number > 0")):
         with pytest.raises(ValueError, match=message):
             prunereg.get("blockwise")(**options)
+
+
+class _ReadsDenseInputs(prunereg.RecoveryMethod):
+    """Changes nothing; records each block's dense inputs, its own, and its outputs on both."""
+
+    def __init__(self, asks: bool = True) -> None:
+        self.asks = asks
+        self.seen: list[dict[str, list[torch.Tensor]]] = []
+
+    @property
+    def reads_dense_inputs(self) -> bool:
+        return self.asks
+
+    def recover_block(self, block: prunereg.RecoveryBlock) -> str | None:
+        batches = range(block.n_batches)
+        self.seen.append({
+            "dense": [block.dense_input(b) for b in batches],
+            "own": [block.block_input(b) for b in batches],
+            "on dense": [block.forward(b, dense_inputs=True) for b in batches],
+            "on own": [block.forward(b) for b in batches],
+        })  # fmt: skip
+        return None
+
+
+def _teacher_inputs(teacher: nn.Module, batches: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Per decoder block of ``teacher``, the hidden states it reads on each batch (forward pre-hooks)."""
+    seen: list[list[torch.Tensor]] = [[] for _ in teacher.model.layers]
+
+    def keeper(into: list[torch.Tensor]) -> Any:
+        def keep(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            into.append(args[0] if args else kwargs["hidden_states"])
+
+        return keep
+
+    hooks = [
+        layer.register_forward_pre_hook(keeper(seen[i]), with_kwargs=True)
+        for i, layer in enumerate(teacher.model.layers)
+    ]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                teacher(batch, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def test_a_method_reading_dense_inputs_gets_the_teachers_inputs_to_each_block_and_runs_on_them() -> None:
+    model, teacher = _shrunk()
+    spy = _ReadsDenseInputs()
+    prunereg.recover(model, teacher, IDS, spy, batch_size=4, progress=False)
+    expected = _teacher_inputs(copy.deepcopy(teacher), list(IDS.split(4)))
+    assert len(spy.seen) == len(expected) == 3
+    for seen, inputs in zip(spy.seen, expected, strict=True):
+        for got, want in zip(seen["dense"], inputs, strict=True):
+            torch.testing.assert_close(got, want)
+    first, last = spy.seen[0], spy.seen[-1]
+    # the first block reads the embeddings either way; after a narrowed block the trajectories part
+    assert all(torch.equal(a, b) for a, b in zip(first["on dense"], first["on own"], strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(last["dense"], last["own"], strict=True))
+    assert not any(torch.allclose(a, b) for a, b in zip(last["on dense"], last["on own"], strict=True))
+
+
+def test_a_method_not_asking_for_dense_inputs_is_given_its_own_there() -> None:
+    model, teacher = _shrunk()
+    spy = _ReadsDenseInputs(asks=False)
+    prunereg.recover(model, teacher, IDS, spy, batch_size=4, progress=False)
+    assert all(d is o for seen in spy.seen for d, o in zip(seen["dense"], seen["own"], strict=True))
+
+
+def test_with_dense_inputs_each_block_still_improves_repeats_under_its_seed_and_differs_from_without() -> None:
+    runs, reports = [], []
+    for dense_inputs in (True, True, False):
+        model, teacher = _shrunk()
+        method = prunereg.get("blockwise")(epochs=5, dense_inputs=dense_inputs)
+        reports.append(prunereg.recover(model, teacher, IDS, method, seed=3, progress=False))
+        runs.append(model.state_dict())
+    assert all(torch.equal(runs[0][name], runs[1][name]) for name in runs[0])
+    assert not all(torch.equal(runs[0][name], runs[2][name]) for name in runs[0])
+    for step in reports[0].steps:  # on the student's own trajectory, which it trains on half the time
+        assert step.loss_after < 0.9 * step.loss_before, step
+        assert "alternate batches on the dense inputs" in step.note
+    assert (
+        repr(prunereg.get("blockwise")(epochs=5, dense_inputs=True))
+        == "Blockwise(epochs=5, lr=0.001, dense_inputs=True)"
+    )
+
+
+def test_dense_inputs_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="dense_inputs must be True or False, not 'yes'"):
+        prunereg.get("blockwise")(dense_inputs="yes")

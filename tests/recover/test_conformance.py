@@ -16,7 +16,7 @@ from prunereg.testing import check_recovery_method
 @pytest.mark.parametrize(
     ("name", "options"),
     [("refit", {}), ("refit", {"writers": "mlp", "ridge": 0.0}), ("replace", {}), ("blockwise", {"epochs": 2}),
-     ("distill", {"max_tokens": 32})],
+     ("blockwise", {"epochs": 2, "dense_inputs": True}), ("distill", {"max_tokens": 32})],
 )  # fmt: skip
 def test_the_built_in_methods_keep_the_contract(name: str, options: dict) -> None:  # type: ignore[type-arg]
     check_recovery_method(name, **options)

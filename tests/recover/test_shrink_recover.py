@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import prunereg
 from tests.recover.models import assert_unchanged, logits, snapshot
 from tests.shrink.models import build, calibration_ids
+from tests.support import tiny_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -193,3 +194,70 @@ def test_a_configured_recovery_method_runs_with_its_options_as_shrink_then_recov
     prunereg.shrink(default, "flap", calibration_ids(), mlp=0.5, recover="refit", progress=False)
     down = "model.layers.0.mlp.down_proj.weight"
     assert not torch.allclose(default.state_dict()[down], shrunk.state_dict()[down])  # the option took effect
+
+
+class _ReadsDenseInputs(prunereg.RecoveryMethod):
+    """Changes nothing; records each block's dense inputs and its own."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+
+    @property
+    def reads_dense_inputs(self) -> bool:
+        return True
+
+    def recover_block(self, block: prunereg.RecoveryBlock) -> str | None:
+        batches = range(block.n_batches)
+        self.seen.append(([block.dense_input(b) for b in batches], [block.block_input(b) for b in batches]))
+        return None
+
+
+def test_in_shrinking_a_method_reading_dense_inputs_gets_the_dense_models_inputs_to_each_block() -> None:
+    # FLAP observes the dense model: shrinking's pass runs each block on the dense trajectory before its cut
+    ids = tiny_lm.calibration_ids(16, 16)
+    model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
+    dense = copy.deepcopy(model)
+    spy = _ReadsDenseInputs()
+    prunereg.shrink(model, "flap", ids, mlp=0.5, recover=spy, batch_size=4, progress=False)
+    expected: list[list[torch.Tensor]] = [[] for _ in range(3)]
+    hooks = [
+        layer.register_forward_pre_hook(lambda _, args, i=i: expected[i].append(args[0]))
+        for i, layer in enumerate(dense.model.layers)
+    ]
+    with torch.no_grad():
+        for batch in ids.split(4):
+            dense(batch, use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    assert len(spy.seen) == 3
+    for (got, _own), want in zip(spy.seen, expected, strict=True):
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+    assert not any(torch.equal(a, b) for a, b in zip(*spy.seen[-1], strict=True))  # not the shrunk trajectory
+
+
+def test_blockwise_on_dense_inputs_in_shrinking_differs_from_blockwise_on_its_own_inputs() -> None:
+    ids = tiny_lm.calibration_ids(16, 16)
+    runs = []
+    for dense_inputs in (True, False):
+        model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
+        method = prunereg.get("blockwise")(epochs=2, dense_inputs=dense_inputs)
+        report = prunereg.shrink(model, "flap", ids, mlp=0.5, recover=method, progress=False)
+        assert all(step.changed for step in report.recovery.steps)
+        runs.append(model.state_dict())
+    down = "model.layers.{}.mlp.down_proj.weight"
+    assert torch.equal(runs[0][down.format(0)], runs[1][down.format(0)])  # block 0: the same inputs either way
+    assert not torch.allclose(runs[0][down.format(2)], runs[1][down.format(2)])
+
+
+def test_where_shrinking_runs_on_the_shrunk_trajectory_the_dense_inputs_are_the_blocks_own() -> None:
+    # wanda_sp observes the shrunk model: each dense output came from the block's own inputs
+    ids = tiny_lm.calibration_ids(16, 16)
+    runs = []
+    for dense_inputs in (True, False):
+        model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
+        method = prunereg.get("blockwise")(epochs=2, dense_inputs=dense_inputs)
+        report = prunereg.shrink(model, "wanda_sp", ids, mlp=0.5, recover=method, progress=False)
+        assert all(step.changed for step in report.recovery.steps)
+        runs.append(model.state_dict())
+    assert all(torch.equal(runs[0][name], runs[1][name]) for name in runs[0])
