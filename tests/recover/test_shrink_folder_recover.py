@@ -24,6 +24,8 @@ CASES = [
     ("flap", "refit", {"mlp": 0.5, "steps": 2}),
     ("wanda_sp", "refit", {"mlp": 0.75, "heads": 0.5, "steps": 3}),
     pytest.param("wanda_sp", "blockwise", {"mlp": 0.5}, marks=pytest.mark.slow),  # trained with Adam, seeded
+    # trained on the dense trajectory's inputs too, which the streamed pass keeps as the in-memory one does
+    pytest.param("flap", prunereg.get("blockwise")(dense_inputs=True), {"mlp": 0.5}, marks=pytest.mark.slow),
 ]
 
 
