@@ -36,7 +36,9 @@ def test_quick_run_writes_a_report(tmp_path: Path) -> None:
     row = next(line for line in report.splitlines() if line.startswith("| l1_unstructured float32 |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[1] == "512x512"
-    assert cells[2].endswith("ms") and cells[3].endswith("ms") and cells[4].endswith("x")  # both libraries timed
+    for cell in cells[2:4]:  # both libraries timed, in the unit that reads best (a fast machine: microseconds)
+        assert re.fullmatch(r"[\d.]+ (us|ms|s)", cell), cell
+    assert cells[4].endswith("x")
     assert "| torch | " in report and "load average" in report
     assert report.endswith("\n" + kept)  # another script's section survives, still last
     assert "## An old table\n\nreplaced" in report  # --only keeps the sections it did not measure
