@@ -53,3 +53,49 @@ def assert_unchanged(model: nn.Module, before: tuple[dict[str, torch.Tensor], di
     if hasattr(model, "config"):
         assert model.config.to_dict() == config
     assert [module.training for module in model.modules()] == modes
+
+
+class DenseInputsSpy(prunereg.RecoveryMethod):
+    """Changes nothing; records each block's dense inputs and its own, and its outputs on both (per batch)."""
+
+    def __init__(self, asks: bool = True) -> None:
+        self.asks = asks
+        self.seen: list[dict[str, list[torch.Tensor]]] = []
+
+    @property
+    def reads_dense_inputs(self) -> bool:
+        return self.asks
+
+    def recover_block(self, block: prunereg.RecoveryBlock) -> str | None:
+        batches = range(block.n_batches)
+        self.seen.append({
+            "dense": [block.dense_input(b) for b in batches],
+            "own": [block.block_input(b) for b in batches],
+            "on dense": [block.forward(b, dense_inputs=True) for b in batches],
+            "on own": [block.forward(b) for b in batches],
+        })  # fmt: skip
+        return None
+
+
+def block_inputs(model: nn.Module, batches: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Per decoder block of ``model`` (``model.model.layers``), the hidden states it reads on each batch."""
+    seen: list[list[torch.Tensor]] = [[] for _ in model.model.layers]
+
+    def keeper(into: list[torch.Tensor]) -> Any:
+        def keep(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            into.append(args[0] if args else kwargs["hidden_states"])
+
+        return keep
+
+    hooks = [
+        layer.register_forward_pre_hook(keeper(into), with_kwargs=True)
+        for layer, into in zip(model.model.layers, seen, strict=True)
+    ]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                model(batch, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 
 import prunereg
+from tests.recover.models import DenseInputsSpy, block_inputs
 from tests.support.tiny_lm import calibration_ids, tiny_llama
 
 IDS = calibration_ids(16, 16)
@@ -69,57 +69,11 @@ def test_bad_options_are_refused() -> None:
             prunereg.get("blockwise")(**options)
 
 
-class _ReadsDenseInputs(prunereg.RecoveryMethod):
-    """Changes nothing; records each block's dense inputs, its own, and its outputs on both."""
-
-    def __init__(self, asks: bool = True) -> None:
-        self.asks = asks
-        self.seen: list[dict[str, list[torch.Tensor]]] = []
-
-    @property
-    def reads_dense_inputs(self) -> bool:
-        return self.asks
-
-    def recover_block(self, block: prunereg.RecoveryBlock) -> str | None:
-        batches = range(block.n_batches)
-        self.seen.append({
-            "dense": [block.dense_input(b) for b in batches],
-            "own": [block.block_input(b) for b in batches],
-            "on dense": [block.forward(b, dense_inputs=True) for b in batches],
-            "on own": [block.forward(b) for b in batches],
-        })  # fmt: skip
-        return None
-
-
-def _teacher_inputs(teacher: nn.Module, batches: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Per decoder block of ``teacher``, the hidden states it reads on each batch (forward pre-hooks)."""
-    seen: list[list[torch.Tensor]] = [[] for _ in teacher.model.layers]
-
-    def keeper(into: list[torch.Tensor]) -> Any:
-        def keep(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            into.append(args[0] if args else kwargs["hidden_states"])
-
-        return keep
-
-    hooks = [
-        layer.register_forward_pre_hook(keeper(seen[i]), with_kwargs=True)
-        for i, layer in enumerate(teacher.model.layers)
-    ]
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                teacher(batch, use_cache=False)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return seen
-
-
 def test_a_method_reading_dense_inputs_gets_the_teachers_inputs_to_each_block_and_runs_on_them() -> None:
     model, teacher = _shrunk()
-    spy = _ReadsDenseInputs()
+    spy = DenseInputsSpy()
     prunereg.recover(model, teacher, IDS, spy, batch_size=4, progress=False)
-    expected = _teacher_inputs(copy.deepcopy(teacher), list(IDS.split(4)))
+    expected = block_inputs(copy.deepcopy(teacher), list(IDS.split(4)))
     assert len(spy.seen) == len(expected) == 3
     for seen, inputs in zip(spy.seen, expected, strict=True):
         for got, want in zip(seen["dense"], inputs, strict=True):
@@ -133,7 +87,7 @@ def test_a_method_reading_dense_inputs_gets_the_teachers_inputs_to_each_block_an
 
 def test_a_method_not_asking_for_dense_inputs_is_given_its_own_there() -> None:
     model, teacher = _shrunk()
-    spy = _ReadsDenseInputs(asks=False)
+    spy = DenseInputsSpy(asks=False)
     prunereg.recover(model, teacher, IDS, spy, batch_size=4, progress=False)
     assert all(d is o for seen in spy.seen for d, o in zip(seen["dense"], seen["own"], strict=True))
 

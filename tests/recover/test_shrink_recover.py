@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import prunereg
-from tests.recover.models import assert_unchanged, logits, snapshot
+from tests.recover.models import DenseInputsSpy, assert_unchanged, block_inputs, logits, snapshot
 from tests.shrink.models import build, calibration_ids
 from tests.support import tiny_lm
 
@@ -196,68 +196,38 @@ def test_a_configured_recovery_method_runs_with_its_options_as_shrink_then_recov
     assert not torch.allclose(default.state_dict()[down], shrunk.state_dict()[down])  # the option took effect
 
 
-class _ReadsDenseInputs(prunereg.RecoveryMethod):
-    """Changes nothing; records each block's dense inputs and its own."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
-
-    @property
-    def reads_dense_inputs(self) -> bool:
-        return True
-
-    def recover_block(self, block: prunereg.RecoveryBlock) -> str | None:
-        batches = range(block.n_batches)
-        self.seen.append(([block.dense_input(b) for b in batches], [block.block_input(b) for b in batches]))
-        return None
-
-
 def test_in_shrinking_a_method_reading_dense_inputs_gets_the_dense_models_inputs_to_each_block() -> None:
     # FLAP observes the dense model: shrinking's pass runs each block on the dense trajectory before its cut
     ids = tiny_lm.calibration_ids(16, 16)
     model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
-    dense = copy.deepcopy(model)
-    spy = _ReadsDenseInputs()
+    expected = block_inputs(copy.deepcopy(model), list(ids.split(4)))
+    spy = DenseInputsSpy()
     prunereg.shrink(model, "flap", ids, mlp=0.5, recover=spy, batch_size=4, progress=False)
-    expected: list[list[torch.Tensor]] = [[] for _ in range(3)]
-    hooks = [
-        layer.register_forward_pre_hook(lambda _, args, i=i: expected[i].append(args[0]))
-        for i, layer in enumerate(dense.model.layers)
-    ]
-    with torch.no_grad():
-        for batch in ids.split(4):
-            dense(batch, use_cache=False)
-    for hook in hooks:
-        hook.remove()
     assert len(spy.seen) == 3
-    for (got, _own), want in zip(spy.seen, expected, strict=True):
-        for a, b in zip(got, want, strict=True):
+    for seen, want in zip(spy.seen, expected, strict=True):
+        for a, b in zip(seen["dense"], want, strict=True):
             torch.testing.assert_close(a, b)
-    assert not any(torch.equal(a, b) for a, b in zip(*spy.seen[-1], strict=True))  # not the shrunk trajectory
+    last = spy.seen[-1]
+    assert not any(torch.equal(a, b) for a, b in zip(last["dense"], last["own"], strict=True))  # not the shrunk one
+
+
+def _blockwise_in_shrinking(method: str, dense_inputs: bool) -> dict[str, torch.Tensor]:
+    """A 3-block Llama's weights after ``method`` halves its MLP with ``blockwise`` (2 epochs) in the same pass."""
+    model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
+    recover = prunereg.get("blockwise")(epochs=2, dense_inputs=dense_inputs)
+    report = prunereg.shrink(model, method, tiny_lm.calibration_ids(16, 16), mlp=0.5, recover=recover, progress=False)
+    assert all(step.changed for step in report.recovery.steps)
+    return model.state_dict()
 
 
 def test_blockwise_on_dense_inputs_in_shrinking_differs_from_blockwise_on_its_own_inputs() -> None:
-    ids = tiny_lm.calibration_ids(16, 16)
-    runs = []
-    for dense_inputs in (True, False):
-        model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
-        method = prunereg.get("blockwise")(epochs=2, dense_inputs=dense_inputs)
-        report = prunereg.shrink(model, "flap", ids, mlp=0.5, recover=method, progress=False)
-        assert all(step.changed for step in report.recovery.steps)
-        runs.append(model.state_dict())
+    with_dense, without = (_blockwise_in_shrinking("flap", dense_inputs) for dense_inputs in (True, False))
     down = "model.layers.{}.mlp.down_proj.weight"
-    assert torch.equal(runs[0][down.format(0)], runs[1][down.format(0)])  # block 0: the same inputs either way
-    assert not torch.allclose(runs[0][down.format(2)], runs[1][down.format(2)])
+    assert torch.equal(with_dense[down.format(0)], without[down.format(0)])  # block 0: the same inputs either way
+    assert not torch.allclose(with_dense[down.format(2)], without[down.format(2)])
 
 
 def test_where_shrinking_runs_on_the_shrunk_trajectory_the_dense_inputs_are_the_blocks_own() -> None:
     # wanda_sp observes the shrunk model: each dense output came from the block's own inputs
-    ids = tiny_lm.calibration_ids(16, 16)
-    runs = []
-    for dense_inputs in (True, False):
-        model = tiny_lm.tiny_llama(layers=3, initializer_range=0.1)
-        method = prunereg.get("blockwise")(epochs=2, dense_inputs=dense_inputs)
-        report = prunereg.shrink(model, "wanda_sp", ids, mlp=0.5, recover=method, progress=False)
-        assert all(step.changed for step in report.recovery.steps)
-        runs.append(model.state_dict())
-    assert all(torch.equal(runs[0][name], runs[1][name]) for name in runs[0])
+    with_dense, without = (_blockwise_in_shrinking("wanda_sp", dense_inputs) for dense_inputs in (True, False))
+    assert all(torch.equal(with_dense[name], without[name]) for name in with_dense)
