@@ -35,8 +35,9 @@ class Blockwise(RecoveryMethod):
     is repeated exactly under the same seed. ``dense_inputs``: the batches of
     one parity (odd ones in even epochs, even ones in odd epochs) run on the
     dense model's inputs to the block, the others on the recovered blocks'
-    outputs, so each batch is seen both ways every two epochs at no extra steps. On a masked
-    model the pruned weights get no gradient and are zeroed again after each step.
+    outputs, so each batch is seen both ways every two epochs at no extra
+    steps. On a masked model the pruned weights get no gradient and are zeroed
+    again after each step.
     """
 
     def __init__(self, epochs: int = 1, lr: float = 1e-3, dense_inputs: bool = False) -> None:

@@ -123,7 +123,7 @@ def _block_data(student: _TinyLM, teacher: _TinyLM, batches: list[Tensor], metho
         BlockInputs([teacher.embed(ids) for ids in batches], [()] * len(batches), [{}] * len(batches)),
         attention="attention_residual" in method.STATISTICS,
     )
-    dense_inputs = list(trajectory.inputs.hidden) if method.reads_dense_inputs else None
+    dense_inputs = trajectory.next_inputs() if method.reads_dense_inputs else None
     targets, attention = trajectory.run((0,))
     parts = block_parts(student.block, _CONFIG)
     return RecoveryBlock(

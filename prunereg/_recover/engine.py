@@ -231,8 +231,7 @@ class RecoverJob:
         label = f"{self.method_name} {self.blocks_path}"
         for index in progress_bar(range(len(self.blocks)), label=label, enabled=self.options.progress):
             span = self.matching.spans[index]
-            # the teacher's inputs to the span, as they are before it runs (it replaces them batch by batch)
-            dense_inputs = list(teacher.inputs.hidden) if self.method.reads_dense_inputs else None
+            dense_inputs = teacher.next_inputs() if self.method.reads_dense_inputs else None
             targets, attention = teacher.run(span)
             block = self._block_data(index, span, student_inputs, targets, attention, dense_inputs)
             try:

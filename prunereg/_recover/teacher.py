@@ -25,6 +25,10 @@ class TeacherTrajectory:
         self.inputs = inputs
         self.attention = attention
 
+    def next_inputs(self) -> list[Tensor]:
+        """The hidden states the next span reads, per batch: a list of its own, as :meth:`run` replaces them."""
+        return list(self.inputs.hidden)
+
     def run(self, span: tuple[int, ...]) -> tuple[list[Tensor], list[Tensor] | None]:
         """Advance through the blocks of ``span``: the hidden states after them, and after the first one's attention.
 

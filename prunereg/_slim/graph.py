@@ -1072,10 +1072,7 @@ def _mark_producer(b: _Builder, arg: Any, dim: int, *, reads: bool = False) -> N
 
 def _carrying(b: _Builder, node: Node, wanted: IdArray) -> int | None:
     """The dimension of ``node``'s output whose ids are ``wanted`` (the same positions), if one is."""
-    dims = b.env.get(node)
-    if not isinstance(dims, list) or not all(isinstance(ids, torch.Tensor) for ids in dims):
-        return None
-    for index, ids in enumerate(dims):
+    for index, ids in enumerate(b.dims(node) or ()):
         if ids.shape == wanted.shape and torch.equal(ids, wanted):
             return index
     return None
