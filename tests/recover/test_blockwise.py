@@ -113,3 +113,14 @@ def test_with_dense_inputs_each_block_still_improves_repeats_under_its_seed_and_
 def test_dense_inputs_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="dense_inputs must be True or False, not 'yes'"):
         prunereg.get("blockwise")(dense_inputs="yes")
+
+
+def test_a_block_refuses_dense_inputs_of_another_count_than_its_batches() -> None:
+    from prunereg._runtime.capture import BlockInputs
+
+    hidden = [torch.zeros(1, 2, 4)] * 2
+    with pytest.raises(ValueError, match="a block needs one dense input per calibration batch: 1 and 2"):
+        prunereg.RecoveryBlock(
+            nn.Identity(), 0, (0,), BlockInputs(hidden, [()] * 2, [{}] * 2), hidden, writers={}, mlp=None,
+            dense_inputs=hidden[:1],
+        )  # fmt: skip

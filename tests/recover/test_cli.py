@@ -106,12 +106,25 @@ def test_recover_options_configure_the_recovery_method_and_are_checked_before_lo
         (["--recover-option", "ridge=0.5"], "--recover-option configures the --recover method; give --recover"),
         (["--recover", "refit", "--recover-option", "epochs=2"], "--recover-option: method 'refit'"),
         (["--recover", "blockwise", "--recover-option", "epochs=0"], "--recover-option: epochs must be an int >= 1"),
+        (
+            ["--recover", "blockwise", "--recover-option", "dense_inputs=yes"],
+            "--recover-option: dense_inputs must be True or False, not 'yes'",
+        ),
     ]:
         arguments = _shrink_args(llama_folder, *extra)
         arguments[2] = str(llama_folder / "refused")
         refused = CliRunner().invoke(main, arguments)
         assert refused.exit_code == 2 and message in refused.output, refused.output
         assert not (llama_folder / "refused").exists()
+
+
+def test_blockwise_trains_on_the_dense_inputs_when_the_command_line_says_so(llama_folder: Path) -> None:
+    result = CliRunner().invoke(
+        main, _shrink_args(llama_folder, "--recover", "blockwise", "--recover-option", "dense_inputs=True", "--json")
+    )
+    assert result.exit_code == 0, result.output
+    steps = json.loads(result.stdout)["recovery"]["steps"]
+    assert steps and all("alternate batches on the dense inputs" in step["note"] for step in steps)
 
 
 @pytest.mark.slow
