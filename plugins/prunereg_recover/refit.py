@@ -62,6 +62,9 @@ class Refit(RecoveryMethod):
         writers = repr(AUTO) if self.auto else repr(self.writers)
         return f"Refit(ridge={self.ridge:g}, writers={writers}, bias={self.bias})"
 
+    def reads_attention_residual(self, changed: frozenset[str]) -> bool:
+        return "attention" in self.writers and (not self.auto or "attention" in changed)
+
     @property
     def writer_biases(self) -> frozenset[str]:
         return frozenset(self.writers) if self.bias else frozenset()

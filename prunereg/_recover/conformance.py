@@ -44,8 +44,9 @@ def check_recovery_method(method: str | type, /, *, devices: Sequence[str] | Non
     teacher, and on one with half of each weight pruned to zero:
 
     - the class: a ``RecoveryMethod`` of kind ``recovery`` (the registered kind,
-      for a name), with a known ``SCOPE``, ``STATISTICS`` the engine gathers and
-      ``writer_biases`` among ``"mlp"`` and ``"attention"``;
+      for a name), with a known ``SCOPE``, ``STATISTICS`` the engine gathers,
+      ``writer_biases`` among ``"mlp"`` and ``"attention"``, and
+      ``reads_attention_residual`` a bool for every set of changed parts;
     - the method returns a note (a str) or None, changes parameters' values
       only (no parameter added, removed, replaced, reshaped, cast or moved), and
       leaves every zero of the pruned block zero;
@@ -59,6 +60,10 @@ def check_recovery_method(method: str | type, /, *, devices: Sequence[str] | Non
         unknown = set(instance.writer_biases) - WRITER_KINDS
         if unknown:
             raise AssertionError(f"writer_biases names unknown kinds: {', '.join(sorted(unknown))}")
+        for changed in (frozenset(), *(frozenset({kind}) for kind in WRITER_KINDS), WRITER_KINDS):
+            answer = instance.reads_attention_residual(changed)
+            if not isinstance(answer, bool):
+                raise AssertionError(f"reads_attention_residual({set(changed)}) gave {answer!r}, not a bool")
     for device in devices if devices is not None else default_devices():
         for pruned in (False, True):
             what = f"{'a pruned' if pruned else 'a narrowed'} {'model' if cls.SCOPE == 'model' else 'block'}"
@@ -121,14 +126,14 @@ def _block_data(student: _TinyLM, teacher: _TinyLM, batches: list[Tensor], metho
     trajectory = TeacherTrajectory(
         nn.ModuleList([teacher.block]),
         BlockInputs([teacher.embed(ids) for ids in batches], [()] * len(batches), [{}] * len(batches)),
-        attention="attention_residual" in method.STATISTICS,
     )
     dense_inputs = trajectory.next_inputs() if method.reads_dense_inputs else None
-    targets, attention = trajectory.run((0,))
     parts = block_parts(student.block, _CONFIG)
+    changed = changed_parts(parts, student.block, teacher.block)
+    targets, attention = trajectory.run((0,), attention=method.reads_attention_residual(changed))
     return RecoveryBlock(
         student.block, 0, (0,), inputs, targets, writers=parts.writers, mlp=parts.mlp,
-        changed=changed_parts(parts, student.block, teacher.block), attention_targets=attention,
+        changed=changed, attention_targets=attention,
         masks=zero_masks(student.block), seed=_SEED, dense_inputs=dense_inputs,
     )  # fmt: skip
 

@@ -76,6 +76,17 @@ class RecoveryMethod:
         """The writer kinds (``"mlp"``, ``"attention"``) whose bias the engine switches on where the config can."""
         return frozenset()
 
+    def reads_attention_residual(self, changed: frozenset[str]) -> bool:
+        """Whether the engine keeps the dense residual after attention for a block whose ``changed`` parts these are.
+
+        ``"attention_residual"`` in ``STATISTICS`` asks for it on every block.
+        A method that reads it on some blocks only (an attention refit, where
+        the attention is no longer the dense one) says which here: on the
+        others the engine lets that set of the calibration's hidden states go
+        before the method runs.
+        """
+        return "attention_residual" in self.STATISTICS
+
     @property
     def reads_dense_inputs(self) -> bool:
         """Whether the engine keeps each block's dense inputs for :meth:`RecoveryBlock.forward`'s ``dense_inputs``.

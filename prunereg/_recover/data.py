@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from prunereg._progress import progress as progress_bar
@@ -172,7 +173,8 @@ class RecoveryBlock:
         self._mlp = mlp
         self._mlp_adds: bool | None = None
         self._show_progress = show_progress
-        self._passes: dict[WeightsKey, _Evaluation] = {}
+        self._latest: tuple[WeightsKey, _Evaluation] | None = None
+        self._original_loss: float | None = None
         self._replay: _Replay | None = None
         self._original_key = self.weights_key()
 
@@ -263,34 +265,48 @@ class RecoveryBlock:
         return self.evaluate()[0]
 
     def evaluate(self) -> _Evaluation:
-        """:meth:`loss`, and each batch's output (they feed the next block).
+        """:meth:`loss`, and each batch's output (they feed the next block; the block's own, which an
+        evaluation on other weights may overwrite with its own: copy them to keep them).
 
         A pass over the calibration set on the block's current weights runs
         once: a later call, or the engine, reuses it while the weights are
         unchanged. After :meth:`normal_equations` for a projection whose output
         the block adds as it is, a method that changed only that projection
-        costs no pass: the outputs are the rest of the block's output, kept
-        from the statistics' pass, plus the projection on its kept inputs
-        (equal to a forward up to float rounding).
+        costs no pass: the outputs are the statistics' pass's, plus the
+        projection's change on its inputs (equal to a forward up to float
+        rounding), made in their place.
         """
         key = self.weights_key()
         found = self.evaluation(key)
-        if found is None and self._replay is not None:
-            found = self._replay.evaluate(key, self._targets, self.ranks)
+        if found is not None:
+            return found
+        latest, self._latest = self._latest, None  # the outputs of other weights go before new ones are made
+        replay, self._replay = self._replay, None  # spent either way: it adds to the outputs it was made with
+        if replay is not None and latest is not None and latest[0] == replay.key:
+            found = replay.evaluate(key, latest[1][1], self._targets, self.ranks)
             if found is not None:
                 self._keep(key, found)
-        return found or self._pass()
+                return found
+        del latest, replay
+        return self._pass()
 
     def weights_key(self) -> WeightsKey:
         """What identifies the block's weights as they are now (each tensor's storage and version counter)."""
         return tuple((p.data_ptr(), p._version) for p in self.module.parameters())
 
     def evaluation(self, key: WeightsKey) -> _Evaluation | None:
-        """The loss and outputs of a pass already made on the weights ``key`` identifies, if one was kept.
+        """The loss and outputs of the latest pass, if it was made on the weights ``key`` identifies.
 
-        The pass on the block's weights before the method ran is kept, and the latest one.
+        Only the latest pass's outputs are kept (one set of hidden states), and
+        the loss of the first pass on the weights the block came with (:meth:`original_loss`).
         """
-        return self._passes.get(key)
+        if self._latest is None or self._latest[0] != key:
+            return None
+        return self._latest[1]
+
+    def original_loss(self) -> float | None:
+        """The loss on the weights the block came with, where a pass on them was made (None where none was)."""
+        return self._original_loss
 
     def _pass(self, recorder: Recorder | None = None) -> _Evaluation:
         """Run every calibration batch through the block, under ``recorder`` if given (its statistics folded in).
@@ -307,8 +323,9 @@ class RecoveryBlock:
         return result
 
     def _keep(self, key: WeightsKey, result: _Evaluation) -> None:
-        self._passes = {k: v for k, v in self._passes.items() if k == self._original_key}
-        self._passes[key] = result
+        if key == self._original_key and self._original_loss is None:
+            self._original_loss = result[0]
+        self._latest = (key, result)
 
     def progress(self, items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
         """``items``, with a progress bar when the run shows one."""
@@ -408,7 +425,7 @@ class RecoveryBlock:
         module = self.writer(kind) if fit != "mlp_output" else self.mlp
         if module is None:
             raise ValueError(f"block {self.index} has no {kind} writer whose output the block adds as it is")
-        replay = _Replay(self.module, module) if fit == "mlp" else None
+        replay = _Replay(self.module, module) if fit == "mlp" and _plain_linear(module) else None
 
         def drawn(observation: Observation) -> tuple[Tensor, Tensor]:
             assert observation.inputs is not None and observation.outputs is not None
@@ -420,7 +437,7 @@ class RecoveryBlock:
             assert observation.block_outputs is not None
             rest = observation.block_outputs - observation.outputs
             if replay is not None:
-                replay.add(observation.inputs, rest)
+                replay.add(observation.inputs)
             inputs = observation.outputs if fit == "mlp_output" else observation.inputs
             return inputs, self._targets[batch] - rest
 
@@ -428,6 +445,7 @@ class RecoveryBlock:
             call_statistics={"least_squares": lambda: LeastSquares(drawn)}, calls={"fit": Called(module)}
         )
         self._replay = None  # the one kept is of weights about to change
+        self._latest = None  # so are the outputs: let go before this pass makes its own
         self._pass(recorder)
         self._replay = replay
         tally = recorder.called["fit"]
@@ -454,32 +472,51 @@ def _loss_of(outputs: list[Tensor], targets: list[Tensor], ranks: Ranks | None =
 
 
 class _Replay:
-    """A block's outputs as a linear ``writer`` changes, without running the block: ``rest + writer(inputs)``.
+    """A block's outputs as a linear ``writer`` changes, without running the block.
 
-    Kept by the statistics' pass of a writer whose output the block adds as it
-    is: per batch its inputs and the rest of the block's output. Valid while
-    every other parameter of the block is as it was then.
+    Kept by the statistics' pass of a writer whose output the block adds as
+    it is: the writer's inputs per batch and its weights then. The outputs
+    on new writer weights are that pass's outputs plus the writer's change
+    on its inputs, ``x (W1 - W0)^T + (b1 - b0)``, added in their place. Valid
+    while every other parameter of the block is as it was then.
     """
 
-    def __init__(self, block: nn.Module, writer: nn.Module) -> None:
+    def __init__(self, block: nn.Module, writer: nn.Linear) -> None:
         self.writer = writer
         own = {id(parameter) for parameter in writer.parameters(recurse=False)}
         self.others = [i for i, parameter in enumerate(block.parameters()) if id(parameter) not in own]
         self.key = tuple((p.data_ptr(), p._version) for p in block.parameters())
+        self.weight = writer.weight.detach().clone()
+        work = torch.promote_types(writer.weight.dtype, torch.float32)
+        self.bias = None if writer.bias is None else writer.bias.detach().to(work, copy=True)
         self.inputs: list[Tensor] = []
-        self.rests: list[Tensor] = []
 
-    def add(self, inputs: Tensor, rest: Tensor) -> None:
+    def add(self, inputs: Tensor) -> None:
         self.inputs.append(inputs)
-        self.rests.append(rest)
 
-    def evaluate(self, key: WeightsKey, targets: list[Tensor], ranks: Ranks | None) -> _Evaluation | None:
-        """The loss and outputs on the block's weights ``key``; None where more than the writer changed."""
+    def evaluate(
+        self, key: WeightsKey, outputs: list[Tensor], targets: list[Tensor], ranks: Ranks | None
+    ) -> _Evaluation | None:
+        """The loss and outputs on the block's weights ``key``, made in ``outputs``' place (the outputs of the pass
+        that made this replay); None where more than the writer changed."""
         if len(key) != len(self.key) or any(key[i] != self.key[i] for i in self.others):
             return None
+        work = torch.promote_types(self.weight.dtype, torch.float32)  # a half-precision change, taken in float32
         with torch.no_grad():
-            outputs = [rest + self.writer(inputs) for inputs, rest in zip(self.inputs, self.rests, strict=True)]
+            weight = self.writer.weight.to(work) - self.weight.to(work)
+            bias = None if self.writer.bias is None or self.bias is None else self.writer.bias.to(work) - self.bias
+            for x, output in zip(self.inputs, outputs, strict=True):
+                output.add_(F.linear(x.to(work), weight, bias))
         return _loss_of(outputs, targets, ranks), outputs
+
+
+def _plain_linear(module: nn.Module) -> TypeGuard[nn.Linear]:
+    """Whether ``module`` computes ``x W^T + b`` and nothing else: an ``nn.Linear`` with no hooks of its own."""
+    return (
+        isinstance(module, nn.Linear)
+        and type(module).forward is nn.Linear.forward
+        and not (module._forward_hooks or module._forward_pre_hooks)
+    )
 
 
 def _close(measured: Tensor, expected: Tensor, around: Tensor) -> bool:

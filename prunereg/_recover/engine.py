@@ -30,7 +30,7 @@ from prunereg._recover.contract import RecoveryMethod
 from prunereg._recover.data import RecoveryBlock, RecoveryModel, zero_masks
 from prunereg._recover.matching import Matching, match_blocks
 from prunereg._recover.options import RecoverOptions
-from prunereg._recover.parts import bias_flags, block_parts, changed_parts
+from prunereg._recover.parts import BlockParts, bias_flags, block_parts, changed_parts
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import (
     BlockInputs,
@@ -225,15 +225,16 @@ class RecoverJob:
             capture_first_block_inputs(
                 self.teacher, self.teacher_blocks[0], *own_batches(self.ranks, self.teacher_batches)
             ),
-            attention="attention_residual" in self.method.STATISTICS,
         )
         teacher.run(self.matching.leading)
         label = f"{self.method_name} {self.blocks_path}"
         for index in progress_bar(range(len(self.blocks)), label=label, enabled=self.options.progress):
             span = self.matching.spans[index]
             dense_inputs = teacher.next_inputs() if self.method.reads_dense_inputs else None
-            targets, attention = teacher.run(span)
-            block = self._block_data(index, span, student_inputs, targets, attention, dense_inputs)
+            parts = block_parts(self.blocks[index], getattr(self.model, "config", None))
+            changed = changed_parts(parts, self.blocks[index], self.teacher_blocks[span[0]])
+            targets, attention = teacher.run(span, attention=self.method.reads_attention_residual(changed))
+            block = self._block_data(index, span, parts, changed, student_inputs, targets, attention, dense_inputs)
             try:
                 step, outputs = recover_block(self.method, block)
             except BaseException as error:
@@ -248,14 +249,14 @@ class RecoverJob:
         self,
         index: int,
         span: tuple[int, ...],
+        parts: BlockParts,
+        changed: frozenset[str],
         inputs: BlockInputs,
         targets: list[Tensor],
         attention: list[Tensor] | None,
         dense_inputs: list[Tensor] | None,
     ) -> RecoveryBlock:
         module = self.blocks[index]
-        parts = block_parts(module, getattr(self.model, "config", None))
-        changed = changed_parts(parts, module, self.teacher_blocks[span[0]])
         return RecoveryBlock(
             module,
             index,

@@ -240,8 +240,9 @@ class Recovering(BlockFollower):
         assert self._parts is not None
         parts = self._parts
         changed = frozenset(kind for kind, owner in parts.owners.items() if _tensors(owner) != self._before[kind])
-        attention = _attention_targets(dense, self._mlp_outputs)
-        self._mlp_outputs = []  # (already empty where they made the targets)
+        reads_attention = self.method.reads_attention_residual(changed)
+        attention = _attention_targets(dense, self._mlp_outputs) if reads_attention else None
+        self._mlp_outputs = []  # (already empty where they made the targets; else let go before the method runs)
         inside = {id(module) for module in block.modules()}
         flags = {flag: [owner for owner in owners if id(owner) in inside] for flag, owners in self._flags.items()}
         added = switch_on_biases(self._config, flags, self._journal)  # after the cut: its widths

@@ -30,19 +30,24 @@ def recover_block(method: RecoveryMethod, block: RecoveryBlock) -> tuple[BlockRe
 
     The objective before the method comes from the method's own first pass over
     the calibration set when it made one on the weights as they were (a refit's
-    statistics); else the weights as they were are put in for one pass.
+    statistics); else the weights as they were are put in for one pass. Only
+    the latest pass's outputs are kept: where the method made the objective
+    worse and its change is undone, one more pass gives the outputs.
     """
     start = time.perf_counter()
     step = BlockRecovery(block.index, list(block.teacher_indices))
-    original = block.weights_key()
     copy = _run_checked(method, lambda: method.recover_block(block), block.module, block.masks, step)
-    before = block.evaluation(original)
-    if before is None:
-        with copy.swapped_in():
-            before = block.evaluate()
-    step.loss_before, outputs = before
-    if _keep_better(step, copy, lambda: block.evaluate()[0]):
-        outputs = block.evaluate()[1]  # the pass that measured it
+    if not step.changed:  # the weights are as they came: one pass gives the loss and the outputs
+        step.loss_before, outputs = block.evaluate()
+        step.loss_after = step.loss_before
+    else:
+        loss_before = block.original_loss()
+        if loss_before is None:
+            with copy.swapped_in():
+                loss_before = block.evaluate()[0]
+        step.loss_before = loss_before
+        _keep_better(step, copy, lambda: block.evaluate()[0])
+        outputs = block.evaluate()[1]  # the pass that measured the weights kept, or one more if put back
     step.seconds = time.perf_counter() - start
     return step, outputs
 

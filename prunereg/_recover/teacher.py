@@ -20,25 +20,24 @@ from prunereg._recover.runtime import BlockInputs, advance
 class TeacherTrajectory:
     """The teacher's blocks and their calibration inputs, run forward a span of blocks at a time."""
 
-    def __init__(self, blocks: nn.ModuleList, inputs: BlockInputs, *, attention: bool) -> None:
+    def __init__(self, blocks: nn.ModuleList, inputs: BlockInputs) -> None:
         self.blocks = blocks
         self.inputs = inputs
-        self.attention = attention
 
     def next_inputs(self) -> list[Tensor]:
         """The hidden states the next span reads, per batch: a list of its own, as :meth:`run` replaces them."""
         return list(self.inputs.hidden)
 
-    def run(self, span: tuple[int, ...]) -> tuple[list[Tensor], list[Tensor] | None]:
+    def run(self, span: tuple[int, ...], *, attention: bool = False) -> tuple[list[Tensor], list[Tensor] | None]:
         """Advance through the blocks of ``span``: the hidden states after them, and after the first one's attention.
 
-        The attention residuals are given when asked for at construction and the
-        first block has an MLP module (else None).
+        The attention residuals are given when ``attention`` asks for them and
+        the first block has an MLP module (else None).
         """
         residuals: list[Tensor] | None = None
         for position, index in enumerate(span):
             block = self.blocks[index]
-            mlp = block_parts(block, None).mlp if self.attention and position == 0 else None
+            mlp = block_parts(block, None).mlp if attention and position == 0 else None
             if mlp is None:
                 advance(block, self.inputs)
                 continue

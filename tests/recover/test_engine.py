@@ -228,10 +228,17 @@ def test_a_refit_runs_one_pass_per_writer_it_solves(writers: tuple[str, ...], pa
     assert len(calls) == passes * 4 + checks  # a pass is 4 batches
 
 
-def test_the_loss_after_a_refit_and_the_next_blocks_inputs_are_those_of_a_forward() -> None:
+@pytest.mark.parametrize(("dtype", "close"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_the_loss_after_a_refit_and_the_next_blocks_inputs_are_those_of_a_forward(
+    dtype: torch.dtype, close: float
+) -> None:
+    # the refit's outputs come from the statistics' pass plus down_proj's change on its inputs (taken in float32
+    # for a half-precision model), not from a second pass: they must be what the block computes all the same
     model, teacher = shrunk("llama", "wanda_sp", {"mlp": 0.5})
+    model, teacher = model.to(dtype), teacher.to(dtype)
     ids = calibration_ids(8, 12)
     report = prunereg.recover(model, teacher, ids, "refit", batch_size=2)
+    assert report.undone == []
     inputs: list[torch.Tensor] = []
     model.model.layers[1].register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
     targets: list[torch.Tensor] = []
@@ -241,7 +248,7 @@ def test_the_loss_after_a_refit_and_the_next_blocks_inputs_are_those_of_a_forwar
             model(batch)
             teacher(batch)
     outputs, wanted = torch.cat(inputs).double(), torch.cat([t[0] if isinstance(t, tuple) else t for t in targets])
-    assert report.steps[0].loss_after == pytest.approx(float((outputs - wanted.double()).square().mean()), rel=1e-5)
+    assert report.steps[0].loss_after == pytest.approx(float((outputs - wanted.double()).square().mean()), rel=close)
 
 
 def test_a_block_whose_writers_are_followed_by_norms_is_left_as_it_was_with_its_config() -> None:

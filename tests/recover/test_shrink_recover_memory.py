@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import prunereg
-from prunereg._recover import shrinking
+from prunereg._recover import data, shrinking
 from tests.shrink.models import build, calibration_ids
 
 transformers = pytest.importorskip("transformers")
@@ -34,12 +34,13 @@ def _storages(tensors: list[torch.Tensor]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
-@pytest.mark.parametrize("removes", [{"mlp": 0.5}, {"heads": 0.5}])
-def test_while_a_block_is_recovered_three_sets_of_hidden_states_are_alive(
-    removes: dict[str, float], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("removes", "sets"), [({"mlp": 0.5}, 2), ({"heads": 0.5}, 3)])
+def test_when_a_block_is_handed_to_the_method_two_or_three_sets_of_hidden_states_are_alive(
+    removes: dict[str, float], sets: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the block's inputs on the shrunk trajectory, the dense outputs (its targets) and the dense residual after
-    # attention; not the dense inputs as well, nor the dense MLP outputs the attention targets were made from
+    # the block's inputs on the shrunk trajectory and the dense outputs (its targets); the dense residual after
+    # attention only where the attention was cut (refit's default refits o_proj only there); not the dense inputs
+    # as well, nor the dense MLP outputs the attention targets were made from
     model = build("llama")
     shape = torch.Size([BATCH_SIZE, calibration_ids().shape[1], model.config.hidden_size])
     alive: list[int] = []
@@ -55,7 +56,34 @@ def test_while_a_block_is_recovered_three_sets_of_hidden_states_are_alive(
         model, "flap", calibration_ids(N_SAMPLES), recover="refit", batch_size=BATCH_SIZE, progress=False, **removes
     )
     n_batches = N_SAMPLES // BATCH_SIZE
-    assert alive == [3 * n_batches] * model.config.num_hidden_layers
+    assert alive == [sets * n_batches] * model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize(("removes", "sets"), [({"mlp": 0.5}, 3), ({"heads": 0.5}, 4)])
+def test_while_a_block_is_refit_at_most_three_or_four_sets_are_alive(
+    removes: dict[str, float], sets: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # counted as each pass over the block, or the replay of its refit writer, measures its loss: the block's
+    # inputs, its targets and its outputs (the replay's made in the place of the pass's), with the attention
+    # targets where the attention was cut; not the outputs of the weights before as well, nor the rest of the
+    # block's output beside them
+    model = build("llama")
+    shape = torch.Size([BATCH_SIZE, calibration_ids().shape[1], model.config.hidden_size])
+    alive: list[int] = []
+    loss_of = data._loss_of
+    before = _shaped(shape)
+
+    def counted(outputs: Any, targets: Any, ranks: Any = None) -> float:
+        alive.append(len(_storages(_shaped(shape)) - _storages(before)))
+        return loss_of(outputs, targets, ranks)
+
+    monkeypatch.setattr(data, "_loss_of", counted)
+    prunereg.shrink(
+        model, "flap", calibration_ids(N_SAMPLES), recover="refit", batch_size=BATCH_SIZE, progress=False, **removes
+    )
+    n_batches = N_SAMPLES // BATCH_SIZE
+    assert len(alive) >= 2 * model.config.num_hidden_layers  # the statistics' pass and the replay, per block
+    assert max(alive) == sets * n_batches
 
 
 def test_the_parameters_a_recovery_left_as_they_were_are_the_originals_not_copies() -> None:
