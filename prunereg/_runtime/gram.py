@@ -16,13 +16,33 @@ GRAM_TILE = 256
 
 
 def add_upper_gram(gram: Tensor, x: Tensor, *, beta: float, alpha: float) -> None:
-    """``gram = beta * gram + alpha * x^T x`` on the tiles on and above the diagonal; the others are left alone."""
+    """``gram = beta * gram + alpha * x^T x`` on the tiles on and above the diagonal; the others are left alone.
+
+    Where ``x`` has a lower precision than ``gram`` (float32 products summed
+    into float64), each tile's product is made in ``x``'s and added in ``gram``'s.
+    """
     width = x.shape[1]
     for row in range(0, width, GRAM_TILE):
         rows = slice(row, row + GRAM_TILE)
         for column in range(row, width, GRAM_TILE):
             columns = slice(column, column + GRAM_TILE)
-            gram[rows, columns].addmm_(x[:, rows].T, x[:, columns], beta=beta, alpha=alpha)
+            _add_tile(gram[rows, columns], x[:, rows].T, x[:, columns], beta=beta, alpha=alpha)
+
+
+def add_product(total: Tensor, left: Tensor, right: Tensor) -> None:
+    """``total += left @ right``, made in the factors' precision and added in ``total``'s, a tile of rows at a time."""
+    for row in range(0, left.shape[0], GRAM_TILE):
+        rows = slice(row, row + GRAM_TILE)
+        _add_tile(total[rows], left[rows], right, beta=1.0, alpha=1.0)
+
+
+def _add_tile(tile: Tensor, left: Tensor, right: Tensor, *, beta: float, alpha: float) -> None:
+    if tile.dtype == left.dtype:
+        tile.addmm_(left, right, beta=beta, alpha=alpha)
+        return
+    if beta != 1.0:
+        tile.mul_(beta)
+    tile.add_(left @ right, alpha=alpha)
 
 
 def mirror_upper_gram(gram: Tensor) -> None:

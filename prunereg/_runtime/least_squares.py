@@ -4,9 +4,13 @@
 (a writer projection, an MLP) it folds in the rows ``X`` of what the fitted
 map reads and ``R`` of what it must produce, as its ``fit`` draws them from the
 observation (the module's own input and output by default; recovery's fits
-subtract the rest of the block's output from the dense model's target). The
-sums are float64 and add exactly as the others' do (:meth:`~LeastSquares.combine`),
-so every engine's statistics are gathered, and later all-reduced, one way.
+subtract the rest of the block's output from the dense model's target). A
+chunk's products are made in float32 (float64 for float64 inputs: exact) and
+the sums of chunks and batches in float64: on a CPU the float64 products took
+half of a refit's time, and SmolLM2-135M's perplexity after a refit moved by
+0.001 at most (docs/shrinking.md). The sums add in a fixed order as the others' do
+(:meth:`~LeastSquares.combine`), so every engine's statistics are gathered,
+and later all-reduced, one way.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from prunereg._runtime.gram import add_upper_gram, mirror_upper_gram
+from prunereg._runtime.gram import add_product, add_upper_gram, mirror_upper_gram
 from prunereg._runtime.statistics import Observation, Statistic, same_kind
 
 #: Rows of the float64 products accumulated at a time.
@@ -70,12 +74,13 @@ def own_output(observation: Observation) -> tuple[Tensor, Tensor]:
 
 
 class LeastSquares(Statistic):
-    """``[X 1]^T [X 1]``, ``[X 1]^T R`` and the sum of ``R ** 2`` over every token, in float64.
+    """``[X 1]^T [X 1]``, ``[X 1]^T R`` and the sum of ``R ** 2`` over every token, summed in float64.
 
     ``fit`` gives each observation's ``X`` and ``R`` (:data:`Fit`). The Gram
     matrix is summed by its upper tiles, :data:`CHUNK` rows at a time, and
-    mirrored when read; the result is a :class:`NormalEquations` (None before
-    any token).
+    mirrored when read; one chunk's float32 products stay so until a second
+    chunk or a combine widens the sums to float64. The result is a float64
+    :class:`NormalEquations` (None before any token).
     """
 
     NAME = "least_squares"
@@ -92,19 +97,27 @@ class LeastSquares(Statistic):
         inputs, wanted = self.fit(observation)
         inputs = inputs.detach().reshape(-1, inputs.shape[-1])
         wanted = wanted.detach().reshape(-1, wanted.shape[-1])
-        if self.gram is None or self.cross is None or self.target_sq is None:
-            width, device = inputs.shape[1] + 1, inputs.device
-            self.gram = torch.zeros(width, width, dtype=torch.float64, device=device)
-            self.cross = torch.zeros(width, wanted.shape[1], dtype=torch.float64, device=device)
-            self.target_sq = torch.zeros(wanted.shape[1], dtype=torch.float64, device=device)
+        products = torch.float64 if torch.float64 in (inputs.dtype, wanted.dtype) else torch.float32
         for start in range(0, inputs.shape[0], CHUNK):
-            x = inputs[start : start + CHUNK].double()
-            r = wanted[start : start + CHUNK].double()
+            x = inputs[start : start + CHUNK].to(products)
+            r = wanted[start : start + CHUNK].to(products)
             x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
-            add_upper_gram(self.gram, x, beta=1.0, alpha=1.0)
-            self.cross.addmm_(x.T, r)
-            self.target_sq += r.square().sum(0)
+            if self.gram is None or self.cross is None or self.target_sq is None:  # this chunk's products are the sums
+                self.gram = x.new_zeros(x.shape[1], x.shape[1])
+                add_upper_gram(self.gram, x, beta=1.0, alpha=1.0)
+                self.cross = x.T @ r
+                self.target_sq = r.double().square().sum(0)
+            else:
+                self._widen()
+                add_upper_gram(self.gram, x, beta=1.0, alpha=1.0)
+                add_product(self.cross, x.T, r)
+                self.target_sq += r.double().square().sum(0)
             self.n_tokens += x.shape[0]
+
+    def _widen(self) -> None:
+        """Hold the sums in float64 from now on (one chunk's products may be float32)."""
+        assert self.gram is not None and self.cross is not None
+        self.gram, self.cross = self.gram.double(), self.cross.double()
 
     def combine(self, other: Statistic) -> None:
         theirs = same_kind(other, LeastSquares)
@@ -113,6 +126,8 @@ class LeastSquares(Statistic):
         if self.gram is None or self.cross is None or self.target_sq is None:
             self.gram, self.cross, self.target_sq = theirs.gram.clone(), theirs.cross.clone(), theirs.target_sq.clone()
         else:
+            self._widen()
+            assert self.gram is not None and self.cross is not None
             self.gram += theirs.gram  # their lower tiles may be stale: the upper ones are mirrored when read
             self.cross += theirs.cross
             self.target_sq += theirs.target_sq
@@ -130,5 +145,7 @@ class LeastSquares(Statistic):
     def result(self) -> NormalEquations | None:
         if self.gram is None or self.cross is None or self.target_sq is None:
             return None
+        self._widen()
+        assert self.gram is not None and self.cross is not None
         mirror_upper_gram(self.gram)
         return NormalEquations(self.gram, self.cross, self.target_sq, self.n_tokens)

@@ -46,11 +46,13 @@ def test_two_halves_combined_are_the_whole_and_the_sums_over_every_token(
     combined, alone = first.result(), whole.result()
     assert isinstance(combined, NormalEquations) and isinstance(alone, NormalEquations)
     gram, cross, target_sq = _expected(pairs)
+    close = 1e-12 if dtype == torch.float64 else 1e-5  # float32 inputs: a batch's products are made in float32
     for equations in (combined, alone):
         assert equations.n_tokens == sum(a * b for a, b in batches) and equations.n_inputs == n_in
+        assert equations.gram.dtype == equations.cross.dtype == torch.float64  # and summed in float64
         assert torch.equal(equations.gram, equations.gram.T)  # mirrored from the upper tiles, exactly
-        torch.testing.assert_close(equations.gram, gram, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(equations.cross, cross, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(equations.gram, gram, rtol=close, atol=close)
+        torch.testing.assert_close(equations.cross, cross, rtol=close, atol=close)
         torch.testing.assert_close(equations.target_sq, target_sq, rtol=1e-12, atol=1e-12)
     assert second.result() is not None and second.n_tokens == sum(a * b for a, b in batches[split:])  # unchanged
 
