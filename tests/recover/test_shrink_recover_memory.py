@@ -34,6 +34,31 @@ def _storages(tensors: list[torch.Tensor]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
+def _sets_alive_at(
+    owner: Any, name: str, removes: dict[str, float], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[float], int]:
+    """Shrink with refit; at each call of ``owner.name``, how many calibration-wide sets of hidden states are alive.
+
+    Also the model's block count. The tensors other tests left alive are kept
+    referenced, so that no new tensor takes their place and is missed.
+    """
+    model = build("llama")
+    shape = torch.Size([BATCH_SIZE, calibration_ids().shape[1], model.config.hidden_size])
+    alive: list[float] = []
+    original = getattr(owner, name)
+    before = _shaped(shape)
+
+    def counted(*args: Any) -> Any:
+        alive.append(len(_storages(_shaped(shape)) - _storages(before)) / (N_SAMPLES // BATCH_SIZE))
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, counted)
+    prunereg.shrink(
+        model, "flap", calibration_ids(N_SAMPLES), recover="refit", batch_size=BATCH_SIZE, progress=False, **removes
+    )
+    return alive, model.config.num_hidden_layers
+
+
 @pytest.mark.parametrize(("removes", "sets"), [({"mlp": 0.5}, 2), ({"heads": 0.5}, 3)])
 def test_when_a_block_is_handed_to_the_method_two_or_three_sets_of_hidden_states_are_alive(
     removes: dict[str, float], sets: int, monkeypatch: pytest.MonkeyPatch
@@ -41,22 +66,8 @@ def test_when_a_block_is_handed_to_the_method_two_or_three_sets_of_hidden_states
     # the block's inputs on the shrunk trajectory and the dense outputs (its targets); the dense residual after
     # attention only where the attention was cut (refit's default refits o_proj only there); not the dense inputs
     # as well, nor the dense MLP outputs the attention targets were made from
-    model = build("llama")
-    shape = torch.Size([BATCH_SIZE, calibration_ids().shape[1], model.config.hidden_size])
-    alive: list[int] = []
-    recover_block = shrinking.recover_block
-    before = _shaped(shape)  # what other tests left alive: kept referenced, so that no new tensor takes their place
-
-    def counted(method: Any, data: Any) -> Any:
-        alive.append(len(_storages(_shaped(shape)) - _storages(before)))
-        return recover_block(method, data)
-
-    monkeypatch.setattr(shrinking, "recover_block", counted)
-    prunereg.shrink(
-        model, "flap", calibration_ids(N_SAMPLES), recover="refit", batch_size=BATCH_SIZE, progress=False, **removes
-    )
-    n_batches = N_SAMPLES // BATCH_SIZE
-    assert alive == [sets * n_batches] * model.config.num_hidden_layers
+    alive, n_blocks = _sets_alive_at(shrinking, "recover_block", removes, monkeypatch)
+    assert alive == [sets] * n_blocks
 
 
 @pytest.mark.parametrize(("removes", "sets"), [({"mlp": 0.5}, 3), ({"heads": 0.5}, 4)])
@@ -67,23 +78,9 @@ def test_while_a_block_is_refit_at_most_three_or_four_sets_are_alive(
     # inputs, its targets and its outputs (the replay's made in the place of the pass's), with the attention
     # targets where the attention was cut; not the outputs of the weights before as well, nor the rest of the
     # block's output beside them
-    model = build("llama")
-    shape = torch.Size([BATCH_SIZE, calibration_ids().shape[1], model.config.hidden_size])
-    alive: list[int] = []
-    loss_of = data._loss_of
-    before = _shaped(shape)
-
-    def counted(outputs: Any, targets: Any, ranks: Any = None) -> float:
-        alive.append(len(_storages(_shaped(shape)) - _storages(before)))
-        return loss_of(outputs, targets, ranks)
-
-    monkeypatch.setattr(data, "_loss_of", counted)
-    prunereg.shrink(
-        model, "flap", calibration_ids(N_SAMPLES), recover="refit", batch_size=BATCH_SIZE, progress=False, **removes
-    )
-    n_batches = N_SAMPLES // BATCH_SIZE
-    assert len(alive) >= 2 * model.config.num_hidden_layers  # the statistics' pass and the replay, per block
-    assert max(alive) == sets * n_batches
+    alive, n_blocks = _sets_alive_at(data, "_loss_of", removes, monkeypatch)
+    assert len(alive) >= 2 * n_blocks  # the statistics' pass and the replay, per block
+    assert max(alive) == sets
 
 
 def test_the_parameters_a_recovery_left_as_they_were_are_the_originals_not_copies() -> None:
