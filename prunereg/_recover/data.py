@@ -486,9 +486,9 @@ class _Replay:
         own = {id(parameter) for parameter in writer.parameters(recurse=False)}
         self.others = [i for i, parameter in enumerate(block.parameters()) if id(parameter) not in own]
         self.key = tuple((p.data_ptr(), p._version) for p in block.parameters())
+        self.work = torch.promote_types(writer.weight.dtype, torch.float32)  # a half-precision change, in float32
         self.weight = writer.weight.detach().clone()
-        work = torch.promote_types(writer.weight.dtype, torch.float32)
-        self.bias = None if writer.bias is None else writer.bias.detach().to(work, copy=True)
+        self.bias = None if writer.bias is None else writer.bias.detach().to(self.work, copy=True)
         self.inputs: list[Tensor] = []
 
     def add(self, inputs: Tensor) -> None:
@@ -501,7 +501,7 @@ class _Replay:
         that made this replay); None where more than the writer changed."""
         if len(key) != len(self.key) or any(key[i] != self.key[i] for i in self.others):
             return None
-        work = torch.promote_types(self.weight.dtype, torch.float32)  # a half-precision change, taken in float32
+        work = self.work
         with torch.no_grad():
             weight = self.writer.weight.to(work) - self.weight.to(work)
             bias = None if self.writer.bias is None or self.bias is None else self.writer.bias.to(work) - self.bias

@@ -25,7 +25,7 @@ from torch import Tensor
 from prunereg._runtime.gram import add_product, add_upper_gram, mirror_upper_gram
 from prunereg._runtime.statistics import Observation, Statistic, same_kind
 
-#: Rows of the float64 products accumulated at a time.
+#: Rows whose products are made at a time.
 CHUNK = 4096
 
 #: What a fit reads from one observation: the fitted map's inputs and what it must produce, ``[..., width]`` each.
@@ -104,14 +104,13 @@ class LeastSquares(Statistic):
             x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
             if self.gram is None or self.cross is None or self.target_sq is None:  # this chunk's products are the sums
                 self.gram = x.new_zeros(x.shape[1], x.shape[1])
-                add_upper_gram(self.gram, x, beta=1.0, alpha=1.0)
                 self.cross = x.T @ r
-                self.target_sq = r.double().square().sum(0)
+                self.target_sq = torch.zeros(r.shape[1], dtype=torch.float64, device=r.device)
             else:
                 self._widen()
-                add_upper_gram(self.gram, x, beta=1.0, alpha=1.0)
                 add_product(self.cross, x.T, r)
-                self.target_sq += r.double().square().sum(0)
+            add_upper_gram(self.gram, x, beta=1.0, alpha=1.0)
+            self.target_sq += r.double().square().sum(0)
             self.n_tokens += x.shape[0]
 
     def _widen(self) -> None:
