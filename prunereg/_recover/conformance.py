@@ -60,10 +60,10 @@ def check_recovery_method(method: str | type, /, *, devices: Sequence[str] | Non
         unknown = set(instance.writer_biases) - WRITER_KINDS
         if unknown:
             raise AssertionError(f"writer_biases names unknown kinds: {', '.join(sorted(unknown))}")
-        for changed in (frozenset(), *(frozenset({kind}) for kind in WRITER_KINDS), WRITER_KINDS):
+        for changed in (frozenset(), *(frozenset({kind}) for kind in sorted(WRITER_KINDS)), WRITER_KINDS):
             answer = instance.reads_attention_residual(changed)
             if not isinstance(answer, bool):
-                raise AssertionError(f"reads_attention_residual({set(changed)}) gave {answer!r}, not a bool")
+                raise AssertionError(f"reads_attention_residual(changed={sorted(changed)}) gave {answer!r}, not a bool")
     for device in devices if devices is not None else default_devices():
         for pruned in (False, True):
             what = f"{'a pruned' if pruned else 'a narrowed'} {'model' if cls.SCOPE == 'model' else 'block'}"

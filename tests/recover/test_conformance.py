@@ -64,6 +64,11 @@ class _WrongBias(RecoveryMethod):
         return frozenset({"router"})
 
 
+class _VagueAttention(RecoveryMethod):
+    def reads_attention_residual(self, changed: frozenset[str]) -> bool:
+        return "attention" if changed else False  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize(
     ("method", "message"),
     [
@@ -73,6 +78,7 @@ class _WrongBias(RecoveryMethod):
         (_Says, "returned int, not a note"),
         (_Embeds, "an input embedding or the output head"),
         (_WrongBias, "writer_biases names unknown kinds: router"),
+        (_VagueAttention, r"reads_attention_residual\(changed=\['attention'\]\) gave 'attention', not a bool"),
         (nn.Linear, "not a prunereg.RecoveryMethod subclass"),
     ],
 )
