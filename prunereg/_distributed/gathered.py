@@ -45,6 +45,14 @@ def _is_fsdp(module: nn.Module) -> bool:
     return fsdp is not None and isinstance(module, fsdp.FSDPModule)
 
 
+def plain_class(module: nn.Module) -> type[nn.Module]:
+    """``module``'s class as it was before ``fully_shard`` (which gives it a class of its own, ``FSDP<name>``)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return type(module)
+    return next(kind for kind in type(module).__mro__ if not issubclass(kind, fsdp.FSDPModule))
+
+
 def reshard(model: nn.Module) -> None:
     """Put every FSDP2 module of ``model`` back in its shards (local: FSDP2 drops the gathered copy, if any)."""
     for module in model.modules():

@@ -34,6 +34,7 @@ from prunereg._recover.parts import BlockParts, bias_flags, block_parts, changed
 from prunereg._recover.report import RecoverReport
 from prunereg._recover.runtime import (
     BlockInputs,
+    BlockWeights,
     Ranks,
     add_zero_biases,
     batches_of,
@@ -42,14 +43,16 @@ from prunereg._recover.runtime import (
     capture_first_block_inputs,
     check_fits_model,
     check_not_reparametrized,
+    check_sharded_run,
     digest,
     find_blocks,
     fingerprint,
     input_device,
+    is_sharded,
     matmul_precision,
     model_digest,
     own_batches,
-    refuse_sharded,
+    sharded_run,
     together,
 )
 from prunereg._recover.step import recover_block, recover_model
@@ -103,7 +106,11 @@ def recover(
     the statistics and losses, so every rank ends with the model one process
     gives from all the samples, bit for bit; only a method that reads the
     batches through them (``DATA_PARALLEL``: ``refit``, ``replace``) runs so,
-    and ranks that disagree on the models, method or samples are refused.
+    and ranks that disagree on the models, method or samples are refused. A
+    model or teacher sharded with FSDP2 (``fully_shard`` on each block and the
+    root) is recovered one block at a time, each gathered whole and the
+    recovered values written into every rank's own shards; it cannot gain
+    parameters (``bias=False`` where the config has no writer biases).
     """
     settings, method_options = RecoverOptions.split(options)
     if calibration is None:
@@ -156,17 +163,20 @@ class RecoverJob:
                 raise TypeError(f"{name} must be a torch.nn.Module, not {type(value).__name__}")
         if teacher is model:
             raise ValueError("the teacher is the model itself; pass the model before shrinking (a copy of it)")
-        for name, value in (("model", model), ("teacher", teacher)):
-            refuse_sharded(
-                value,
-                f"prunereg.recover does not run on a sharded {name} (DTensor parameters, FSDP2): recover before "
-                "fully_shard, or in one process on the model saved to a folder",
-            )
+        sharded = [name for name, value in (("model", model), ("teacher", teacher)) if is_sharded(value)]
+        for name in sharded:
+            check_sharded_run(model if name == "model" else teacher, f"prunereg.recover ({name})", ranks)
         instance, name = build_method(method, method_options)
         path, blocks = find_blocks(model, options.blocks)
         teacher_path, teacher_blocks = find_blocks(teacher, options.blocks)
         if teacher_path != path:
             raise ValueError(f"the model keeps its blocks in {path} and the teacher in {teacher_path}")
+        if sharded and options.removed_blocks is None and len(blocks) != len(teacher_blocks):
+            raise ValueError(
+                f"prunereg.recover ({sharded[0]}): the teacher has {len(teacher_blocks)} blocks in {path} and the "
+                f"model {len(blocks)}, and a sharded model's blocks are not compared to find which went: pass "
+                "removed_blocks= (ShrinkReport.removed_blocks)"
+            )
         check_not_reparametrized(model)
         check_not_reparametrized(teacher)
         _check_embeddings(model, teacher)
@@ -179,6 +189,11 @@ class RecoverJob:
         teacher_batches = [batch.to(teacher_device) for batch in batches]
         config = getattr(model, "config", None)
         flags = bias_flags(config, blocks, instance.writer_biases) if instance.SCOPE == "block" else {}
+        if flags and "model" in sharded:
+            raise NotImplementedError(
+                f"prunereg.recover (model): {name!r} would give the sharded model new biases ({', '.join(flags)}), "
+                "which fully_shard did not shard: pass bias=False, or set the flag before building and sharding it"
+            )
         if ranks is not None:
             check_data_parallel(instance, name, ranks, len(batches))
             shared = fingerprint(model, instance, options, batches)
@@ -199,8 +214,12 @@ class RecoverJob:
             added = switch_on_biases(config, self.bias_flags)
             if self.method.SCOPE == "model":
                 report.steps.append(recover_model(self.method, self._whole_model()))
-            else:
-                self._recover_blocks(report)
+            else:  # FSDP2: each block of either model gathered whole in turn
+                with (
+                    sharded_run(self.model, self.blocks, self.ranks) as student,
+                    sharded_run(self.teacher, self.teacher_blocks, self.ranks) as teacher,
+                ):
+                    self._recover_blocks(report, student, teacher)
             switch_off_unused(added, config, config_before)
         report.config = config_changes(config, config_before)
         report.seconds = time.perf_counter() - start
@@ -217,23 +236,32 @@ class RecoverJob:
             student, self.teacher, self.batches, masks, seed=self.options.seed, show_progress=self.options.progress
         )
 
-    def _recover_blocks(self, report: RecoverReport) -> None:
-        """Each block in turn, on this rank's share of the batches (all of them in one process)."""
-        student_inputs = capture_first_block_inputs(self.model, self.blocks[0], *own_batches(self.ranks, self.batches))
-        teacher = TeacherTrajectory(
-            self.teacher_blocks,
-            capture_first_block_inputs(
+    def _recover_blocks(self, report: RecoverReport, student: BlockWeights, teacher_weights: BlockWeights) -> None:
+        """Each block in turn, on this rank's share of the batches (all of them in one process).
+
+        ``student`` and ``teacher_weights`` fetch each model's blocks as they
+        run and take them back after (the student's with its recovered values).
+        """
+        with student.capturing():
+            student_inputs = capture_first_block_inputs(
+                self.model, self.blocks[0], *own_batches(self.ranks, self.batches)
+            )
+        with teacher_weights.capturing():
+            teacher_inputs = capture_first_block_inputs(
                 self.teacher, self.teacher_blocks[0], *own_batches(self.ranks, self.teacher_batches)
-            ),
-        )
+            )
+        teacher = TeacherTrajectory(self.teacher_blocks, teacher_inputs, teacher_weights)
         teacher.run(self.matching.leading)
         label = f"{self.method_name} {self.blocks_path}"
         for index in progress_bar(range(len(self.blocks)), label=label, enabled=self.options.progress):
             span = self.matching.spans[index]
+            module = self.blocks[index]
+            student.fetch(index, module)
             dense_inputs = teacher.next_inputs() if self.method.reads_dense_inputs else None
-            parts = block_parts(self.blocks[index], getattr(self.model, "config", None))
-            changed = changed_parts(parts, self.blocks[index], self.teacher_blocks[span[0]])
-            targets, attention = teacher.run(span, attention=self.method.reads_attention_residual(changed))
+            parts = block_parts(module, getattr(self.model, "config", None))
+            with teacher.holding(span[0]) as teacher_block:
+                changed = changed_parts(parts, module, teacher_block)
+                targets, attention = teacher.run(span, attention=self.method.reads_attention_residual(changed))
             block = self._block_data(index, span, parts, changed, student_inputs, targets, attention, dense_inputs)
             try:
                 step, outputs = recover_block(self.method, block)
@@ -241,6 +269,7 @@ class RecoverJob:
                 _say_how_far(error, self.blocks_path, index)
                 raise
             check_ranks_agree(self.ranks, block)
+            student.done(index, module, pruned=True)
             report.steps.append(step)
             student_inputs.hidden = outputs
             del block, targets, attention, dense_inputs

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from prunereg._recover.runtime import plain_class
+
 
 @dataclass(frozen=True)
 class Matching:
@@ -116,9 +118,10 @@ def check_fits(block: nn.Module, teacher: nn.Module, where: str, teacher_where: 
 
     A tensor of the block the teacher lacks may only be a bias (a bias compensation or a refit added it).
     """
-    if type(block).__name__ != type(teacher).__name__:
+    kind, teacher_kind = plain_class(block).__name__, plain_class(teacher).__name__  # the same, sharded or not
+    if kind != teacher_kind:
         raise ValueError(
-            f"{where} is a {type(block).__name__} and the teacher's {teacher_where} a {type(teacher).__name__}: "
+            f"{where} is a {kind} and the teacher's {teacher_where} a {teacher_kind}: "
             "the teacher must be the model before shrinking"
         )
     theirs = dict(teacher.named_parameters())

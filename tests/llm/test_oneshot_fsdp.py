@@ -65,7 +65,6 @@ def test_each_block_is_gathered_once_and_given_back_before_the_next_after_a_forw
 def test_what_cannot_run_on_a_sharded_model_is_refused_in_one_line_leaving_the_shards_as_they_were(worlds, size):
     expected = {
         "shrink": ("NotImplementedError", "prunereg.shrink cannot change the shapes of a sharded model's parameters"),
-        "recover": ("NotImplementedError", "prunereg.recover does not run on a sharded model"),
         "not_data_parallel": ("ValueError", "prunereg.oneshot: the model is sharded (DTensor parameters)"),
         "mesh_2d": (
             "NotImplementedError",

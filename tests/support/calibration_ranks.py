@@ -56,7 +56,7 @@ SHRINK_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
 #: then the recovery method and its settings, on the same samples.
 RECOVER_RUNS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
     "refit": ("flap", {"mlp": 0.5, "heads": 0.5}, "refit", {"batch_size": 1}),
-    "replace": ("block_influence", {"layers": 1}, "replace", {"batch_size": 2}),
+    "replace": ("drop", {"block": 1}, "replace", {"batch_size": 2}),  # a span after a kept block, to fold into
     "refit_masked": ("wanda", {"sparsity": 0.5}, "refit", {"batch_size": 1}),
 }
 
@@ -373,21 +373,35 @@ def run_shrink(name: str) -> dict[str, object]:
     return {"state": state_digest(model), "batches": len(seen)}
 
 
+def shrunk_or_pruned(name: str) -> tuple[nn.Module, dict[str, Any]]:
+    """A fresh tiny Llama as recovery run ``name`` (of :data:`RECOVER_RUNS`) starts from, made in this process
+    alone, and the blocks its shrink removed (``removed_blocks=``), if any."""
+    make, made_with, _, _ = RECOVER_RUNS[name]
+    model = fresh_model(name)
+    if make == "drop":  # one block taken out by hand, as shrinking's layers= takes blocks out
+        del model.model.layers[made_with["block"]]
+        for index, block in enumerate(model.model.layers):  # numbered again, as shrinking does: the cache reads it
+            block.self_attn.layer_idx = index
+        model.config.num_hidden_layers -= 1
+        if getattr(model.config, "layer_types", None):
+            del model.config.layer_types[made_with["block"]]
+        return model, {"removed_blocks": [made_with["block"]]}
+    if make == "wanda":
+        prunereg.oneshot(model, make, calibration=calibration_ids(7, 16), data_parallel=False, **made_with)
+        return model, {}
+    report = prunereg.shrink(model, make, calibration_ids(7, 16), data_parallel=False, **made_with)
+    return model, {"removed_blocks": report.removed_blocks} if report.removed_blocks else {}
+
+
 def run_recover(name: str) -> dict[str, object]:
     """Recovery run ``name``: a fresh tiny Llama shrunk or pruned alone, then recovered.
 
     Its hash, the batches it ran and the masked rows' solves it made (``torch.linalg.solve`` calls).
     """
-    make, made_with, method, settings = RECOVER_RUNS[name]
+    _, _, method, settings = RECOVER_RUNS[name]
     teacher = fresh_model(name)
-    model = fresh_model(name)
+    model, removed = shrunk_or_pruned(name)
     calibration = calibration_ids(7, 16)
-    removed: dict[str, Any] = {}
-    if make == "wanda":
-        prunereg.oneshot(model, make, calibration=calibration, data_parallel=False, **made_with)
-    else:
-        report = prunereg.shrink(model, make, calibration, data_parallel=False, **made_with)
-        removed = {"removed_blocks": report.removed_blocks}
     seen = counting_batches(model)
     with counting_calls(torch.linalg, "solve") as solved:  # a refit on a masked model: one per distinct row mask
         prunereg.recover(model, teacher, calibration, method, **removed, **settings)
@@ -746,10 +760,6 @@ def fsdp_refused() -> dict[str, object]:
             lambda: fully_sharded(tiny_llama(layers=3)),
             lambda model: prunereg.shrink(model, "flap", calibration, mlp=0.5),
         ),
-        "recover": (
-            lambda: fully_sharded(tiny_llama(layers=3)),
-            lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "refit"),
-        ),
         "not_data_parallel": (
             lambda: fully_sharded(tiny_llama(layers=3)),
             lambda model: prunereg.oneshot(model, "wanda", calibration=calibration, data_parallel=False),
@@ -781,6 +791,127 @@ def fsdp_refused() -> dict[str, object]:
     return found
 
 
+#: Recovery runs (of :data:`RECOVER_RUNS`) made with the model, and the teacher if ``True``, sharded with FSDP2;
+#: no new biases (a sharded model cannot gain parameters), so ``bias=False`` where the method switches some on.
+SHARDED_RECOVER_RUNS: dict[str, tuple[str, bool, dict[str, Any]]] = {
+    "refit": ("refit", True, {"bias": False}),
+    "refit_plain_teacher": ("refit", False, {"bias": False}),
+    "replace": ("replace", True, {"bias": False}),
+    "refit_masked": ("refit_masked", True, {"bias": False}),
+}
+
+
+def run_sharded_recover(name: str) -> dict[str, object]:
+    """Recovery run ``name`` of :data:`SHARDED_RECOVER_RUNS` on every rank, against the same run in one process.
+
+    Whether this rank's shards are that run's model's (cut as FSDP2 cuts dim 0),
+    whether the sharded model's forward gives its logits, the teacher's shards
+    unchanged, the batches this rank ran, and whether every parameter is sharded after.
+    """
+    import torch.distributed as dist
+
+    run, shard_teacher, extra = SHARDED_RECOVER_RUNS[name]
+    _, _, method, settings = RECOVER_RUNS[run]
+    calibration = calibration_ids(7, 16)
+    alone, removed = shrunk_or_pruned(run)
+    prunereg.recover(alone, fresh_model(run), calibration, method, data_parallel=False, **removed, **settings, **extra)
+    model, removed = shrunk_or_pruned(run)
+    unrecovered = state_digest(model)
+    teacher = fresh_model(run)
+    if shard_teacher:
+        teacher = fully_sharded(teacher)
+    teacher_before = shards_digest(teacher)
+    seen = counting_batches(model)
+    prunereg.recover(fully_sharded(model), teacher, calibration, method, **removed, **settings, **extra)
+    whole = dict(alone.named_parameters())
+    rank, size = dist.get_rank(), dist.get_world_size()
+    own_shards = all(
+        torch.equal(parameter.to_local(), torch.chunk(whole[key], size)[rank])
+        for key, parameter in model.named_parameters()
+    )
+    with torch.no_grad():
+        logits = torch.equal(model(calibration).logits, alone(calibration).logits)
+    return {
+        "state": state_digest(model),
+        "alone": state_digest(alone),
+        "unrecovered": unrecovered,
+        "batches": len(seen),
+        "own_shards": own_shards,
+        "logits": logits,
+        "teacher_unchanged": shards_digest(teacher) == teacher_before,
+        "sharded": all(isinstance(parameter, DTensor) for parameter in model.parameters()),
+    }
+
+
+def sharded_recover_one_block_at_a_time() -> dict[str, object]:
+    """Which blocks of the model and of its teacher are whole (gathered) each time the method recovers a block."""
+    model, teacher = fully_sharded(shrunk_or_pruned("refit")[0]), fully_sharded(fresh_model("refit"))
+
+    def whole(of: nn.Module) -> list[int]:
+        return [
+            index
+            for index, block in enumerate(of.model.layers)
+            if not any(isinstance(parameter, DTensor) for parameter in block.parameters())
+        ]
+
+    seen: list[tuple[list[int], list[int]]] = []
+
+    class Watched(prunereg.get("refit")):
+        def recover_block(self, block: RecoveryBlock) -> str | None:
+            seen.append((whole(model), whole(teacher)))
+            return super().recover_block(block)
+
+    prunereg.recover(model, teacher, calibration_ids(7, 16), Watched(bias=False), batch_size=1)
+    return {"whole_at_recoveries": seen, "whole_after": (whole(model), whole(teacher))}
+
+
+def sharded_recover_refused() -> dict[str, object]:
+    """Each recovery prunereg refuses on a sharded model: its error, one line, and whether the shards are unchanged."""
+    calibration = calibration_ids(7, 16)
+
+    def without_a_block() -> nn.Module:
+        model, _ = shrunk_or_pruned("replace")
+        return fully_sharded(model)
+
+    runs: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object]]] = {
+        "new_biases": (
+            lambda: fully_sharded(tiny_llama(layers=3)),
+            lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "refit"),
+        ),
+        "not_data_parallel": (
+            lambda: fully_sharded(tiny_llama(layers=3)),
+            lambda model: prunereg.recover(
+                model, tiny_llama(layers=3), calibration, "refit", bias=False, data_parallel=False
+            ),
+        ),
+        "teacher_not_data_parallel": (
+            lambda: tiny_llama(layers=3),
+            lambda model: prunereg.recover(
+                model, fully_sharded(tiny_llama(layers=3)), calibration, "refit", bias=False, data_parallel=False
+            ),
+        ),
+        "removed_blocks_unnamed": (
+            without_a_block,
+            lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "replace", bias=False),
+        ),
+    }
+    found: dict[str, object] = {}
+    for name, (make, run) in runs.items():
+        model = make()
+        before = shards_digest(model)
+        try:
+            run(model)
+        except Exception as error:
+            found[name] = {
+                "error": type(error).__name__,
+                "message": str(error),
+                "unchanged": shards_digest(model) == before,
+            }
+        else:
+            found[name] = {"error": None}
+    return found
+
+
 CASES: dict[str, Callable[[], object]] = {
     **{f"fsdp_{name}": (lambda name=name: run_fsdp_oneshot(name)) for name in FSDP_RUNS},
     "fsdp_gathered_one_block_at_a_time": fsdp_gathered_one_block_at_a_time,
@@ -788,6 +919,9 @@ CASES: dict[str, Callable[[], object]] = {
     "fsdp_masks": fsdp_masks,
     "fsdp_one_rank_raises": fsdp_one_rank_raises,
     "fsdp_rank_raises_after_writing_a_block": fsdp_rank_raises_after_writing_a_block,
+    **{f"sharded_recover_{name}": (lambda name=name: run_sharded_recover(name)) for name in SHARDED_RECOVER_RUNS},
+    "sharded_recover_refused": sharded_recover_refused,
+    "sharded_recover_one_block_at_a_time": sharded_recover_one_block_at_a_time,
     **{f"oneshot_{name}": (lambda name=name: run_oneshot(name)) for name in ONESHOT_RUNS},
     **{f"shrink_{name}": (lambda name=name: run_shrink(name)) for name in SHRINK_RUNS},
     "oneshot_refused_when_ranks_disagree": refused_when_ranks_disagree,

@@ -1,0 +1,68 @@
+"""Recovery of an FSDP2-sharded model (gloo, CPU): each block, and its teacher's, gathered whole in turn.
+
+Each world size is one launch of tests/support/calibration_ranks.py (its
+``sharded_recover_`` cases: a tiny Llama shrunk or pruned in one process,
+then sharded with ``fully_shard`` on each block and the root, recovered
+against its teacher, sharded or not); every rank's shards are compared with
+the same recovery in one process on the unsharded model, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from tests.support.calibration_ranks import SHARDED_RECOVER_RUNS, rank_test_marks, values, worlds_fixture
+
+pytestmark = rank_test_marks()
+
+worlds = worlds_fixture("sharded_recover_")
+
+
+@pytest.mark.parametrize("size", (2, 3))
+@pytest.mark.parametrize("name", list(SHARDED_RECOVER_RUNS))
+def test_every_rank_shards_hold_the_model_one_process_recovers_unsharded(worlds, size, name):
+    per_rank = values(worlds[size], f"sharded_recover_{name}")
+    assert {found["state"] for found in per_rank} == {per_rank[0]["alone"]}
+    for found in per_rank:
+        assert found["state"] != found["unrecovered"]  # the recovery changed the model
+        assert found["own_shards"] and found["sharded"]  # each rank's shards, cut as FSDP2 cuts dim 0
+        assert found["logits"]  # the sharded model's forward after it: the recovered model's logits
+        assert found["teacher_unchanged"]
+    batches = [found["batches"] for found in per_rank]
+    assert max(batches) < sum(batches)  # each rank ran its share of the batches
+
+
+@pytest.mark.parametrize("size", (2, 3))
+def test_what_recovery_cannot_do_on_a_sharded_model_is_refused_in_one_line_leaving_the_shards_as_they_were(
+    worlds, size
+):
+    expected = {
+        "new_biases": (
+            "NotImplementedError",
+            "prunereg.recover (model): 'refit' would give the sharded model new biases (",
+        ),
+        "not_data_parallel": ("ValueError", "prunereg.recover (model): the model is sharded (DTensor parameters)"),
+        "teacher_not_data_parallel": (
+            "ValueError",
+            "prunereg.recover (teacher): the model is sharded (DTensor parameters)",
+        ),
+        "removed_blocks_unnamed": (
+            "ValueError",
+            "prunereg.recover (model): the teacher has 3 blocks in model.layers and the model 2",
+        ),
+    }
+    for found in values(worlds[size], "sharded_recover_refused"):
+        for name, (error, start) in expected.items():
+            assert found[name]["error"] == error, (name, found[name])
+            assert found[name]["message"].startswith(start), found[name]["message"]
+            assert "\n" not in found[name]["message"]
+            assert found[name]["unchanged"], name
+
+
+@pytest.mark.parametrize("size", (2, 3))
+def test_one_block_of_the_model_is_whole_while_it_is_recovered_and_none_of_the_teacher_nor_any_after(worlds, size):
+    for found in values(worlds[size], "sharded_recover_one_block_at_a_time"):
+        assert found["whole_at_recoveries"] == [[[0], []], [[1], []], [[2], []]]
+        assert found["whole_after"] == [[], []]
