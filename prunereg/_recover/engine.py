@@ -163,9 +163,10 @@ class RecoverJob:
                 raise TypeError(f"{name} must be a torch.nn.Module, not {type(value).__name__}")
         if teacher is model:
             raise ValueError("the teacher is the model itself; pass the model before shrinking (a copy of it)")
-        sharded = [name for name, value in (("model", model), ("teacher", teacher)) if is_sharded(value)]
+        models = {"model": model, "teacher": teacher}
+        sharded = [name for name, value in models.items() if is_sharded(value)]
         for name in sharded:
-            check_sharded_run(model if name == "model" else teacher, f"prunereg.recover ({name})", ranks)
+            check_sharded_run(models[name], f"prunereg.recover ({name})", ranks)
         instance, name = build_method(method, method_options)
         path, blocks = find_blocks(model, options.blocks)
         teacher_path, teacher_blocks = find_blocks(teacher, options.blocks)
