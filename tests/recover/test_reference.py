@@ -151,18 +151,41 @@ def test_replace_folds_the_least_squares_map_into_the_down_projection_before_eac
     assert recovered.undone == []
 
 
-@pytest.mark.parametrize(("removes", "attention"), [({"mlp": 0.5}, False), ({"heads": 0.5}, True)])
-def test_by_default_the_attention_is_refit_only_where_it_is_no_longer_the_dense_one(
-    removes: dict[str, float], attention: bool
+@pytest.mark.parametrize(
+    ("removes", "writers"),
+    [({"mlp": 0.5}, ("mlp",)), ({"heads": 0.5}, ("attention",)), ({"mlp": 0.5, "heads": 0.5}, BOTH)],
+)
+def test_by_default_a_writer_is_refit_only_where_its_part_is_no_longer_the_dense_one(
+    removes: dict[str, float], writers: tuple[str, ...]
 ) -> None:
     model, teacher = _pair(layers=2)
     ids = calibration_ids(8, 12)
     prunereg.shrink(model, "wanda_sp", ids, **removes)
     expected = copy.deepcopy(model)
     report = prunereg.recover(model, teacher, ids, "refit", ridge=RIDGE, progress=False)
-    writers = ("attention", "mlp") if attention else ("mlp",)
-    _zero_biases(expected, *(["mlp", "self_attn"] if attention else ["mlp"]))
+    owners = {"attention": "self_attn", "mlp": "mlp"}
+    _zero_biases(expected, *(owners[kind] for kind in writers))
     reference.refit(expected, teacher, ids, _solver(RIDGE, intercept=True), writers)
     _assert_same(model, expected)
-    assert all(("o_proj" in step.note) == attention for step in report.steps)
-    assert set(report.config) == ({"attention_bias", "mlp_bias"} if attention else {"mlp_bias"})
+    for step in report.steps:
+        assert ("o_proj" in step.note, "down_proj" in step.note) == ("attention" in writers, "mlp" in writers)
+    assert set(report.config) == {f"{kind}_bias" for kind in writers}
+
+
+def test_by_default_after_removed_blocks_only_the_mlp_of_each_block_before_a_removed_span_is_refit() -> None:
+    model, teacher = _pair(layers=5)
+    ids = calibration_ids(8, 12)
+    removed = prunereg.shrink(model, "block_influence", ids, layers=2).removed_blocks
+    untouched = copy.deepcopy(model)
+    report = prunereg.recover(model, teacher, ids, "refit", ridge=RIDGE, progress=False)
+    kept = [i for i in range(5) if i not in removed]
+    before_a_span = [j for j, i in enumerate(kept) if i + 1 in removed]
+    assert before_a_span  # the teacher's blocks after it are what its MLP's refit takes on
+    for index, step in enumerate(report.steps):
+        assert ("down_proj" in step.note) == (index in before_a_span) and "o_proj" not in step.note
+        if index not in before_a_span:  # the dense model's block on moved inputs: left as it is
+            theirs = dict(untouched.model.layers[index].named_parameters())
+            for name, parameter in model.model.layers[index].named_parameters():
+                # (the zero biases the config flag builds in every block, once one block's refit uses them)
+                assert torch.equal(parameter, theirs[name]) if name in theirs else not parameter.any(), name
+    assert set(report.config) == {"mlp_bias"}
