@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 
 from tests.support.calibration_ranks import (
     FSDP_RUNS,
+    check_refusals,
     rank_test_marks,
     same_as_alone_from_shares,
     values,
@@ -73,12 +74,7 @@ def test_what_cannot_run_on_a_sharded_model_is_refused_in_one_line_leaving_the_s
         "grouped": ("NotImplementedError", "prunereg.oneshot: model.layers.0 was sharded by one fully_shard call"),
         "tensor_parallel": ("NotImplementedError", "prunereg.oneshot: model.layers.1.mlp.up_proj.weight is a DTensor"),
     }
-    for found in values(worlds[size], "fsdp_refused"):
-        for name, (error, start) in expected.items():
-            assert found[name]["error"] == error, (name, found[name])
-            assert found[name]["message"].startswith(start), found[name]["message"]
-            assert "\n" not in found[name]["message"]
-            assert found[name]["unchanged"], name
+    check_refusals(values(worlds[size], "fsdp_refused"), expected)
 
 
 @pytest.mark.parametrize("size", SIZES)

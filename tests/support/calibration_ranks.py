@@ -568,8 +568,6 @@ def run_fsdp_oneshot(name: str) -> dict[str, object]:
     (cut with ``torch.chunk``, as FSDP2 shards dim 0), and whether the sharded
     model's forward then gives that model's logits.
     """
-    import torch.distributed as dist
-
     method, settings = ONESHOT_RUNS[name]
     calibration = calibration_ids(7, 16)
     alone = fresh_model(name)
@@ -577,7 +575,17 @@ def run_fsdp_oneshot(name: str) -> dict[str, object]:
     model = fresh_model(name)
     seen = counting_batches(model)
     prunereg.oneshot(fully_sharded(model), method, calibration=calibration, **settings)
-    batches = len(seen)
+    batches = len(seen)  # (before the forward below)
+    batches = len(seen)  # (before the forward below)
+    own_shards, logits = shards_and_logits_of(model, alone, calibration)
+    return {"state": state_digest(model), "batches": batches, "own_shards": own_shards, "logits": logits}
+
+
+def shards_and_logits_of(model: nn.Module, alone: nn.Module, ids: torch.Tensor) -> tuple[bool, bool]:
+    """Whether this rank's shards of ``model`` are ``alone``'s parameters cut as FSDP2 cuts dim 0, and whether the
+    sharded model's forward on ``ids`` gives ``alone``'s logits."""
+    import torch.distributed as dist
+
     whole = dict(alone.named_parameters())
     rank, size = dist.get_rank(), dist.get_world_size()
     own_shards = all(
@@ -585,8 +593,8 @@ def run_fsdp_oneshot(name: str) -> dict[str, object]:
         for name, parameter in model.named_parameters()
     )
     with torch.no_grad():
-        logits = torch.equal(model(calibration).logits, alone(calibration).logits)
-    return {"state": state_digest(model), "batches": batches, "own_shards": own_shards, "logits": logits}
+        logits = torch.equal(model(ids).logits, alone(ids).logits)
+    return own_shards, logits
 
 
 def fsdp_masks() -> dict[str, object]:
@@ -732,6 +740,39 @@ def fsdp_rank_raises_after_writing_a_block() -> dict[str, object]:
     return found
 
 
+#: A refused run: how to make its model, and the call on it.
+Refusal = tuple[Callable[[], nn.Module], Callable[[nn.Module], object]]
+
+
+def check_refusals(per_rank: list[Any], expected: dict[str, tuple[str, str]]) -> None:
+    """Each rank's :func:`refusals`: per run, the error type and the start of its one-line message; shards unchanged."""
+    for found in per_rank:
+        for name, (error, start) in expected.items():
+            assert found[name]["error"] == error, (name, found[name])
+            assert found[name]["message"].startswith(start), found[name]["message"]
+            assert "\n" not in found[name]["message"]
+            assert found[name]["unchanged"], name
+
+
+def refusals(runs: dict[str, Refusal]) -> dict[str, object]:
+    """Each run's error (its type and message; None where it ran) and whether this rank's shards are unchanged."""
+    found: dict[str, object] = {}
+    for name, (make, run) in runs.items():
+        model = make()
+        before = shards_digest(model)
+        try:
+            run(model)
+        except Exception as error:
+            found[name] = {
+                "error": type(error).__name__,
+                "message": str(error),
+                "unchanged": shards_digest(model) == before,
+            }
+        else:
+            found[name] = {"error": None}
+    return found
+
+
 def fsdp_refused() -> dict[str, object]:
     """Each run prunereg refuses on a sharded model: its error, one line, and whether the shards are unchanged."""
     import torch.distributed as dist
@@ -755,7 +796,7 @@ def fsdp_refused() -> dict[str, object]:
         return model
 
     calibration = calibration_ids(7, 16)
-    runs: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object]]] = {
+    runs: dict[str, Refusal] = {
         "shrink": (
             lambda: fully_sharded(tiny_llama(layers=3)),
             lambda model: prunereg.shrink(model, "flap", calibration, mlp=0.5),
@@ -774,21 +815,7 @@ def fsdp_refused() -> dict[str, object]:
             lambda model: prunereg.oneshot(model, "sparsegpt", calibration=calibration),
         ),
     }
-    found: dict[str, object] = {}
-    for name, (make, run) in runs.items():
-        model = make()
-        before = shards_digest(model)
-        try:
-            run(model)
-        except Exception as error:
-            found[name] = {
-                "error": type(error).__name__,
-                "message": str(error),
-                "unchanged": shards_digest(model) == before,
-            }
-        else:
-            found[name] = {"error": None}
-    return found
+    return refusals(runs)
 
 
 #: Recovery runs (of :data:`RECOVER_RUNS`) made with the model, and the teacher if ``True``, sharded with FSDP2;
@@ -808,7 +835,6 @@ def run_sharded_recover(name: str) -> dict[str, object]:
     whether the sharded model's forward gives its logits, the teacher's shards
     unchanged, the batches this rank ran, and whether every parameter is sharded after.
     """
-    import torch.distributed as dist
 
     run, shard_teacher, extra = SHARDED_RECOVER_RUNS[name]
     _, _, method, settings = RECOVER_RUNS[run]
@@ -823,19 +849,13 @@ def run_sharded_recover(name: str) -> dict[str, object]:
     teacher_before = shards_digest(teacher)
     seen = counting_batches(model)
     prunereg.recover(fully_sharded(model), teacher, calibration, method, **removed, **settings, **extra)
-    whole = dict(alone.named_parameters())
-    rank, size = dist.get_rank(), dist.get_world_size()
-    own_shards = all(
-        torch.equal(parameter.to_local(), torch.chunk(whole[key], size)[rank])
-        for key, parameter in model.named_parameters()
-    )
-    with torch.no_grad():
-        logits = torch.equal(model(calibration).logits, alone(calibration).logits)
+    batches = len(seen)  # (before the forward below)
+    own_shards, logits = shards_and_logits_of(model, alone, calibration)
     return {
         "state": state_digest(model),
         "alone": state_digest(alone),
         "unrecovered": unrecovered,
-        "batches": len(seen),
+        "batches": batches,
         "own_shards": own_shards,
         "logits": logits,
         "teacher_unchanged": shards_digest(teacher) == teacher_before,
@@ -873,7 +893,7 @@ def sharded_recover_refused() -> dict[str, object]:
         model, _ = shrunk_or_pruned("replace")
         return fully_sharded(model)
 
-    runs: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], object]]] = {
+    runs: dict[str, Refusal] = {
         "new_biases": (
             lambda: fully_sharded(tiny_llama(layers=3)),
             lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "refit"),
@@ -895,21 +915,7 @@ def sharded_recover_refused() -> dict[str, object]:
             lambda model: prunereg.recover(model, tiny_llama(layers=3), calibration, "replace", bias=False),
         ),
     }
-    found: dict[str, object] = {}
-    for name, (make, run) in runs.items():
-        model = make()
-        before = shards_digest(model)
-        try:
-            run(model)
-        except Exception as error:
-            found[name] = {
-                "error": type(error).__name__,
-                "message": str(error),
-                "unchanged": shards_digest(model) == before,
-            }
-        else:
-            found[name] = {"error": None}
-    return found
+    return refusals(runs)
 
 
 CASES: dict[str, Callable[[], object]] = {
