@@ -98,7 +98,9 @@ def recover(
     objective is put back as it was, and the report says so. A refusal (no
     calibration, a teacher of other shapes, no blocks found, an unknown
     option) is a one-line error and leaves the model as it was. If the method
-    fails midway, the block it was working on is put back and the error says
+    fails midway (or, under ranks, another rank does, or the ranks' blocks
+    differ), the block it was working on is put back, the biases no recovered
+    block uses are taken back with their config flags, and the error says
     which blocks were recovered before it.
 
     Under torch.distributed (``torchrun``; ``data_parallel=False`` opts out)
@@ -213,15 +215,17 @@ class RecoverJob:
         precision = matmul_precision(self.options.matmul_precision)
         with calibration_mode(self.model), calibration_mode(self.teacher), precision:
             added = switch_on_biases(config, self.bias_flags)
-            if self.method.SCOPE == "model":
-                report.steps.append(recover_model(self.method, self._whole_model()))
-            else:  # FSDP2: each block of either model gathered whole in turn
-                with (
-                    sharded_run(self.model, self.blocks, self.ranks) as student,
-                    sharded_run(self.teacher, self.teacher_blocks, self.ranks) as teacher,
-                ):
-                    self._recover_blocks(report, student, teacher)
-            switch_off_unused(added, config, config_before)
+            try:
+                if self.method.SCOPE == "model":
+                    report.steps.append(recover_model(self.method, self._whole_model()))
+                else:  # FSDP2: each block of either model gathered whole in turn
+                    with (
+                        sharded_run(self.model, self.blocks, self.ranks) as student,
+                        sharded_run(self.teacher, self.teacher_blocks, self.ranks) as teacher,
+                    ):
+                        self._recover_blocks(report, student, teacher)
+            finally:  # a failure too: the biases no recovered block uses go, with their flags
+                switch_off_unused(added, config, config_before)
         report.config = config_changes(config, config_before)
         report.seconds = time.perf_counter() - start
         return report
@@ -265,11 +269,10 @@ class RecoverJob:
                 targets, attention = teacher.run(span, attention=self.method.reads_attention_residual(changed))
             block = self._block_data(index, span, parts, changed, student_inputs, targets, attention, dense_inputs)
             try:
-                step, outputs = recover_block(self.method, block)
+                step, outputs = recover_block(self.method, block, lambda done: check_ranks_agree(self.ranks, done))
             except BaseException as error:
                 _say_how_far(error, self.blocks_path, index)
                 raise
-            check_ranks_agree(self.ranks, block)
             student.done(index, module, pruned=True)
             report.steps.append(step)
             student_inputs.hidden = outputs

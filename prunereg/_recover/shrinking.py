@@ -254,9 +254,8 @@ class Recovering(BlockFollower):
             changed=changed, attention_targets=attention, masks=zero_masks(block), show_progress=self.progress,
             label=f"{self.report.blocks_path}.{index}", ranks=self.ranks, dense_inputs=dense_inputs,
         )  # fmt: skip
-        step, outputs = recover_block(self.method, data)
+        step, outputs = recover_block(self.method, data, lambda done: check_ranks_agree(self.ranks, done))
         _put_back_unchanged(originals)
-        check_ranks_agree(self.ranks, data)
         self._used.update(flag for flag, layers in added.items() if any_bias_used(layers))
         self.report.steps.append(step)
         self.report.n_tokens = data.n_tokens

@@ -25,29 +25,40 @@ from prunereg._recover.data import RecoveryBlock, RecoveryModel
 from prunereg._recover.report import BlockRecovery
 
 
-def recover_block(method: RecoveryMethod, block: RecoveryBlock) -> tuple[BlockRecovery, list[Tensor]]:
+def recover_block(
+    method: RecoveryMethod, block: RecoveryBlock, check: Callable[[RecoveryBlock], None] | None = None
+) -> tuple[BlockRecovery, list[Tensor]]:
     """Recover ``block`` with ``method``: its report row, and its outputs as left (the next block's inputs).
 
     The objective before the method comes from the method's own first pass over
     the calibration set when it made one on the weights as they were (a refit's
     statistics); else the weights as they were are put in for one pass. Only
     the latest pass's outputs are kept: where the method made the objective
-    worse and its change is undone, one more pass gives the outputs.
+    worse and its change is undone, one more pass gives the outputs. ``check``
+    runs on the block as the method left it (the ranks' agreement). Whatever
+    raises, from the method to the check (another rank's failure, met in a
+    pass's exchange, too), the block's parameters are put back first.
     """
     start = time.perf_counter()
     step = BlockRecovery(block.index, list(block.teacher_indices))
     copy = _run_checked(method, lambda: method.recover_block(block), block.module, block.masks, step)
-    if not step.changed:  # the weights are as they came: one pass gives the loss and the outputs
-        step.loss_before, outputs = block.evaluate()
-        step.loss_after = step.loss_before
-    else:
-        loss_before = block.original_loss()
-        if loss_before is None:
-            with copy.swapped_in():
-                loss_before = block.evaluate()[0]
-        step.loss_before = loss_before
-        _keep_better(step, copy, lambda: block.evaluate()[0])
-        outputs = block.evaluate()[1]  # the pass that measured the weights kept, or one more if put back
+    try:
+        if not step.changed:  # the weights are as they came: one pass gives the loss and the outputs
+            step.loss_before, outputs = block.evaluate()
+            step.loss_after = step.loss_before
+        else:
+            loss_before = block.original_loss()
+            if loss_before is None:
+                with copy.swapped_in():
+                    loss_before = block.evaluate()[0]
+            step.loss_before = loss_before
+            _keep_better(step, copy, lambda: block.evaluate()[0])
+            outputs = block.evaluate()[1]  # the pass that measured the weights kept, or one more if put back
+        if check is not None:
+            check(block)
+    except BaseException:
+        copy.undo()
+        raise
     step.seconds = time.perf_counter() - start
     return step, outputs
 

@@ -127,6 +127,47 @@ def test_a_failure_midway_puts_that_block_back_and_says_which_blocks_were_recove
             assert torch.equal(after[name], tensor), name
 
 
+class _RefitFailsOnFirst(RecoveryMethod):
+    """Asks for the MLP writers' biases, refits the first block's, then fails in it."""
+
+    def __init__(self) -> None:
+        self.refit = prunereg.get("refit")(writers=("mlp",))
+
+    @property
+    def writer_biases(self) -> frozenset[str]:
+        return frozenset({"mlp"})
+
+    def recover_block(self, block: RecoveryBlock) -> str | None:
+        self.refit.recover_block(block)
+        raise RuntimeError("out of memory, say")
+
+
+def test_a_failure_in_the_first_block_leaves_the_model_and_its_config_as_they_were_biases_switched_off() -> None:
+    model, teacher = shrunk("llama", "wanda_sp", {"mlp": 0.5})
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        prunereg.recover(model, teacher, calibration_ids(), _RefitFailsOnFirst(), progress=False)
+    assert_unchanged(model, before)  # the zero biases switched on for the run, and mlp_bias, gone again
+
+
+def test_a_failure_after_the_method_ran_in_the_pass_that_measures_it_puts_the_block_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ranks another rank's failure is met in an exchange of that pass (the losses), after the method ran."""
+    from prunereg._recover import step
+
+    def fails(*args: Any) -> bool:
+        raise RuntimeError("rank 1 of 2 failed: out of memory")
+
+    monkeypatch.setattr(step, "_keep_better", fails)
+    model, teacher = shrunk("llama", "wanda_sp", {"mlp": 0.5})
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed") as caught:
+        prunereg.recover(model, teacher, calibration_ids(), "refit", progress=False)
+    assert "no block of model.layers was changed" in "".join(getattr(caught.value, "__notes__", []))
+    assert_unchanged(model, before)
+
+
 def _other_width_teacher() -> nn.Module:
     return build("llama", 1)
 

@@ -63,3 +63,4 @@ def test_a_method_whose_blocks_differ_between_ranks_is_an_error_on_every_rank(wo
     for found in values(worlds[2], "recover_method_reads_its_own_share"):
         assert found["error"] == "RuntimeError", found
         assert found["message"].startswith("the ranks recovered model.layers.0 differently: the method read its own")
+        assert found["unchanged"]  # the block put back on every rank, the bias it was given taken back
