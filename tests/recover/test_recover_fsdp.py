@@ -10,6 +10,8 @@ the same recovery in one process on the unsharded model, bit for bit.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +25,11 @@ from tests.support.calibration_ranks import (
     values,
     worlds_fixture,
 )
+from tests.support.processes import run_example_under_torchrun
 
 pytestmark = rank_test_marks()
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "recover_fsdp.py"
 
 worlds = worlds_fixture("sharded_recover_")
 
@@ -72,3 +77,12 @@ def test_one_block_of_the_model_is_whole_while_it_is_recovered_and_none_of_the_t
     for found in values(worlds[size], "sharded_recover_one_block_at_a_time"):
         assert found["whole_at_recoveries"] == [[[0], []], [[1], []], [[2], []]]
         assert found["whole_after"] == [[], []]
+
+
+def test_the_docs_example_runs_under_torchrun_and_its_shards_hold_the_one_process_recovery():
+    """docs/distributed.md's FSDP2 recovery example, run as it tells the user to, on two CPU ranks."""
+    process = run_example_under_torchrun(EXAMPLE)
+    assert process.returncode == 0, process.stdout
+    assert "same weights as one process: True, same logits: True, on 2 ranks" in process.stdout, process.stdout
+    refit = re.search(r"blocks refit: (\d+) of 4", process.stdout)
+    assert refit is not None and int(refit.group(1)) > 0, process.stdout
