@@ -160,6 +160,10 @@ class _Recorder:
         self.parameters: dict[int, list[torch.fx.Node]] = {}
         """Per parameter (by identity), its placeholders: one per name it is held under."""
 
+    def where(self) -> str:
+        """`` in 'path'``: the module running now, for a message (nothing outside every module)."""
+        return f" in '{self.modules[-1][0]}'" if self.modules and self.modules[-1][0] else ""
+
     def placeholder(
         self, tensor: Tensor, kind: InputKind, target: str | None, name: str, persistent: bool | None = None
     ) -> torch.fx.Node:
@@ -274,9 +278,9 @@ class _AtenMode(TorchDispatchMode):
         recorder = self.recorder
         name = func.overloadpacket.__name__
         if recorder.read is None and name in _READS_VALUES:
-            recorder.read = f"aten.{name} reads tensor values"
+            recorder.read = f"aten.{name}{recorder.where()} reads tensor values"
         if recorder.split is None and _shape_from_values(name, args):
-            recorder.split = f"aten.{name} makes a shape from tensor values"
+            recorder.split = f"aten.{name}{recorder.where()} makes a shape from tensor values"
         elif recorder.split is None and not recorder.inside_whole:
             if recorder.inside_python and name in _SPLIT_FROM_WHOLE:
                 recorder.split = f"aten.{name} is part of a composite operation a torch function split"

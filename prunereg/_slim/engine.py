@@ -159,7 +159,8 @@ def _by_ratio(scorer: Importance | None, name: str, ratio: float, round_to: int,
 
     def choose(groups: list[Group], graph: DependencyGraph, values: dict[str, Tensor], zeros: bool) -> Chosen:
         scores = _scorer(scorer, name, values, on_meta)
-        return Chosen(_lowest_units(groups, scores, ratio, round_to, graph.producers))
+        notes: list[str] = []
+        return Chosen(_lowest_units(groups, scores, ratio, round_to, graph, notes), notes=notes)
 
     return choose
 
@@ -352,9 +353,14 @@ def _lowest_units(
     score: Callable[[Group], Tensor],
     ratio: float,
     round_to: int,
-    producers: set[TensorDim],
+    graph: DependencyGraph,
+    notes: list[str],
 ) -> dict[int, set[int]]:
     """Per group, the units removed: the lowest-ranked removable ones, in :func:`removal_order` (NaN first).
+
+    A share keeps a multiple of ``round_to`` units, and of what the graph's
+    aligned dimensions need (:meth:`DependencyGraph.multiple`); ``notes`` says
+    where the latter kept more.
 
     A group several layers make side by side (a concatenation of branches)
     loses ``ratio`` of each layer's units, as each of those layers would on
@@ -369,9 +375,18 @@ def _lowest_units(
         rank[order] = torch.arange(len(order))  # a unit's place in the removal order: higher stays longer
         ordered, removable = order.tolist(), set(group.removable)
         gone: set[int] = set()
-        for share in _shares(group, producers):
+        multiple = math.lcm(round_to, graph.multiple(group.units))
+        for share in _shares(group, graph.producers):
             candidates = share & removable
-            count = min(len(share) - _units_kept(len(share), ratio, round_to), len(candidates))
+            count = min(len(share) - _units_kept(len(share), ratio, multiple), len(candidates))
+            if multiple != round_to and _units_kept(len(share), ratio, multiple) > _units_kept(
+                len(share), ratio, round_to
+            ):
+                maker = next((key for key in group.members if key in graph.producers), next(iter(group.members)))
+                notes.append(
+                    f"'{maker[0].removesuffix('_orig')}' keeps {_units_kept(len(share), ratio, multiple)} of "
+                    f"{len(share)} channels: {_WHOLE_16_BYTES}"
+                )
             if count > 0:
                 gone |= set([unit for unit in ordered if unit in candidates][:count])
         if not gone:
@@ -382,6 +397,9 @@ def _lowest_units(
                 gone.discard(max(units, key=lambda k: int(rank[k])))
         removed[g] = gone
     return removed
+
+
+_WHOLE_16_BYTES = "a grouped matrix product reads it, in widths of whole 16 bytes"
 
 
 def _shares(group: Group, producers: set[TensorDim]) -> list[set[int]]:
@@ -419,7 +437,10 @@ def _nothing_removed(groups: list[Group], ratio: float | None, round_to: int, no
     elif all(_units_kept(group.size, ratio, 1) == group.size for group in groups):
         why = f"ratio {ratio:g} of a group rounds to no unit (the largest group has {_largest(groups)})"
     else:
-        why = f"round_to={round_to} keeps every group whole: the largest has {_largest(groups)} units"
+        kept_by = f"round_to={round_to}"
+        if any(note.endswith(_WHOLE_16_BYTES) for note in notes):
+            kept_by += ", or the widths a grouped matrix product reads,"
+        why = f"{kept_by} keeps every group whole: the largest has {_largest(groups)} units"
     message = f"slimming removed nothing: {why}"
     notes.append(message)
     warnings.warn(message, UserWarning, stacklevel=3)

@@ -72,9 +72,9 @@ class DependencyGraph:
     tensors: dict[str, Dims]
     """Parameter or buffer name (as in ``named_parameters``) to the ids of its dimensions."""
     producers: set[tuple[str, int]] = field(default_factory=set)
+    """``(tensor name, dim)`` that makes channels: output rows of Linear and convolution weights, embedding columns."""
     consumers: set[tuple[str, int]] = field(default_factory=set)
     """``(tensor name, dim)`` that reads channels: input columns of Linear and convolution weights."""
-    """``(tensor name, dim)`` that makes channels: output rows of Linear and convolution weights, embedding columns."""
     conv_groups: dict[str, int] = field(default_factory=dict)
     """Grouped or depthwise convolution's module name to its output channels per group (whole groups go)."""
     norm_groups: dict[str, int] = field(default_factory=dict)
@@ -85,6 +85,18 @@ class DependencyGraph:
     """Every operation of the graph in order, with the ids of the tensor it makes (``None``: none, or several)."""
     head_splits: list[tuple[str, IdArray, int]] = field(default_factory=list)
     """Per reshape into heads: the module doing it, the ids of its heads, and the width of one head."""
+    aligned: list[tuple[IdArray, int]] = field(default_factory=list)
+    """Dimensions whose width must stay a multiple of a count of positions (torch's grouped product wants strides
+    in multiples of 16 bytes): their ids and that count."""
+
+    def multiple(self, units: Iterable[int]) -> int:
+        """The count that the number of ``units`` (roots) a dimension keeps must be a multiple of (1: any)."""
+        wanted = set(units)
+        found = 1
+        for ids, count in self.aligned:
+            if wanted.intersection(self.ids.roots(ids).tolist()):
+                found = math.lcm(found, count)
+        return found
 
     def kept(self, removed: set[int]) -> Tensor:
         """Per id: whether its position stays when the units ``removed`` go (units are roots)."""
@@ -137,7 +149,9 @@ def capture_model(
         error = failed.error
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         how = "build the graph of {} with torch.export" if failed.exported else "run {} on the example inputs"
-        raise SlimError(f"cannot {how.format(type(model).__name__)}: {type(error).__name__}: {first_line}") from error
+        why = f" (needed as {failed.why})" if failed.why else ""
+        message = f"cannot {how.format(type(model).__name__)}{why}: {type(error).__name__}: {first_line}"
+        raise SlimError(message) from error
 
 
 def capture_like(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], like: Captured) -> Captured:
@@ -152,9 +166,10 @@ def capture_like(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 class _CaptureFailed(Exception):
-    def __init__(self, error: Exception, exported: bool) -> None:
+    def __init__(self, error: Exception, exported: bool, why: str | None = None) -> None:
         super().__init__(str(error))
-        self.error, self.exported = error, exported
+        self.error, self.exported, self.why = error, exported, why
+        """``why``: why the eager capture could not stand for export's, where it ran first."""
 
 
 def _capture(
@@ -176,7 +191,7 @@ def _capture(
                 warnings.filterwarnings("ignore", message="The tensor attributes? .* assigned during export")
                 return torch.export.export(model, args, kwargs=kwargs, strict=False)
         except Exception as error:
-            raise _CaptureFailed(error, exported=True) from None
+            raise _CaptureFailed(error, exported=True, why=captured.not_export if eager else None) from None
     finally:
         for module, tensors in held:
             for key in _plain_tensors(module).keys() - tensors.keys():
@@ -1007,6 +1022,64 @@ def _addmm(b: _Builder, node: Node) -> Any:
     if bias is not None:
         for back in range(1, min(len(bias), len(out)) + 1):
             b.union(bias[-back], out[-back])
+    return out
+
+
+_STRIDE_BYTES = 16
+"""torch's grouped matrix product wants every stride of its operands a multiple of this many bytes."""
+
+
+@_rule("_grouped_mm", "grouped_mm", "grouped_mm_fallback")
+def _grouped_mm(b: _Builder, node: Node) -> Any:
+    """Rows of ``x`` grouped by expert, each group times its expert's matrix (transformers' fused experts).
+
+    ``x`` (rows, in) with ``w`` (experts, in, out) gives (rows, out): ``in`` and
+    ``out`` couple as in a matrix product, and position j of every expert goes
+    together (the experts share one tensor, so each keeps the same width). The
+    other layouts of torch's grouped product (offsets along a 2-D ``w``, or no
+    offsets) are not followed.
+    """
+    left, right = b.dims(_a(node)[0]), b.dims(_a(node)[1])
+    if left is None or right is None or len(left) != 2 or len(right) != 3 or len(_shape(node)) != 2:
+        return b.unfollowed(node)
+    b.positional(right, 0, node)
+    b.ids.coupling = coupling(READS, b.module_name(node))
+    b.union(left[1], right[1])
+    value = node.meta.get("val")
+    if isinstance(value, Tensor):
+        per_stride = max(1, _STRIDE_BYTES // value.element_size())
+        b.graph.aligned += [(left[1], per_stride), (right[2], per_stride)]
+    _mark_producer(b, _a(node)[1], 2)
+    _mark_producer(b, _a(node)[1], 1, reads=True)
+    out = [left[0], right[2]]
+    b.graph.macs.append(([*out, left[1]], 1))
+    return out
+
+
+@_rule("index")
+def _index(b: _Builder, node: Node) -> Any:
+    """``x[i, j]`` with integer index tensors: the dims indexed keep their positions, the others go through.
+
+    As in numpy, index dims next to each other are replaced in place by the
+    index's shape; apart, they come first. A boolean index is not followed.
+    """
+    dims = b.dims(_a(node)[0])
+    indices = list(_a(node)[1]) if len(_a(node)) > 1 else []
+    taken = [k for k, index in enumerate(indices) if index is not None]
+    found = [indices[k].meta.get("val") if isinstance(indices[k], Node) else None for k in taken]
+    values = [v for v in found if isinstance(v, Tensor) and not v.dtype.is_floating_point and v.dtype != torch.bool]
+    if dims is None or not taken or len(indices) > len(dims) or len(values) != len(taken):
+        return b.unfollowed(node)
+    index_shape = torch.broadcast_shapes(*(v.shape for v in values))
+    for k in taken:
+        b.positional(dims, k, node)
+    picked = [b.fixed(int(s)) for s in index_shape]
+    if taken == list(range(taken[0], taken[-1] + 1)):
+        out = [*dims[: taken[0]], *picked, *dims[taken[-1] + 1 :]]
+    else:
+        out = [*picked, *(ids for k, ids in enumerate(dims) if k not in taken)]
+    if [int(ids.numel()) for ids in out] != list(_shape(node)):
+        return b.unfollowed(node)
     return out
 
 

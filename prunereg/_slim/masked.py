@@ -85,15 +85,40 @@ def choose_pruned(
                 chosen &= decided  # exact zeros only: every channel of a layer at zero stays
                 choice.notes.append(f"every channel of {_tensor_text(key[0])} (dim {key[1]}) is zero: they stay")
                 break
+        partial = _partially_zero(group, made, values, masks, chosen)
+        if partial:
+            choice.notes.append(partial)
+        chosen = _aligned(group, graph, made, chosen, decided, choice.notes)
         if chosen.any():
             choice.removed[g] = set(chosen.nonzero().flatten().tolist())
             by_zeros = chosen & ~decided
             if by_zeros.any():
                 choice.by_zeros[g] = set(by_zeros.nonzero().flatten().tolist())
-        partial = _partially_zero(group, made, values, masks, chosen)
-        if partial:
-            choice.notes.append(partial)
     return choice
+
+
+def _aligned(
+    group: Group, graph: DependencyGraph, made: _Side, chosen: Tensor, decided: Tensor, notes: list[str]
+) -> Tensor:
+    """``chosen`` less the fewest units that leave a width a grouped matrix product can read (exact zeros first).
+
+    The units that stay hold zeros where they are made or read, so the
+    outputs are the masked model's still.
+    """
+    multiple = graph.multiple(group.units)
+    kept = group.size - int(chosen.sum())
+    extra = min(group.size, -(-kept // multiple) * multiple) - kept
+    if extra <= 0:
+        return chosen
+    ordered = [*(chosen & ~decided).nonzero().flatten().tolist(), *(chosen & decided).nonzero().flatten().tolist()]
+    aligned = chosen.clone()
+    aligned[ordered[:extra]] = False
+    maker = next(iter(made.keys or group.members))[0]
+    notes.append(
+        f"{extra} pruned channels of {_tensor_text(maker)} stay, at zero: "
+        f"a grouped matrix product reads them, in widths of whole 16 bytes"
+    )
+    return aligned
 
 
 def _side(group: Group, dims: set[TensorDim], values: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> _Side:

@@ -12,6 +12,12 @@ new widths, or the module computes something else. Two rules set them:
   named as the heads' total width (``attn_dim``, ``all_head_size``,
   ``inner_dim``) that held it set to the new total. Heads go whole, so their
   width (``head_dim``) stays.
+- **widths, by name**: a module whose own tensors lose positions along a
+  dimension gets every int attribute named as a width (``hidden_dim``,
+  ``intermediate_dim``, ``hidden_size``, ``intermediate_size``: how
+  transformers' routers and fused experts hold theirs) that held that
+  dimension's old size set to the new one, where the module's dimensions of
+  that size all change alike.
 - **by class**, for any other attribute: :func:`register_width_rule` says,
   for a module class, how to compute an attribute from the slimmed module.
 
@@ -33,6 +39,7 @@ WidthRule = Callable[[nn.Module], int]
 
 HEAD_COUNTS = ("num_heads", "n_heads", "num_attention_heads", "n_head", "heads", "num_key_value_heads")
 HEADS_WIDTH = ("attn_dim", "all_head_size", "inner_dim")
+WIDTHS = ("hidden_dim", "intermediate_dim", "hidden_size", "intermediate_size")
 HEAD_WIDTHS = ("head_dim", "head_size", "attention_head_size", "dim_head")
 """Names of one head's width, which slimming never changes (heads go whole)."""
 
@@ -92,6 +99,7 @@ def sync_width_attributes(
                 proposals.setdefault((path, attribute), set()).add(after)
             elif attribute in HEADS_WIDTH and value == before * width:
                 proposals.setdefault((path, attribute), set()).add(after * width)
+    _widths_by_name(model, graph, kept, proposals)
     changed: list[str] = []
     for (path, attribute), values in proposals.items():
         if len(values) == 1:  # two head splits that disagree leave it: the check after the cut names the module
@@ -99,6 +107,26 @@ def sync_width_attributes(
             changed.append(f"{path}.{attribute}")
     changed += _by_class(model, set(touched))
     return changed
+
+
+def _widths_by_name(
+    model: nn.Module, graph: DependencyGraph, kept: torch.Tensor, proposals: dict[tuple[str, str], set[int]]
+) -> None:
+    """Propose the new value of each width attribute (:data:`WIDTHS`) whose module's own tensors lost positions."""
+    sizes: dict[str, dict[int, set[int]]] = {}
+    for name, dims in graph.tensors.items():
+        path = name.rpartition(".")[0]
+        for ids in dims:
+            before, after = ids.numel(), int(kept[ids].sum())
+            sizes.setdefault(path, {}).setdefault(before, set()).add(after)
+    for path, by_size in sizes.items():
+        module = model.get_submodule(path)
+        for attribute in WIDTHS:
+            value = getattr(module, attribute, None)
+            if isinstance(value, bool) or not isinstance(value, int) or value not in by_size:
+                continue
+            if len(by_size[value]) == 1 and value not in by_size[value]:
+                proposals.setdefault((path, attribute), set()).update(by_size[value])
 
 
 def _by_class(model: nn.Module, touched: set[str]) -> list[str]:

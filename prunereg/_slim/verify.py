@@ -63,18 +63,33 @@ def needs_capture(graph: DependencyGraph, planned: list[tuple[NodeDims, tuple[in
     )
 
 
+ELIDED = frozenset({"aten.clone"})
+"""Operations torch runs or skips by the layout of a tensor (``contiguous()`` of a tensor that already is, as one of
+a single head is): the two graphs are paired without them."""
+
+SAME_OP = {"aten._unsafe_view": "aten.view"}
+"""Operations one of which stands for the other by layout (``reshape`` of a contiguous tensor is a view)."""
+
+
 def compare(
     graph: DependencyGraph, planned: list[tuple[NodeDims, tuple[int, ...]]], exported: Captured
 ) -> Mismatch | None:
-    """The first operation of ``exported`` (the slimmed model) that differs from the plan for ``graph``, or ``None``."""
-    ops = {node.name: node.op for node in graph.nodes}
+    """The first operation of ``exported`` (the slimmed model) that differs from the plan for ``graph``, or ``None``.
+
+    The operations are paired in order, those torch runs or skips by layout
+    (:data:`ELIDED`) left out: a narrower tensor may be contiguous where the
+    wider one was not.
+    """
     shapes = {node.name: shape for node, shape in planned}
-    for name, op, module, shape in _operations(exported):
-        if ops.get(name) != op:
+    model_ran = [node for node in graph.nodes if node.op not in ELIDED]
+    slimmed_runs = [operation for operation in _operations(exported) if operation[1] not in ELIDED]
+    for index, (_, op, module, shape) in enumerate(slimmed_runs):
+        ran = model_ran[index] if index < len(model_ran) else None
+        if ran is None or SAME_OP.get(ran.op, ran.op) != SAME_OP.get(op, op):
             return Mismatch(
-                module, f"{_where(module)} runs {op} where the model ran {ops.get(name) or 'no such operation'}"
+                module, f"{_where(module)} runs {op} where the model ran {ran.op if ran else 'no such operation'}"
             )
-        planned_shape = shapes.get(name)
+        planned_shape = shapes.get(ran.name)
         if planned_shape is not None and shape is not None and shape != planned_shape:
             return Mismatch(
                 module,

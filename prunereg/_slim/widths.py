@@ -110,7 +110,16 @@ def width_readers(error: BaseException, model: nn.Module, widths: Collection[int
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "embedding_size")
 _PER_STAGE = ("hidden_sizes",)
-_INTERMEDIATE = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim")
+_INTERMEDIATE = (
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "d_ff",
+    "hidden_dim",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "q_lora_rank",
+)
 _CONFIG_HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 _CONFIG_KV = ("num_key_value_heads", "n_kv_heads", "num_kv_heads")
 
