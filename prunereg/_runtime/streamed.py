@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from prunereg._disk.errors import quoted
 from prunereg._disk.folder import AtomicFolder
 from prunereg._disk.input_file import copy_regular
 from prunereg._disk.model_dir import (
@@ -33,9 +34,9 @@ from prunereg._disk.model_dir import (
     replace_hint,
     safetensors_weight_map,
 )
-from prunereg._disk.safetensors_file import open_safetensors
-from prunereg._models.config_check import checkpoint_names
+from prunereg._disk.safetensors_file import TensorEntry, open_safetensors, read_header
 from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
+from prunereg._models.layout import CheckpointLayout
 from prunereg._runtime.blocks import find_blocks
 
 INDEX_NAME = SAFETENSORS_INDEX
@@ -55,6 +56,17 @@ class CheckpointReader:
     def __init__(self, folder: Path, label: str = "MODEL_DIR") -> None:
         self.label = label
         self.files = safetensors_weight_map(folder, label)
+
+    def entries(self) -> dict[str, TensorEntry]:
+        """Every tensor's dtype and shape, from the files' headers alone."""
+        found: dict[str, TensorEntry] = {}
+        for path in sorted(set(self.files.values())):
+            found.update(read_header(path, replace_hint(path.name)))
+        return {key: found[key] for key in self.files}
+
+    def layout(self, model: nn.Module) -> CheckpointLayout:
+        """How these files' tensors make ``model``'s (:class:`CheckpointLayout`)."""
+        return CheckpointLayout(model, self.entries())
 
     def read(self, keys: Iterable[str]) -> dict[str, Tensor]:
         """The tensors named ``keys``, each file opened once, through the checked opener."""
@@ -92,16 +104,16 @@ class StreamedBlocks:
         self.n_shards = n_blocks + 1  # one per block, and one for the rest
         self.weight_map: dict[str, str] = {}
         self.total_size = 0
-        self.names = checkpoint_names(model, reader.files)
+        self.layout = reader.layout(model)
 
     def capturing(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # the weights outside the blocks are loaded for the whole run
 
     def fetch(self, index: int, block: nn.Module) -> None:
         prefix = f"{self.blocks_path}.{index}."
-        wanted = {name[len(prefix) :]: key for name, key in self.names.items() if name.startswith(prefix)}
-        tensors = self.reader.read(wanted.values())
-        state = {local: tensors[key].to(self.device) for local, key in wanted.items()}
+        wanted = [name for name in self.layout.names() if name.startswith(prefix)]
+        made = self.layout.assemble(wanted, self.reader.read(self.layout.keys_for(wanted)))
+        state = {name[len(prefix) :]: tensor.to(self.device) for name, tensor in made.items()}
         missing = [name for name, _ in block.named_parameters() if name not in state]
         if missing:
             raise KeyError(f"the checkpoint has no weights for {prefix}{missing[0]} (and {len(missing) - 1} more)")
@@ -110,8 +122,9 @@ class StreamedBlocks:
     def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
         if pruned:
             prefix = f"{self.blocks_path}.{index}."
-            self._write(index, {self.names[prefix + name]: t for name, t in block.state_dict().items()
-                                if prefix + name in self.names})  # fmt: skip
+            held = self.layout.names()
+            self._write(index, self.layout.stored({prefix + name: t for name, t in block.state_dict().items()
+                                                   if prefix + name in held}))  # fmt: skip
         empty_block(block)
 
     def finish(self, rest: Mapping[str, str], source: Path) -> None:
@@ -142,13 +155,21 @@ class StreamedBlocks:
 
 
 def check_complete(
-    model: nn.Module, names: dict[str, str], checkpoint_keys: Iterable[str], source: Path, label: str
+    model: nn.Module,
+    layout: CheckpointLayout,
+    checkpoint_keys: Iterable[str],
+    source: Path,
+    label: str,
+    also: Iterable[str] = (),
 ) -> None:
-    """Refuse, as loading the folder in memory does, weights the folder lacks or the model does not know."""
-    found = set(names)
+    """Refuse, as loading the folder in memory does, weights the folder lacks or the model does not know.
+
+    ``also``: more model names loaded (a tied embedding under the name the model saves it by).
+    """
+    found = layout.names() | set(also)
     missing = [name for name, _ in model.named_parameters() if name not in found]  # a tied head is named once
     ignored = [re.compile(pattern) for pattern in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()]
-    used = set(names.values())
+    used = layout.used_keys()
     unexpected = [k for k in checkpoint_keys if k not in used and not any(p.search(k) for p in ignored)]
     refuse_incomplete(missing, unexpected, source, label)
 
@@ -273,7 +294,14 @@ def open_folder(
     model = empty_causal_lm(source, label)
     blocks_path, block_list = find_blocks(model, blocks)
     streamed_blocks = streamed(model, reader, blocks_path, staging, len(block_list), device)
-    rest = {name: key for name, key in streamed_blocks.names.items() if not name.startswith(f"{blocks_path}.")}
+    layout = streamed_blocks.layout
+    outside = [name for name in layout.converted if not name.startswith(f"{blocks_path}.")]
+    if outside:
+        raise ValueError(
+            f"{label} {quoted(source)} stores {outside[0]}, outside the blocks, in a layout transformers converts on "
+            "loading; prunereg streams only blocks so stored: load the model in memory"
+        )
+    rest = {name: key for name, key in layout.plain.items() if not name.startswith(f"{blocks_path}.")}
     tensors = reader.read(rest.values())
     rest, written, ties = tied_embedding_once(model, rest, tensors, label)
     model.load_state_dict({name: tensors[key].to(device) for name, key in rest.items()}, strict=False, assign=True)
@@ -283,5 +311,5 @@ def open_folder(
     tie_weights = getattr(model, "tie_weights", None)
     if ties and callable(tie_weights):  # a head that shares the embedding's weight (the checkpoint stores it once)
         tie_weights()
-    check_complete(model, streamed_blocks.names | rest, reader.files, source, label)
+    check_complete(model, layout, reader.files, source, label, also=rest)
     return StreamedModel(model, streamed_blocks, blocks_path, len(block_list), written)

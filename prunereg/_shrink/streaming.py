@@ -41,22 +41,22 @@ class ShrunkBlocks(StreamedBlocks):
     def done(self, index: int, block: nn.Module, *, pruned: bool) -> None:
         prefix = f"{self.blocks_path}.{index}."
         parameters = {name for name, _ in block.named_parameters()}
+        held = self.layout.names()
         tensors = {}
         for name, tensor in block.state_dict().items():
-            if prefix + name in self.names or name in parameters:  # a bias the compensation created is new
-                key = self.key_of(prefix + name)
-                tensors[key] = tensor
-                module, _, attribute = name.rpartition(".")
-                self.holders[key] = (block.get_submodule(module), attribute)
-        self._write(index, tensors)
+            if prefix + name in held or name in parameters:  # a bias the compensation created is new
+                tensors[prefix + name] = tensor
+                if prefix + name not in self.layout.converted:
+                    module, _, attribute = name.rpartition(".")
+                    self.holders[self.key_of(prefix + name)] = (block.get_submodule(module), attribute)
+        self._write(index, self.layout.stored(tensors, self.key_of))
         empty_block(block)
 
     def key_of(self, name: str) -> str:
-        """The checkpoint key of model name ``name``, also for a tensor the checkpoint did not have."""
-        if name in self.names:
-            return self.names[name]
-        strips = any(key != model_name for model_name, key in self.names.items())
-        return name.partition(".")[2] if strips else name  # a checkpoint without the base model's prefix
+        """The checkpoint key of model name ``name`` stored as it is, also for a tensor the checkpoint did not have."""
+        if name in self.layout.plain:
+            return self.layout.plain[name]
+        return self.layout.new_key(name)
 
     def drop_taken_back(self) -> None:
         """Delete from the shards each tensor its module no longer holds (a bias recovery took back at the end)."""

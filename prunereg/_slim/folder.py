@@ -28,8 +28,8 @@ from prunereg._disk.folder import AtomicFolder
 from prunereg._disk.input_file import copy_regular
 from prunereg._disk.model_dir import SAFETENSORS_INDEX, replace_hint
 from prunereg._disk.safetensors_file import SafetensorsWriter
-from prunereg._models.config_check import checkpoint_names
 from prunereg._models.hf_folder import empty_model
+from prunereg._models.layout import CheckpointLayout
 from prunereg._runtime.streamed import CheckpointReader, check_complete, output_folder
 from prunereg._slim.engine import ArgumentError, SlimArguments, _importance_name, check_arguments, slim_keeping
 from prunereg._slim.importance import Importance, MagnitudeImportance, RandomImportance
@@ -152,18 +152,18 @@ def slim_folder_into(
     model = empty_model(source, label)
     reader = CheckpointReader(source, label)
     folder.require_free_space(reader.size())
-    names = checkpoint_names(model, reader.files)
-    check_complete(model, names, reader.files, source, label)
+    layout = reader.layout(model)
+    check_complete(model, layout, reader.files, source, label)
     aliases = _aliases(model)
-    keys = _checkpoint_keys(aliases, names)
+    held = _held_names(aliases, layout)
     scorer = _streamed_importance(arguments.importance)
     if isinstance(scorer, _MeasuredAsRead):
-        for name, tensor in _parameters_as_read(model, reader, keys):
+        for name, tensor in _parameters_as_read(model, reader, layout, held):
             scorer.add(name, tensor)
     inputs = {name: value.to("meta") for name, value in example_inputs(model, label).items()}
     report, keep = slim_keeping(model, inputs, dataclasses.replace(arguments, importance=scorer), config_by_shapes=True)
     report = dataclasses.replace(report, importance=_importance_name(arguments.importance or "magnitude"))
-    _write_weights(model, reader, keys, _kept_under_every_name(aliases, keep), staging, max_shard_size)
+    _write_weights(model, reader, layout, _kept_under_every_name(aliases, keep), staging, max_shard_size)
     _write_configs(model, source, staging)
     copy_beside_the_weights(source, staging)
     return report
@@ -177,14 +177,15 @@ def _aliases(model: nn.Module) -> list[list[str]]:
     return list(aliases.values())
 
 
-def _checkpoint_keys(aliases: list[list[str]], names: Mapping[str, str]) -> dict[str, str]:
-    """Every parameter and buffer name (tied ones under each name) to the checkpoint key it is read from."""
-    keys: dict[str, str] = {}
+def _held_names(aliases: list[list[str]], layout: CheckpointLayout) -> dict[str, str]:
+    """Every parameter and buffer name (tied ones under each name) to the name the checkpoint holds it under."""
+    held_names = layout.names()
+    held: dict[str, str] = {}
     for same in aliases:
-        key = next((names[name] for name in same if name in names), None)
-        if key is not None:
-            keys.update(dict.fromkeys(same, key))
-    return keys
+        found = next((name for name in same if name in held_names), None)
+        if found is not None:
+            held.update(dict.fromkeys(same, found))
+    return held
 
 
 def _kept_under_every_name(aliases: list[list[str]], keep: Mapping[TensorDim, Tensor]) -> dict[TensorDim, Tensor]:
@@ -197,45 +198,83 @@ def _kept_under_every_name(aliases: list[list[str]], keep: Mapping[TensorDim, Te
 
 
 def _parameters_as_read(
-    model: nn.Module, reader: CheckpointReader, keys: Mapping[str, str]
+    model: nn.Module, reader: CheckpointReader, layout: CheckpointLayout, held: Mapping[str, str]
 ) -> Iterator[tuple[str, Tensor]]:
-    """Each parameter (under every name it has) as loading would make it: read, in the model's dtype; one at a time."""
-    by_key: dict[str, list[tuple[str, torch.dtype]]] = {}
+    """Each parameter (under every name it has) as loading would make it: read, in the model's dtype; one at a time.
+
+    (Tensors converted together, a mixture's experts, are read together.)
+    """
+    by_held: dict[str, list[tuple[str, torch.dtype]]] = {}
     for name, parameter in model.named_parameters(remove_duplicate=False):
-        by_key.setdefault(keys[name], []).append((name, parameter.dtype))
-    for key, named in by_key.items():
-        stored = reader.read([key])[key]
+        by_held.setdefault(held[name], []).append((name, parameter.dtype))
+    made: dict[str, Tensor] = {}
+    for source, named in by_held.items():
+        if source not in made:
+            made |= layout.assemble(layout.together(source), reader.read(layout.keys_for([source])))
+        stored = made.pop(source)
         for name, dtype in named:
             yield name, stored.to(dtype)
+        del stored  # not alive while the next one is read
 
 
 def _write_weights(
     model: Any,
     reader: CheckpointReader,
-    keys: Mapping[str, str],
+    layout: CheckpointLayout,
     keep: Mapping[TensorDim, Tensor],
     staging: Path,
     max_shard_size: int | str,
 ) -> None:
-    """The slimmed model's state as ``save_pretrained`` writes it, each tensor read, sliced and written on its own."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
+    """The slimmed model's state as ``save_pretrained`` writes it, each tensor read, sliced and written on its own.
 
-    model._weight_conversions = []  # as from_pretrained leaves a model whose names needed no conversion
-    state = revert_weight_conversion(model, remove_tied_weights_from_state_dict(model.state_dict(), model))
+    Tensors are stored in the checkpoint's layout (:meth:`CheckpointLayout.stored`):
+    a mixture's experts converted back to modules of their own where the
+    checkpoint held them so, cut together and kept until written.
+    """
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from transformers.core_model_loading import dot_natural_key
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    made_by: dict[str, tuple[str, ...]] = {}
+    stored_state: dict[str, Tensor] = {}  # in save_pretrained's order, which its shards follow
+    planned: set[str] = set()
+    for name in sorted(state, key=dot_natural_key):
+        if name in planned:
+            continue
+        together = tuple(layout.together(name))
+        planned.update(together)
+        for key, tensor in layout.stored({n: state[n] for n in together}).items():
+            stored_state[key] = tensor
+            made_by[key] = together
     split = split_torch_state_dict_into_shards(
-        state, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+        stored_state, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
     )
+    waiting: dict[str, Tensor] = {}
     for filename, tensor_names in split.filename_to_tensors.items():
-        entries = {name: (state[name].dtype, tuple(state[name].shape)) for name in tensor_names}
+        entries = {name: (stored_state[name].dtype, tuple(stored_state[name].shape)) for name in tensor_names}
         with SafetensorsWriter(staging / filename, entries, {"format": "pt"}) as writer:
-            for name in writer.order:
-                writer.write(name, _kept(reader.read([keys[name]])[keys[name]].to(state[name].dtype), name, keep))
+            for key in writer.order:
+                if key not in waiting:
+                    waiting.update(_read_and_cut(made_by[key], reader, layout, state, keep))
+                writer.write(key, waiting.pop(key))
     if split.is_sharded:
         weight_map = {name: filename for filename, names in split.filename_to_tensors.items() for name in names}
         metadata = {"total_parameters": sum(p.numel() for p in model.parameters()), **split.metadata}
         index = {"metadata": metadata, "weight_map": weight_map}
         (staging / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _read_and_cut(
+    names: Sequence[str],
+    reader: CheckpointReader,
+    layout: CheckpointLayout,
+    state: Mapping[str, Tensor],
+    keep: Mapping[TensorDim, Tensor],
+) -> dict[str, Tensor]:
+    """The model tensors ``names`` (read and converted together) read, cut, and stored as the checkpoint held them."""
+    read = layout.assemble(names, reader.read(layout.keys_for(names)))
+    return layout.stored({name: _kept(read.pop(name).to(state[name].dtype), name, keep) for name in names})
 
 
 def _kept(tensor: Tensor, name: str, keep: Mapping[TensorDim, Tensor]) -> Tensor:

@@ -40,6 +40,23 @@ def test_streamed_pruning_equals_pruning_the_model_in_memory(tmp_path, build, me
     assert report.block_sparsities == expected.block_sparsities and report.timings.loading > 0
 
 
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_a_mixture_whose_folder_holds_each_expert_apart_prunes_as_in_memory_and_is_written_so(tmp_path, method):
+    from tests.shrink.models import tiny_mixtral
+
+    tiny_mixtral().save_pretrained(tmp_path / "dense")  # block_sparse_moe.experts.3.w1, as Mixtral's checkpoints
+    ids = calibration_ids(4, 16)
+    report = prunereg.oneshot_folder(tmp_path / "dense", tmp_path / "pruned", method, calibration=ids)
+    in_memory = _load(tmp_path / "dense")
+    expected = prunereg.oneshot(in_memory, method, calibration=ids)
+    streamed = _load(tmp_path / "pruned")
+    for (name, a), b in zip(streamed.state_dict().items(), in_memory.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert [(r.name, r.sparsity) for r in report.layers] == [(r.name, r.sparsity) for r in expected.layers]
+    names = json.loads((tmp_path / "pruned" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "model.layers.1.block_sparse_moe.experts.3.w1.weight" in names
+
+
 def test_the_output_folder_has_one_shard_per_block_an_index_and_the_other_files(tmp_path):
     tiny_llama(layers=3).save_pretrained(tmp_path / "dense")
     (tmp_path / "dense" / "tokenizer.json").write_text("{}")

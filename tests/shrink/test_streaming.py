@@ -19,6 +19,9 @@ CASES = [
     ("llama", "block_influence", {"layers": 2}),
     ("gpt2", "wanda_sp", {"mlp": 0.5}),
     ("qwen2", "magnitude_sp", {"mlp": 0.25, "heads": 0.5}),
+    ("mixtral", "reap", {"experts": 0.5}),  # its folder holds every expert apart, transformers stacks them
+    ("qwen2_moe", "reap", {"experts": 0.5}),
+    ("qwen2_moe", "magnitude_sp", {"heads": 0.5}),
 ]
 
 
@@ -48,6 +51,20 @@ def test_removed_blocks_leave_no_shard_and_the_index_names_the_new_indices(tmp_p
     index = (tmp_path / "small" / "model.safetensors.index.json").read_text()
     assert "model.layers.0." in index and "model.layers.1." not in index and "model.layers.2." not in index
     assert len(list((tmp_path / "small").glob("*.safetensors"))) == 2  # the kept block and the rest
+
+
+def test_a_mixture_whose_folder_holds_each_expert_apart_is_written_so_with_the_removed_experts_gone(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    build("mixtral").save_pretrained(tmp_path / "dense")  # as Mixtral's checkpoints: block_sparse_moe.experts.3.w1
+    before = json.loads((tmp_path / "dense" / "config.json").read_text())["num_local_experts"]
+    prunereg.shrink_folder(tmp_path / "dense", tmp_path / "small", "reap", calibration_ids(), experts=0.5)
+    names = set(json.loads((tmp_path / "small" / "model.safetensors.index.json").read_text())["weight_map"])
+    experts = {int(name.split(".experts.")[1].split(".")[0]) for name in names if ".experts." in name}
+    assert experts == set(range(before // 2)) and not any("gate_up_proj" in name for name in names)
+    assert "model.layers.0.block_sparse_moe.experts.0.w2.weight" in names
 
 
 def test_a_refused_request_writes_no_folder(tmp_path: Path) -> None:

@@ -63,6 +63,8 @@ CASES = {
     "gpt2-conv1d": ("hf_gpt2", []),
     "resnet-batch-norm-buffers": ("hf_resnet50", []),
     "gemma-config-kept-and-recorded": ("hf_gemma", []),
+    "mixtral-experts-one-module-each": ("hf_mixtral", []),
+    "qwen3-moe-experts-one-module-each": ("hf_qwen3_moe", []),
 }
 
 
@@ -80,6 +82,10 @@ def test_a_streamed_slim_writes_the_in_memory_slims_folder_byte_for_byte(
     recorded = "prunereg_slimmed" in json.loads(got["config.json"])
     # per-layer widths, or Gemma's embed_scale from hidden_size: the record; else the config states the widths
     assert recorded == (kind == "hf_gemma" or "--ignore" in extra)
+    if kind in ("hf_mixtral", "hf_qwen3_moe"):  # written as the checkpoint holds them: one module per expert
+        weights = got["model.safetensors"]
+        names = set(json.loads(weights[8 : 8 + int.from_bytes(weights[:8], "little")]))
+        assert any(".experts.3." in name for name in names) and not any("gate_up_proj" in name for name in names)
 
 
 def test_eval_with_stream_measures_the_model_before_and_the_written_one_after_as_in_memory(tmp_path: Path) -> None:

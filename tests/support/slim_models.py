@@ -598,6 +598,31 @@ def hf_gpt2(seed: int = 0, *, full: bool = False) -> Built:
     return GPT2LMHeadModel(config).eval(), _tokens(config.vocab_size, full)
 
 
+def hf_mixtral(seed: int = 0, *, full: bool = False) -> Built:
+    """A Mixtral (4 experts, 2 per token), which transformers 5 holds fused and saves one module per expert."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    _seeded(seed)
+    config = MixtralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    return MixtralForCausalLM(config).eval(), _tokens(config.vocab_size, full)
+
+
+def hf_qwen3_moe(seed: int = 0, *, full: bool = False) -> Built:
+    """A Qwen3-MoE (4 experts of width 24, q/k norms), saved one module per expert as its checkpoints are."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    _seeded(seed)
+    config = Qwen3MoeConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, num_experts=4,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    return Qwen3MoeForCausalLM(config).eval(), _tokens(config.vocab_size, full)
+
+
 HUGGING_FACE: dict[str, Callable[..., Built]] = {
     "hf_resnet50": hf_resnet50,
     "hf_vit": hf_vit,
