@@ -35,9 +35,10 @@ from prunereg._oneshot.contract import (
 from prunereg._oneshot.report import LayerReport, OneShotReport, Timings
 from prunereg._oneshot.settings import OneShotOptions, check_allocation
 from prunereg._progress import progress as progress_bar
-from prunereg._runtime.blocks import find_blocks, in_features, is_conv1d, prunable_layers, weight_matrix
+from prunereg._runtime.blocks import find_blocks, is_conv1d, prunable_layers, weight_matrix
 from prunereg._runtime.calibration import calibration_ids, check_fits_model, load_model, model_folder
 from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
+from prunereg._runtime.expert_slices import ExpertSlices, expert_slice_names, slice_tensor, slice_weight
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, copy_fits, input_device
 from prunereg._runtime.options import check_sparsity, with_options_signature
 from prunereg._runtime.precision import matmul_precision
@@ -191,7 +192,7 @@ class OneShotJob:
     def weight_bytes(self) -> int:
         """The bytes of the weights this job prunes."""
         return sum(
-            weight_matrix(block.get_submodule(name)).nbytes
+            _weight(block, name).nbytes
             for block, names in zip(self.blocks, self.layer_names, strict=True)
             for name in names
         )
@@ -210,11 +211,12 @@ class OneShotJob:
                 _say_which_blocks_were_pruned(error, self.blocks_path, touched)
                 raise
         originals: dict[nn.Module, Tensor] = {}
-        layers = [
-            (block.get_submodule(name), "weight")
-            for block, names in zip(self.blocks, self.layer_names, strict=True)
-            for name in names
-        ]
+        layers = list(
+            dict.fromkeys(
+                _pruned_tensor(block, name) for block, names in zip(self.blocks, self.layer_names, strict=True)
+                for name in names
+            )
+        )  # fmt: skip
         try:
             with reparam.all_or_nothing(layers):  # puts back any reparametrization (permanent=False)
                 return self._run(weights, progress, [], originals)
@@ -292,10 +294,12 @@ class OneShotJob:
         loading = time.perf_counter()
         weights.fetch(index, block)
         timings.loading += time.perf_counter() - loading
+        slices, layers = _layers(block, self.layer_names[index])
         if inputs is None:
             groups = [([name], LayerStatistics(n_tokens=0)) for name in self.layer_names[index]]
         else:
-            groups = self._gather(block, self.layer_names[index], self.method.STATISTICS, inputs, timings)
+            with slices:
+                groups = self._gather(block, layers, self.method.STATISTICS, inputs, timings)
         uncalled = set(self.layer_names[index]).difference(*(names for names, _ in groups))
         if uncalled:  # an expert of a mixture that no calibration token was routed to, say
             full_names = sorted(f"{self.blocks_path}.{index}.{name}" for name in uncalled)
@@ -305,7 +309,8 @@ class OneShotJob:
             report.unpruned.extend(full_names)
         start = time.perf_counter()
         with matmul_precision("highest"):
-            report.layers += self._prune_groups(index, block, groups, sparsity, touched, originals)
+            report.layers += self._prune_groups(index, layers, groups, sparsity, touched, originals)
+        slices.fold_masks(permanent=self.options.permanent)
         del groups  # the statistics (Hessians) are not needed for the forward below
         timings.pruning += time.perf_counter() - start
         if inputs is not None and index + 1 < len(self.blocks):  # the last block's outputs feed nothing
@@ -317,7 +322,7 @@ class OneShotJob:
     def _prune_groups(
         self,
         index: int,
-        block: nn.Module,
+        layers: dict[str, nn.Module],
         groups: list[tuple[list[str], LayerStatistics]],
         sparsity: float,
         touched: list[int],
@@ -331,12 +336,12 @@ class OneShotJob:
         prefix = f"{self.blocks_path}.{index}"
         if type(self.method).UPDATES_WEIGHTS:  # on every rank, before any solve: every rank raises alike
             for names, statistics in groups:
-                weights = [weight_matrix(block.get_submodule(name)).detach().float() for name in names]
+                weights = [weight_matrix(layers[name]).detach().float() for name in names]
                 _check_finite([f"{prefix}.{name}" for name in names], weights, statistics, self.method_name)
         reports = []
-        for (names, _), pruned in zip(groups, self._solve(block, groups, sparsity), strict=True):
+        for (names, _), pruned in zip(groups, self._solve(layers, groups, sparsity), strict=True):
             for name, result in zip(names, pruned, strict=True):
-                layer = block.get_submodule(name)
+                layer = layers[name]
                 if originals is not None:
                     originals[layer] = weight_matrix(layer).detach().to("cpu", copy=True)
                 _write_back(layer, result, permanent=self.options.permanent)
@@ -349,7 +354,7 @@ class OneShotJob:
         return reports
 
     def _solve(
-        self, block: nn.Module, groups: list[tuple[list[str], LayerStatistics]], sparsity: float
+        self, layers: dict[str, nn.Module], groups: list[tuple[list[str], LayerStatistics]], sparsity: float
     ) -> Iterator[list[PrunedWeight]]:
         """Each input group's results from the method; with ranks, each group solved on one rank and sent to all.
 
@@ -363,7 +368,7 @@ class OneShotJob:
         masks_only = not type(self.method).UPDATES_WEIGHTS
 
         def weights_of(names: list[str]) -> list[torch.Tensor]:
-            return [weight_matrix(block.get_submodule(name)).detach().float() for name in names]
+            return [weight_matrix(layers[name]).detach().float() for name in names]
 
         def solve(position: int) -> list[PrunedWeight]:
             names, statistics = groups[position]
@@ -382,7 +387,7 @@ class OneShotJob:
             if masks_only:
                 return (kept(position, (result.mask for result in solve(position))) for position in range(len(groups)))
             return (solve(position) for position in range(len(groups)))
-        costs = [solve_cost([weight_matrix(block.get_submodule(name)) for name in names]) for names, _ in groups]
+        costs = [solve_cost([weight_matrix(layers[name]) for name in names]) for names, _ in groups]
         if masks_only:
             masks = self.ranks.solve_spread(costs, lambda position: [result.mask for result in solve(position)])
             return iter([kept(position, found) for position, found in enumerate(masks)])
@@ -399,11 +404,13 @@ class OneShotJob:
         for index in progress_bar(range(len(self.blocks)), label="outlier ratios", enabled=progress):
             block = self.blocks[index]
             weights.fetch(index, block)
-            groups = self._gather(block, self.layer_names[index], {"input_sq_norms"}, inputs, scratch)
+            slices, layers = _layers(block, self.layer_names[index])
+            with slices:
+                groups = self._gather(block, layers, {"input_sq_norms"}, inputs, scratch)
             layer_weights, layer_statistics = [], []
             for names, statistics in groups:
                 for name in names:
-                    layer_weights.append(weight_matrix(block.get_submodule(name)).detach().float())
+                    layer_weights.append(weight_matrix(layers[name]).detach().float())
                     layer_statistics.append(statistics)
             ratios.append(float(outlier_ratio(layer_weights, layer_statistics, self.options.owl_threshold)))
             if index + 1 < len(self.blocks):
@@ -412,11 +419,16 @@ class OneShotJob:
         return ratios
 
     def _gather(
-        self, block: nn.Module, names: list[str], needs: Iterable[str], inputs: BlockInputs, timings: Timings
+        self,
+        block: nn.Module,
+        layers: dict[str, nn.Module],
+        needs: Iterable[str],
+        inputs: BlockInputs,
+        timings: Timings,
     ) -> list[tuple[list[str], LayerStatistics]]:
         """Run the calibration batches through ``block`` and return each input group's statistics (all ranks')."""
         start = time.perf_counter()
-        recorder = Recorder(at_site(needs, SITE), layers={name: block.get_submodule(name) for name in names})
+        recorder = Recorder(at_site(needs, SITE), layers=layers)
         gather(block, inputs, recorder)
         if self.ranks is not None:
             self.ranks.merge(recorder)
@@ -497,7 +509,7 @@ def _select_layers(
     used: set[str] = set()
     for index, block in enumerate(blocks):
         names = []
-        for name in prunable_layers(block):
+        for name in [*prunable_layers(block), *expert_slice_names(block)]:
             full_name = f"{blocks_path}.{index}.{name}"
             matching = [p for p in patterns or () if fnmatch.fnmatchcase(full_name, p)]
             ignored = [p for p in ignore if fnmatch.fnmatchcase(full_name, p)]
@@ -507,23 +519,41 @@ def _select_layers(
         selected.append(names)
     unused = [p for p in patterns or () if p not in used]
     if unused:
-        raise ValueError(f"layers {unused} match no Linear layer in {blocks_path}.*")
+        raise ValueError(f"layers {unused} match no Linear layer or expert in {blocks_path}.*")
     if not any(selected):
-        raise ValueError(f"no Linear layers to prune in {blocks_path}")
+        raise ValueError(f"no Linear layers or experts to prune in {blocks_path}")
     return selected
 
 
 def _check_layers(blocks: nn.ModuleList, layer_names: list[list[str]], method: CalibratedMethod) -> None:
     for block, names in zip(blocks, layer_names, strict=True):
         for name in names:
-            layer = block.get_submodule(name)
-            if not layer.weight.dtype.is_floating_point:
-                raise TypeError(f"layer {name} has {layer.weight.dtype} weights; oneshot prunes floating-point ones")
-            if method.n_m is not None and in_features(layer) % method.n_m[1]:
+            weight = _weight(block, name)
+            if not weight.dtype.is_floating_point:
+                raise TypeError(f"layer {name} has {weight.dtype} weights; oneshot prunes floating-point ones")
+            if method.n_m is not None and weight.shape[1] % method.n_m[1]:
                 raise ValueError(
                     f"pattern {method.pattern!r} needs in_features divisible by {method.n_m[1]}, "
-                    f"but {name} has {in_features(layer)}"
+                    f"but {name} has {weight.shape[1]}"
                 )
+
+
+def _weight(block: nn.Module, name: str) -> Tensor:
+    """The weight of the layer or expert slice ``name`` of ``block``, in Linear's ``[out, in]`` layout."""
+    found = slice_weight(block, name)
+    return found if found is not None else weight_matrix(block.get_submodule(name))
+
+
+def _pruned_tensor(block: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module and tensor a pruning of ``name`` reparametrizes: a layer's weight, or a mixture's fused tensor."""
+    found = slice_tensor(block, name)
+    return (found[0], found[1]) if found is not None else (block.get_submodule(name), "weight")
+
+
+def _layers(block: nn.Module, names: list[str]) -> tuple[ExpertSlices, dict[str, nn.Module]]:
+    """The block's expert slices among ``names``, and every layer of ``names`` by name (the slices' included)."""
+    slices = ExpertSlices(block, names)
+    return slices, {name: slices.layers[name] if name in slices.layers else block.get_submodule(name) for name in names}
 
 
 def _check_finite(names: list[str], weights: list[Tensor], statistics: LayerStatistics, method: str) -> None:

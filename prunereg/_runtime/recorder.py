@@ -12,13 +12,15 @@ a :class:`Tally`, the statistics gathered there and the tokens they saw.
   calibration batch by tensor identity (which layer received which tensor
   object); after it, only one hook per group stays, where every layer was
   called once (a layer called twice keeps every hook, and each batch is
-  grouped anew).
+  grouped anew). A layer the first batch did not reach (an expert no token
+  chose yet) keeps its hook, and gets a group of its own when a batch does.
 - ``module_call``: a forward hook keeps each call of the module; it is folded
   in once the batch's forward is over, with the block's hidden states.
 - ``block``: folded in with the block's input and output hidden states.
 
 A pass whose outputs feed nothing and that gathers layer inputs only stops each
-forward from the second batch on, once the last group's input is folded in
+forward from the second batch on, once every group's input is folded in (and
+every layer observed has been reached once)
 (:class:`~prunereg._runtime.capture.RestNotNeeded`): the products after it (the
 MLP's down projection, usually) are not needed. Every fold runs with torch's
 float32 matmul at full precision, whatever the forwards around it use.
@@ -209,6 +211,7 @@ class Recorder:
         self._call_handles: list[Any] = []
         self._folding = False
         self._batch = 0
+        self._groups_this_batch = 0
 
     # -- the hooks -----------------------------------------------------------------------
 
@@ -238,6 +241,7 @@ class Recorder:
         """
         batch = Batch(index, inputs)
         self._batch = index
+        self._groups_this_batch = 0
         self._seen.clear()
         with contextlib.suppress(RestNotNeeded):
             yield batch
@@ -254,10 +258,18 @@ class Recorder:
             index = self._group_for(name, x)
             if index is not None:
                 self._folded(self.tallies[index], Observation(self._batch, x))
-            if self._stop_early and not self._first_batch and self._regular and index == len(self.groups) - 1:
+                self._groups_this_batch += 1
+            if self._stop_early and not self._first_batch and self._regular and self._every_group_seen():
                 raise RestNotNeeded
 
         return record
+
+    def _every_group_seen(self) -> bool:
+        """Whether this batch has folded in every group, and no hooked layer is still to be reached for a first time.
+
+        (Layers called in an order that depends on the data, a mixture's experts, may come in any order.)
+        """
+        return self._groups_this_batch == len(self.groups) and len(self._group_of) == len(self.layers)
 
     def _call_hook(self, name: str) -> Callable[..., None]:
         def keep(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -299,9 +311,10 @@ class Recorder:
         """The index of the group whose statistics ``x`` updates, or None where this batch counted it already.
 
         In a regular run after the first batch only the groups' first layers
-        are hooked, each reading its group's input.
+        are hooked, each reading its group's input; a layer first reached
+        after the first batch gets a group of its own then.
         """
-        if not self._first_batch and self._regular:
+        if not self._first_batch and self._regular and name in self._group_of:
             return self._group_of[name]
         if self._first_batch:
             self._call_counts[name] = self._call_counts.get(name, 0) + 1
@@ -328,7 +341,8 @@ class Recorder:
         if not self._regular:
             return
         leaders = {group[0] for group in self.groups}
-        for name in [name for name in self._layer_handles if name not in leaders]:
+        # a layer the first batch did not reach (an expert no token chose yet) keeps its hook: a later batch may
+        for name in [name for name in self._layer_handles if name in self._group_of and name not in leaders]:
             self._layer_handles.pop(name).remove()
 
     # -- results -------------------------------------------------------------------------

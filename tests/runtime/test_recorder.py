@@ -33,7 +33,7 @@ class _TwoBranches(torch.nn.Module):
 def test_layers_reading_one_tensor_form_one_group_with_one_hook_after_the_first_batch():
     torch.manual_seed(0)
     model = _TwoBranches()
-    layers = dict(model.named_children())
+    layers = {name: layer for name, layer in model.named_children() if name != "d"}
     inputs = [torch.randn(2, 5, 4) for _ in range(3)]
     calls_of_c = []
     model.c.register_forward_hook(lambda *_: calls_of_c.append(1))
@@ -52,6 +52,37 @@ def test_layers_reading_one_tensor_form_one_group_with_one_hook_after_the_first_
     assert torch.allclose(groups[0][2]["input_sq_norms"], (tokens**2).sum(0), rtol=1e-5)
     hidden = torch.relu(model.a(tokens) + model.b(tokens))
     assert torch.allclose(groups[1][2]["input_sq_norms"], (hidden**2).sum(0), rtol=1e-5)
+
+
+class _Routed(torch.nn.Module):
+    """``late`` runs only on inputs whose sum is positive (an expert no token of the first batch chose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.late, self.last = (torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        if bool(x.sum() > 0):
+            h = h + self.late(x + 1)
+        return self.last(h)
+
+
+def test_a_layer_first_reached_after_the_first_batch_keeps_its_hook_and_gets_its_statistics():
+    model = _Routed()
+    inputs = [-torch.ones(1, 3, 4), torch.ones(1, 2, 4), -torch.ones(1, 3, 4), torch.ones(1, 2, 4)]
+    calls_of_last = []
+    model.last.register_forward_hook(lambda *_: calls_of_last.append(1))
+    with Recorder(SQ_NORMS, layers=dict(model.named_children())) as recorder:
+        for index, x in enumerate(inputs):
+            with recorder.batch(index):
+                model(x)
+    groups = {names[0]: (n_tokens, results) for names, n_tokens, results in recorder.group_results()}
+    assert groups["late"][0] == 4  # the two positive batches' tokens
+    assert torch.equal(groups["late"][1]["input_sq_norms"], torch.full((4,), 4.0 * 4))
+    assert groups["first"][0] == groups["last"][0] == 10
+    # a forward stops once every group is folded in: not the first, nor the third, where ``late`` is not called
+    assert len(calls_of_last) == 2
 
 
 def test_only_the_statistics_asked_for_are_gathered():
