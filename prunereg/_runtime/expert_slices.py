@@ -10,9 +10,10 @@ is a view of that slice (``[out, in]``: transposed where the tensor is stored
 (``mlp.experts.gate_up_proj.3``).
 
 While :class:`ExpertSlices` is entered, the mixture runs its own eager code
-(transformers' loop over the experts the tokens chose, or the module's own
-forward), and each product of an expert's slice, ``F.linear(x, w[e])`` or
-``x @ w[e]``, is handed to that expert's layer: hooks on it see exactly the
+(transformers' loop over the experts the tokens chose, its
+``experts_implementation="eager"``; or the module's own forward), and each
+product of an expert's slice, ``F.linear(x, w[e])`` or ``x @ w[e]``, is handed
+to that expert's layer: hooks on it see exactly the
 tokens routed to that expert. What a method writes into a slice's weight lands
 in the fused tensor; :meth:`ExpertSlices.fold_masks` then stacks the slices'
 masks into one mask of the fused tensor, as ``torch.nn.utils.prune`` would
@@ -21,6 +22,7 @@ hold it.
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -121,14 +123,20 @@ class ExpertSlices:
                         self._by_tensor.setdefault(id(fused), (fused, {}))[1][expert] = layer
 
     def __enter__(self) -> ExpertSlices:
+        self._held: list[tuple[nn.Module, Any]] = []
         for mixture in self.mixtures:
-            eager = getattr(type(mixture.module).forward, "__wrapped__", type(mixture.module).forward)
-            mixture.module.forward = types.MethodType(_routed(eager, self._by_tensor), mixture.module)
+            module = mixture.module
+            self._held.append((module, module.__dict__.get("forward")))  # a hook's own forward (accelerate's) stays
+            module.forward = types.MethodType(_routed(module.forward, self._by_tensor), module)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for mixture in self.mixtures:
-            mixture.module.__dict__.pop("forward", None)
+        for module, held in self._held:
+            if held is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = held
+        self._held = []
 
     def fold_masks(self, *, permanent: bool) -> None:
         """Put each fused tensor's slices' masks into one mask of the fused tensor (none where ``permanent``).
@@ -155,14 +163,30 @@ class ExpertSlices:
                 CustomFromMask.apply(mixture.module, tensor, mask.to(fused.dtype))
 
 
-def _routed(eager: Any, by_tensor: Mapping[int, tuple[Tensor, dict[int, ExpertSlice]]]) -> Any:
-    """The mixture's eager forward with every product of an expert's slice run by that expert's layer."""
+def _routed(forward: Any, by_tensor: Mapping[int, tuple[Tensor, dict[int, ExpertSlice]]]) -> Any:
+    """The mixture's forward, run by its eager implementation, with each product of an expert's slice run by that
+    expert's layer."""
 
-    def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        with _ToSlices(by_tensor):
-            return eager(module, *args, **kwargs)
+    def routed(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with _ToSlices(by_tensor), _eager(module):
+            return forward(*args, **kwargs)
 
-    return forward
+    return routed
+
+
+@contextlib.contextmanager
+def _eager(module: nn.Module) -> Iterator[None]:
+    """transformers' experts run their own loop over the experts (``experts_implementation="eager"``) inside."""
+    config = getattr(module, "config", None)
+    held = getattr(config, "_experts_implementation", None)
+    if held is None:
+        yield
+        return
+    config._experts_implementation = "eager"  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        config._experts_implementation = held  # type: ignore[union-attr]
 
 
 class _ToSlices(TorchFunctionMode):

@@ -133,3 +133,20 @@ def test_layers_globs_select_experts_too() -> None:
     report = prunereg.oneshot(fused, "wanda", calibration=calibration_ids(4, 16), layers=["*.experts.down_proj.*"])
     assert {r.name.split(".mlp.")[1].rsplit(".", 1)[0] for r in report.layers} == {"experts.down_proj"}
     assert bool((fused.model.layers[0].mlp.experts.gate_up_proj != 0).all())
+
+
+def test_a_forward_a_hook_set_on_the_mixture_runs_and_stays_and_the_implementation_is_put_back() -> None:
+    fused = tiny_mixtral()
+    implementation = fused.config._experts_implementation
+    experts = fused.model.layers[0].mlp.experts
+    original, calls = experts.forward, []
+
+    def hooked(*args: object, **kwargs: object) -> torch.Tensor:  # as accelerate's hooks wrap a module's forward
+        calls.append(fused.config._experts_implementation)
+        return original(*args, **kwargs)
+
+    experts.forward = hooked
+    prunereg.oneshot(fused, "wanda", calibration=calibration_ids(4, 16))
+    assert experts.forward is hooked and "eager" in calls and implementation in calls
+    assert fused.config._experts_implementation == implementation
+    assert "forward" not in fused.model.layers[1].mlp.experts.__dict__
