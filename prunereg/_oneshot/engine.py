@@ -38,7 +38,13 @@ from prunereg._progress import progress as progress_bar
 from prunereg._runtime.blocks import find_blocks, is_conv1d, prunable_layers, weight_matrix
 from prunereg._runtime.calibration import calibration_ids, check_fits_model, load_model, model_folder
 from prunereg._runtime.capture import BlockInputs, advance, batches_of, capture_first_block_inputs
-from prunereg._runtime.expert_slices import ExpertSlices, expert_slice_names, slice_tensor, slice_weight
+from prunereg._runtime.expert_slices import (
+    ExpertSlice,
+    ExpertSlices,
+    expert_slice_names,
+    slice_tensor,
+    slice_weight,
+)
 from prunereg._runtime.mode import calibration_mode, check_not_reparametrized, copy_fits, input_device
 from prunereg._runtime.options import check_sparsity, with_options_signature
 from prunereg._runtime.precision import matmul_precision
@@ -223,7 +229,7 @@ class OneShotJob:
         except BaseException:
             with torch.no_grad():
                 for layer, values in originals.items():  # a sharded layer's shards, if its block was given back
-                    copy_whole(weight_matrix(layer), values)
+                    copy_whole(layer.view if isinstance(layer, ExpertSlice) else weight_matrix(layer), values)
             raise
 
     def _run(

@@ -38,10 +38,14 @@ MASK = "weight_mask"
 class ExpertSlice(nn.Module):
     """One expert's slice of a fused experts tensor, as a Linear layer whose weight is a view of it."""
 
+    view: Tensor
+
     def __init__(self, fused: Tensor, expert: int, *, transposed: bool) -> None:
         super().__init__()
         view = fused.detach()[expert]
         self.weight = nn.Parameter(view.T if transposed else view, requires_grad=False)
+        self.__dict__["view"] = self.weight  # not a second parameter: pruning would see the weight as tied
+        """The slice itself, ``[out, in]``, also once a mask reparametrizes ``weight`` (to put values back into)."""
         self.expert, self.transposed = expert, transposed
 
     def forward(self, x: Tensor) -> Tensor:

@@ -63,6 +63,22 @@ def test_a_failure_midway_puts_every_pruned_weight_back(build, permanent: bool, 
     assert dict(model.named_parameters()) == parameters  # the same Parameter objects, for optimizers holding them
 
 
+@pytest.mark.parametrize("permanent", [True, False])
+@pytest.mark.parametrize("fail_at", [6, 13], ids=["among block 0's experts", "in block 1, block 0's masks folded"])
+def test_a_failure_midway_puts_a_mixtures_experts_back(permanent: bool, fail_at: int) -> None:
+    from tests.shrink.models import tiny_mixtral
+
+    model = tiny_mixtral()
+    before = _state(model)
+    parameters = dict(model.named_parameters())
+    failing = FailsInBlock(fail_at, RuntimeError("the method failed"))
+    with pytest.raises(RuntimeError, match="the method failed"):
+        prunereg.oneshot(model, failing, calibration=calibration_ids(2, 8), permanent=permanent)
+    assert len(failing.calls) == fail_at and not prunereg.is_pruned(model)
+    assert _unchanged(model, before)
+    assert dict(model.named_parameters()) == parameters
+
+
 def test_a_model_restored_after_a_failure_prunes_as_a_fresh_one() -> None:
     model, fresh, ids = tiny_llama(), tiny_llama(), calibration_ids(2, 8)
     with pytest.raises(RuntimeError):
