@@ -28,7 +28,7 @@ from prunereg._models import slimmed as shapes
 from prunereg._models.slimmed import Record
 from prunereg._slim.capture import Captured
 from prunereg._slim.cut import cut
-from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, capture_like
+from prunereg._slim.graph import DependencyGraph, SlimError, build_graph, capture_like, leaves_no_state
 from prunereg._slim.groups import Chosen, Group, TensorDim, find_groups, kept_positions
 from prunereg._slim.report import TensorChange
 from prunereg._slim.rules import HEAD_WIDTHS, sync_width_attributes
@@ -281,7 +281,7 @@ def _zeroed_outputs(
         shape[dim] = -1
         zeroed[name] = tensor * stays.reshape(shape).to(tensor.dtype)
     args, kwargs = inputs
-    with torch.no_grad():
+    with torch.no_grad(), leaves_no_state(model):
         return tensors(torch.func.functional_call(model, zeroed, args, kwargs))
 
 
@@ -319,7 +319,8 @@ def pruning_masks(model: nn.Module) -> dict[str, Tensor]:
 
 
 def forward(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    with torch.no_grad():
+    """The model's outputs, its modules left as they were (:func:`~prunereg._slim.graph.leaves_no_state`)."""
+    with torch.no_grad(), leaves_no_state(model, tensors=False):
         return model(*args, **kwargs)
 
 

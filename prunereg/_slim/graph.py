@@ -176,9 +176,7 @@ def _capture(
     model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, eager: bool, fall_back: bool
 ) -> Captured:
     """Eager (``fall_back``: through torch.export where the code reads values) or torch.export; errors wrapped."""
-    # A pruning hook sets module.<name> while it runs: the model's own tensors are put back after.
-    held = [(module, dict(_plain_tensors(module))) for module in model.modules()]
-    try:
+    with leaves_no_state(model):
         if eager:
             try:
                 captured = capture(model, args, kwargs)
@@ -192,11 +190,37 @@ def _capture(
                 return torch.export.export(model, args, kwargs=kwargs, strict=False)
         except Exception as error:
             raise _CaptureFailed(error, exported=True, why=captured.not_export if eager else None) from None
+
+
+@contextlib.contextmanager
+def leaves_no_state(model: nn.Module, *, tensors: bool = True) -> Iterator[None]:
+    """Put back what a forward inside leaves in ``model``'s modules: caches, and (``tensors``) tensor attributes.
+
+    A module may cache what its forward computed in a dict attribute (timm's
+    LeViT keeps its attention biases so in eval mode): the slimmed model must
+    not meet what the forward of the model before it left there, and the next
+    capture must see the same operations. A pruning hook sets
+    ``module.<name>`` while it runs: a capture, or a forward on other values,
+    puts the model's own back; after the model's own forward (``tensors=False``)
+    they are what it computed.
+    """
+    held = [(module, dict(_plain_tensors(module)) if tensors else None, _caches(module)) for module in model.modules()]
+    try:
+        yield
     finally:
-        for module, tensors in held:
-            for key in _plain_tensors(module).keys() - tensors.keys():
-                del module.__dict__[key]
-            module.__dict__.update(tensors)
+        for module, attributes, caches in held:
+            if attributes is not None:
+                for key in _plain_tensors(module).keys() - attributes.keys():
+                    del module.__dict__[key]
+                module.__dict__.update(attributes)
+            for cache, content in caches:
+                cache.clear()
+                cache.update(content)
+
+
+def _caches(module: nn.Module) -> list[tuple[dict[Any, Any], dict[Any, Any]]]:
+    """The module's own dict attributes (not torch's ``_parameters``, ``_modules``...), with their content now."""
+    return [(value, dict(value)) for key, value in module.__dict__.items() if type(value) is dict and key[:1] != "_"]
 
 
 @contextlib.contextmanager

@@ -182,6 +182,8 @@ class TaylorImportance(Importance):
         self._products = DimensionSums(torch.abs)
 
     def prepare(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from prunereg._slim.graph import leaves_no_state  # the graph's imports stay out of the toolkit's
+
         parameters = dict(model.named_parameters(remove_duplicate=False))
         saved = {name: (p.grad, p.requires_grad) for name, p in parameters.items()}
         inputs = [(args, kwargs)] if self.batches is None else [_as_call(batch) for batch in self.batches]
@@ -189,7 +191,7 @@ class TaylorImportance(Importance):
             for p in parameters.values():
                 p.grad = None
                 p.requires_grad_(True)
-            with torch.enable_grad():
+            with torch.enable_grad(), leaves_no_state(model, tensors=False):
                 for batch_args, batch_kwargs in inputs:  # gradients add up over the batches
                     output = model(*batch_args, **batch_kwargs)
                     loss = self.loss(output) if self.loss is not None else _output_sum(output)

@@ -168,3 +168,10 @@ for _stage in ("timm.models.cspnet.CrossStage", "timm.models.cspnet.CrossStage3"
     register_width_rule(_stage, expand_chs=lambda stage: _channels(stage, "conv_exp.conv", "out_channels"))
 # a Res2Net bottleneck splits its channels into parts of self.width, one 3x3 convolution each
 register_width_rule("timm.models.res2net.Bottle2neck", width=lambda block: _channels(block, "convs.0", "in_channels"))
+for _attention in ("timm.models.levit.Attention", "timm.models.levit.AttentionDownsample"):
+    # LeViT reshapes its attention's output by self.val_attn_dim, every head's values side by side
+    register_width_rule(
+        _attention,
+        key_attn_dim=lambda attention: _channels(attention, "", "key_dim") * _channels(attention, "", "num_heads"),
+        val_attn_dim=lambda attention: _channels(attention, "", "val_dim") * _channels(attention, "", "num_heads"),
+    )

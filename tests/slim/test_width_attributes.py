@@ -282,3 +282,68 @@ def test_a_res2net_block_splitting_by_its_part_width_slims_by_the_built_in_rule(
     report = prunereg.slim(model, x)
     assert model.width == model.convs[0].in_channels == 3 and report.removed == 1
     torch.testing.assert_close(outputs(model, (x,)), masked, rtol=1e-5, atol=1e-6)
+
+
+class BiasedAtt(nn.Module):
+    """Four heads, a per-head table of biases looked up by index and, in eval mode, cached (timm's LeViT does so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = 4, 4
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.table = nn.Parameter(torch.randn(4, 9))
+        self.register_buffer("index", torch.randint(9, (5, 5)))
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def biases(self) -> torch.Tensor:
+        if self.training:
+            return self.table[:, self.index]
+        if "biases" not in self.cache:
+            self.cache["biases"] = self.table[:, self.index]
+        return self.cache["biases"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (p.view(b, t, self.num_heads, self.head_dim).transpose(1, 2) for p in self.qkv(x).chunk(3, dim=-1))
+        scores = q @ k.transpose(-2, -1) * 0.5 + self.biases()
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+def _biased(*, warm: bool = False) -> tuple[nn.Sequential, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), BiasedAtt(), nn.Linear(16, 2)).eval()
+    x = torch.randn(1, 5, 8)
+    if warm:
+        outputs(model, (x,))  # the cache holds the biases, as after any inference in eval mode
+    return model, x
+
+
+def test_a_table_looked_up_by_index_loses_the_heads_its_attention_loses_and_slimmings_forwards_leave_no_cache() -> None:
+    model, x = _biased()
+    prunereg.slim(model, x, ratio=0.5, importance=First())
+    attention = model[1]
+    assert attention.num_heads == 2 and attention.table.shape == (2, 9) and not attention.cache
+
+
+def test_a_value_cached_before_slimming_is_a_constant_that_keeps_its_heads_never_a_stale_width() -> None:
+    model, x = _biased(warm=True)
+    prunereg.slim(model, x, ratio=0.5, importance=First())
+    attention = model[1]
+    assert attention.num_heads == 4 and attention.table.shape == (4, 9)  # the cached biases hold all four heads
+    got = outputs(model, (x,))
+    attention.cache.clear()
+    torch.testing.assert_close(outputs(model, (x,)), got, rtol=0, atol=0)
+
+
+def test_heads_masked_with_their_rows_of_a_cached_table_go_and_the_outputs_are_the_masked_models() -> None:
+    model, x = _biased()
+    attention = model[1]
+    heads = torch.zeros(48)
+    heads[HEADS_KEPT] = 1
+    prunereg.get("custom_from_mask").apply(attention.qkv, "weight", mask=heads[:, None].expand(48, 16).clone())
+    prunereg.get("custom_from_mask").apply(attention.qkv, "bias", mask=heads.clone())
+    expected = outputs(model, (x,))
+    attention.cache.clear()
+    prunereg.slim(model, x)
+    assert attention.num_heads == 2 and attention.table.shape == (2, 9)
+    torch.testing.assert_close(outputs(model, (x,)), expected, rtol=1e-5, atol=1e-6)
