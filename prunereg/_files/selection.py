@@ -26,20 +26,25 @@ FEW_DIMENSIONS = "fewer than 2 dimensions"
 EMBEDDING = "embedding"
 NORM = "norm"
 OUTPUT_HEAD = "output head"
+ROUTER = "router"
 NOT_INCLUDED = "not matched by --include"
 EXCLUDED = "matched by --exclude"
 
 OUTPUT_HEADS = frozenset({"lm_head", "head", "pooler", "classifier", "cls", "score", "qa_outputs"})
 """Name parts of output heads (language-model, pooler and classification heads)."""
+ROUTERS = frozenset({"router", "gate", "shared_expert_gate"})
+"""Name parts of a mixture of experts' routers (``mlp.gate``, ``mlp.router``; never ``gate_proj``)."""
 
 
 def role(name: str) -> str | None:
-    """``EMBEDDING``, ``NORM`` or ``OUTPUT_HEAD`` when a part of the dotted ``name`` says so, else None.
+    """``EMBEDDING``, ``NORM``, ``OUTPUT_HEAD`` or ``ROUTER`` when a part of the dotted ``name`` says so, else None.
 
     The last part that says something decides (``embeddings.LayerNorm.weight``
     is a norm). Embeddings: a part containing ``embed``, or GPT-2's ``wte`` and
     ``wpe``. Norms: a part containing ``norm``, or ``ln``/``ln_*`` (GPT-2).
-    Output heads: a part among :data:`OUTPUT_HEADS`.
+    Output heads: a part among :data:`OUTPUT_HEADS`. Routers: a part among
+    :data:`ROUTERS` (a mixture's ``gate``, which chooses the experts: pruning it
+    reroutes tokens, and it is a few thousandths of the weights).
     """
     for part in reversed(name.lower().split(".")):
         if "embed" in part or part in ("wte", "wpe"):
@@ -48,6 +53,8 @@ def role(name: str) -> str | None:
             return NORM
         if part in OUTPUT_HEADS:
             return OUTPUT_HEAD
+        if part in ROUTERS:
+            return ROUTER
     return None
 
 

@@ -13,6 +13,7 @@ from prunereg._files.selection import (
     NOT_FLOATING,
     NOT_INCLUDED,
     OUTPUT_HEAD,
+    ROUTER,
     role,
     select,
     shorten,
@@ -57,6 +58,13 @@ def test_a_transformer_keeps_embeddings_norms_head_and_vectors() -> None:
         ("layer1.0.conv1.weight", None),  # a ResNet
         ("layer1.0.bn1.weight", None),  # a 1-D tensor: skipped for its shape
         ("fc.weight", None),
+        ("model.layers.0.mlp.gate.weight", ROUTER),  # Mixtral, Qwen-MoE, DeepSeek: chooses the experts
+        ("model.layers.0.block_sparse_moe.gate.weight", ROUTER),  # Mixtral's checkpoints
+        ("model.layers.0.mlp.router.weight", ROUTER),  # GPT-OSS
+        ("model.layers.0.mlp.shared_expert_gate.weight", ROUTER),  # Qwen2-MoE
+        ("model.layers.0.mlp.experts.gate_up_proj", None),  # the experts themselves
+        ("model.layers.0.block_sparse_moe.experts.3.w1.weight", None),
+        ("model.layers.0.mlp.gate_proj.weight", None),  # a gated MLP's projection, no router
     ],
 )
 def test_roles_from_names(name: str, expected: str | None) -> None:
