@@ -528,7 +528,7 @@ def one_rank_raises() -> dict[str, object]:
 
 
 #: The one-shot runs (of :data:`ONESHOT_RUNS`) also made on a tiny Llama sharded with FSDP2.
-FSDP_RUNS = ("wanda", "sparsegpt", "sparsegpt_2_4", "wanda_owl")
+FSDP_RUNS = ("wanda", "sparsegpt", "sparsegpt_2_4", "wanda_owl", "wanda_mixtral")
 
 
 def fully_sharded(
@@ -561,7 +561,7 @@ def shards_digest(model: nn.Module) -> str:
 
 
 def run_fsdp_oneshot(name: str) -> dict[str, object]:
-    """One-shot run ``name`` on a tiny Llama sharded with FSDP2, on every rank.
+    """One-shot run ``name`` on a tiny Llama (or Mixtral, its experts fused) sharded with FSDP2, on every rank.
 
     The model's hash (whole), the batches this rank ran, whether this rank's
     shards are those of the same run in one process on the unsharded model
@@ -576,9 +576,14 @@ def run_fsdp_oneshot(name: str) -> dict[str, object]:
     seen = counting_batches(model)
     prunereg.oneshot(fully_sharded(model), method, calibration=calibration, **settings)
     batches = len(seen)  # (before the forward below)
-    batches = len(seen)  # (before the forward below)
     own_shards, logits = shards_and_logits_of(model, alone, calibration)
     return {"state": state_digest(model), "batches": batches, "own_shards": own_shards, "logits": logits}
+
+
+def fsdp_shard(whole: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of ``whole`` as FSDP2 cuts dim 0 (``torch.chunk``: a rank past the chunks holds none)."""
+    chunks = torch.chunk(whole, size)
+    return chunks[rank] if rank < len(chunks) else whole[:0]
 
 
 def shards_and_logits_of(model: nn.Module, alone: nn.Module, ids: torch.Tensor) -> tuple[bool, bool]:
@@ -589,7 +594,7 @@ def shards_and_logits_of(model: nn.Module, alone: nn.Module, ids: torch.Tensor) 
     whole = dict(alone.named_parameters())
     rank, size = dist.get_rank(), dist.get_world_size()
     own_shards = all(
-        torch.equal(parameter.to_local(), torch.chunk(whole[name], size)[rank])
+        torch.equal(parameter.to_local(), fsdp_shard(whole[name], rank, size))
         for name, parameter in model.named_parameters()
     )
     with torch.no_grad():
@@ -620,7 +625,7 @@ def fsdp_masks() -> dict[str, object]:
     same = sorted(found) == sorted(expected) and all(
         torch.equal(found[name].full_tensor(), expected[name]) for name in sharded
     )
-    own_shards = all(torch.equal(found[name].to_local(), torch.chunk(expected[name], size)[rank]) for name in sharded)
+    own_shards = all(torch.equal(found[name].to_local(), fsdp_shard(expected[name], rank, size)) for name in sharded)
     laid_out = bool(masks) and all(
         isinstance(mask, DTensor) and mask.placements == found[name[: -len("mask")] + "orig"].placements
         for name, mask in masks.items()
