@@ -118,7 +118,7 @@ def _problem(entry: object, data_size: int) -> str | None:
     return None
 
 
-_CODES = {
+DTYPE_CODES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
     "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
 }  # fmt: skip
@@ -142,7 +142,7 @@ class SafetensorsWriter:
     """
 
     def __init__(self, path: Path, entries: dict[str, tuple[Any, tuple[int, ...]]], metadata: dict[str, str]) -> None:
-        codes = {name: _CODES[str(dtype).removeprefix("torch.")] for name, (dtype, _) in entries.items()}
+        codes = {name: DTYPE_CODES[str(dtype).removeprefix("torch.")] for name, (dtype, _) in entries.items()}
         self.order = sorted(entries, key=lambda name: (-_RANKS[codes[name]], name))
         self._shapes = {name: tuple(shape) for name, (_, shape) in entries.items()}
         self._dtypes = {name: dtype for name, (dtype, _) in entries.items()}

@@ -16,14 +16,15 @@ output is written back in the checkpoint's layout.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from prunereg._disk.safetensors_file import TensorEntry
+from prunereg._disk.safetensors_file import DTYPE_CODES, TensorEntry
+from prunereg._models.config_check import checkpoint_names
 
 
 @dataclass(frozen=True)
@@ -59,20 +60,14 @@ class CheckpointLayout:
 
     def __init__(self, model: nn.Module, entries: Mapping[str, TensorEntry]) -> None:
         self.model: Any = model  # a transformers PreTrainedModel where anything is converted
-        state = model.state_dict()
-        prefix = getattr(model, "base_model_prefix", "")
-        self.plain: dict[str, str] = {}
-        for key in entries:
-            if key in state:
-                self.plain[key] = key
-            elif prefix and f"{prefix}.{key}" in state:
-                self.plain[f"{prefix}.{key}"] = key
-        self.strips_prefix = bool(prefix) and any(name == f"{prefix}.{key}" for name, key in self.plain.items())
+        self.plain: dict[str, str] = checkpoint_names(model, entries)
+        self.strips_prefix = any(name != key for name, key in self.plain.items())
         """Whether the checkpoint leaves out the base model's prefix (GPT-2's)."""
         self.converted: dict[str, Converted] = {}
-        left = [key for key in entries if key not in set(self.plain.values())]
+        held = set(self.plain.values())
+        left = [key for key in entries if key not in held]
         if left:
-            self._convert(left, entries, state)
+            self._convert(left, entries, model.state_dict())
 
     def names(self) -> set[str]:
         """The model names the checkpoint holds."""
@@ -87,8 +82,11 @@ class CheckpointLayout:
         made = self.converted.get(name)
         return list(made.targets) if made is not None else [name]
 
-    def new_key(self, name: str) -> str:
-        """The key of a tensor the checkpoint does not hold (a new bias): as the checkpoint would name it."""
+    def key_of(self, name: str) -> str:
+        """The key of model name ``name`` stored as it is; for a tensor the checkpoint does not hold (a new bias),
+        the key the checkpoint would give it."""
+        if name in self.plain:
+            return self.plain[name]
         return name.partition(".")[2] if self.strips_prefix else name
 
     def keys_for(self, names: Iterable[str]) -> list[str]:
@@ -112,22 +110,17 @@ class CheckpointLayout:
                 made.update(self.converted[name].run(tensors, self.model))
         return {name: made[name] for name in wanted if name in made}
 
-    def stored(self, tensors: Mapping[str, Tensor], key_of: Callable[[str], str] | None = None) -> dict[str, Tensor]:
-        """``tensors`` (model name to tensor) as the checkpoint stores them, by key: converted back where needed.
-
-        ``key_of(name)`` names a tensor stored as it is (default: its key, or
-        :meth:`new_key` for one the checkpoint does not hold).
-        """
+    def stored(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """``tensors`` (model name to tensor) as the checkpoint stores them, by key (:meth:`key_of`), converted back
+        where needed."""
         stored: dict[str, Tensor] = {}
         groups: dict[int, tuple[Converted, dict[str, Tensor]]] = {}
         for name, tensor in tensors.items():
             if name in self.converted:
                 made = self.converted[name]
                 groups.setdefault(id(made), (made, {}))[1][name] = tensor
-            elif key_of is not None:
-                stored[key_of(name)] = tensor
             else:
-                stored[self.plain.get(name) or self.new_key(name)] = tensor
+                stored[self.key_of(name)] = tensor
         for made, parts in groups.values():
             stored.update(self._back(made, parts))
         return stored
@@ -188,10 +181,8 @@ class CheckpointLayout:
 
 
 def _meta(entry: TensorEntry) -> Tensor:
+    """A meta tensor of the entry's shape and dtype (float32 for a dtype torch has no name for here)."""
     return torch.empty(entry.shape, dtype=_DTYPES.get(entry.dtype, torch.float32), device="meta")
 
 
-_DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
-    "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
-}  # fmt: skip
+_DTYPES = {code: getattr(torch, name) for name, code in DTYPE_CODES.items()}

@@ -553,7 +553,7 @@ def _weight(block: nn.Module, name: str) -> Tensor:
 def _pruned_tensor(block: nn.Module, name: str) -> tuple[nn.Module, str]:
     """The module and tensor a pruning of ``name`` reparametrizes: a layer's weight, or a mixture's fused tensor."""
     found = slice_tensor(block, name)
-    return (found[0], found[1]) if found is not None else (block.get_submodule(name), "weight")
+    return (found[0].module, found[1]) if found is not None else (block.get_submodule(name), "weight")
 
 
 def _layers(block: nn.Module, names: list[str]) -> tuple[ExpertSlices, dict[str, nn.Module]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -64,21 +64,22 @@ class _Mixture:
                 yield f"{self.path}.{tensor}.{expert}"
 
 
+def _mixture(path: str, module: nn.Module) -> _Mixture | None:
+    """``module`` as a fused mixture (an int ``num_experts`` and 3-D weights of that many experts), if it is one."""
+    count = getattr(module, "num_experts", None)
+    if isinstance(count, bool) or not isinstance(count, int) or not path:
+        return None
+    tensors = [
+        name
+        for name, parameter in module.named_parameters(recurse=False)
+        if parameter.dim() == 3 and parameter.shape[0] == count and parameter.dtype.is_floating_point
+    ]
+    return _Mixture(path, module, tensors, bool(getattr(module, "is_transposed", False))) if tensors else None
+
+
 def _mixtures(block: nn.Module) -> list[_Mixture]:
-    """The block's fused mixtures: modules with an int ``num_experts`` and 3-D weights of that many experts."""
-    found = []
-    for path, module in block.named_modules():
-        count = getattr(module, "num_experts", None)
-        if isinstance(count, bool) or not isinstance(count, int):
-            continue
-        tensors = [
-            name
-            for name, parameter in module.named_parameters(recurse=False)
-            if parameter.dim() == 3 and parameter.shape[0] == count and parameter.dtype.is_floating_point
-        ]
-        if tensors and path:
-            found.append(_Mixture(path, module, tensors, bool(getattr(module, "is_transposed", False))))
-    return found
+    """The block's fused mixtures."""
+    return [found for path, module in block.named_modules() if (found := _mixture(path, module)) is not None]
 
 
 def expert_slice_names(block: nn.Module) -> list[str]:
@@ -86,16 +87,18 @@ def expert_slice_names(block: nn.Module) -> list[str]:
     return [name for mixture in _mixtures(block) for name in mixture.names()]
 
 
-def slice_tensor(block: nn.Module, name: str) -> tuple[nn.Module, str, int] | None:
-    """For an expert slice's name: the mixture module, its fused tensor's name and the expert; else ``None``."""
-    path, _, rest = name.rpartition(".")
+def slice_tensor(block: nn.Module, name: str) -> tuple[_Mixture, str, int] | None:
+    """For an expert slice's name: its mixture, the fused tensor's name and the expert; else ``None``."""
+    path, _, expert = name.rpartition(".")
     owner, _, tensor = path.rpartition(".")
-    if not rest.isdigit() or not owner:
+    if not expert.isdigit() or not owner:
         return None
-    for mixture in _mixtures(block):
-        if mixture.path == owner and tensor in mixture.tensors:
-            return mixture.module, tensor, int(rest)
-    return None
+    try:
+        module = block.get_submodule(owner)
+    except AttributeError:
+        return None
+    found = _mixture(owner, module)
+    return (found, tensor, int(expert)) if found is not None and tensor in found.tensors else None
 
 
 def slice_weight(block: nn.Module, name: str) -> Tensor | None:
@@ -103,15 +106,15 @@ def slice_weight(block: nn.Module, name: str) -> Tensor | None:
     found = slice_tensor(block, name)
     if found is None:
         return None
-    module, tensor, expert = found
-    view = getattr(module, tensor)[expert]
-    return view.T if bool(getattr(module, "is_transposed", False)) else view
+    mixture, tensor, expert = found
+    view = getattr(mixture.module, tensor)[expert]
+    return view.T if mixture.transposed else view
 
 
 class ExpertSlices:
     """The block's expert slices as layers (:attr:`layers`), routed to while entered; their masks folded after."""
 
-    def __init__(self, block: nn.Module, wanted: Iterator[str] | list[str] | None = None) -> None:
+    def __init__(self, block: nn.Module, wanted: Iterable[str] | None = None) -> None:
         self.mixtures = _mixtures(block)
         keep = None if wanted is None else set(wanted)
         self.layers: dict[str, ExpertSlice] = {}
@@ -156,14 +159,12 @@ class ExpertSlices:
             for tensor in mixture.tensors:
                 fused = getattr(mixture.module, tensor)
                 slices = self._by_tensor.get(id(fused), (fused, {}))[1]
-                masks = [getattr(layer, MASK, None) for layer in slices.values()]
-                if not any(mask is not None for mask in masks):
+                masks = {expert: getattr(layer, MASK) for expert, layer in slices.items() if hasattr(layer, MASK)}
+                if not masks:
                     continue
                 mask = torch.ones_like(fused, dtype=torch.bool)
-                for expert, layer in slices.items():
-                    found = getattr(layer, MASK, None)
-                    if found is not None:
-                        mask[expert] = (found.T if mixture.transposed else found).bool()
+                for expert, found in masks.items():
+                    mask[expert] = (found.T if mixture.transposed else found).bool()
                 CustomFromMask.apply(mixture.module, tensor, mask.to(fused.dtype))
 
 
@@ -198,8 +199,7 @@ class _ToSlices(TorchFunctionMode):
 
     def __init__(self, by_tensor: Mapping[int, tuple[Tensor, dict[int, ExpertSlice]]]) -> None:
         super().__init__()
-        self.by_base = {id(fused): layers for fused, layers in by_tensor.values()}
-        self.fused = {id(fused): fused for fused, _ in by_tensor.values()}
+        self.by_tensor = by_tensor
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -218,11 +218,11 @@ class _ToSlices(TorchFunctionMode):
     def _slice(self, weight: Any, *, transposed: bool = False) -> ExpertSlice | None:
         """Expert ``e``'s layer where ``weight`` is ``w[e]`` of a fused ``w`` stored as this product reads it."""
         base = getattr(weight, "_base", None)
-        if not isinstance(weight, Tensor) or base is None or id(base) not in self.fused:
+        if not isinstance(weight, Tensor) or base is None or id(base) not in self.by_tensor:
             return None
-        fused = self.fused[id(base)]
+        fused, layers = self.by_tensor[id(base)]
         if tuple(weight.shape) != tuple(fused.shape[1:]) or tuple(weight.stride()) != tuple(fused.stride()[1:]):
             return None
         expert, offset = divmod(int(weight.storage_offset()) - int(fused.storage_offset()), int(fused.stride(0)))
-        layer = self.by_base[id(base)].get(expert) if offset == 0 else None
+        layer = layers.get(expert) if offset == 0 else None
         return layer if layer is not None and layer.transposed == transposed else None

@@ -33,8 +33,9 @@ from prunereg._disk.model_dir import (
     check_model_folder,
     replace_hint,
     safetensors_weight_map,
+    weight_headers,
 )
-from prunereg._disk.safetensors_file import TensorEntry, open_safetensors, read_header
+from prunereg._disk.safetensors_file import open_safetensors
 from prunereg._models.hf_folder import CONFIG_NAME, config_json_without_gguf_marker, empty_causal_lm, refuse_incomplete
 from prunereg._models.layout import CheckpointLayout
 from prunereg._runtime.blocks import find_blocks
@@ -55,18 +56,14 @@ class CheckpointReader:
 
     def __init__(self, folder: Path, label: str = "MODEL_DIR") -> None:
         self.label = label
+        self.folder = folder
         self.files = safetensors_weight_map(folder, label)
 
-    def entries(self) -> dict[str, TensorEntry]:
-        """Every tensor's dtype and shape, from the files' headers alone."""
-        found: dict[str, TensorEntry] = {}
-        for path in sorted(set(self.files.values())):
-            found.update(read_header(path, replace_hint(path.name)))
-        return {key: found[key] for key in self.files}
-
     def layout(self, model: nn.Module) -> CheckpointLayout:
-        """How these files' tensors make ``model``'s (:class:`CheckpointLayout`)."""
-        return CheckpointLayout(model, self.entries())
+        """How these files' tensors make ``model``'s (:class:`CheckpointLayout`), planned from their headers alone."""
+        headers = weight_headers(self.folder, self.label)
+        assert headers is not None  # safetensors files: safetensors_weight_map refuses any other
+        return CheckpointLayout(model, {key: headers.tensors[key] for key in self.files})
 
     def read(self, keys: Iterable[str]) -> dict[str, Tensor]:
         """The tensors named ``keys``, each file opened once, through the checked opener."""

@@ -48,15 +48,9 @@ class ShrunkBlocks(StreamedBlocks):
                 tensors[prefix + name] = tensor
                 if prefix + name not in self.layout.converted:
                     module, _, attribute = name.rpartition(".")
-                    self.holders[self.key_of(prefix + name)] = (block.get_submodule(module), attribute)
-        self._write(index, self.layout.stored(tensors, self.key_of))
+                    self.holders[self.layout.key_of(prefix + name)] = (block.get_submodule(module), attribute)
+        self._write(index, self.layout.stored(tensors))
         empty_block(block)
-
-    def key_of(self, name: str) -> str:
-        """The checkpoint key of model name ``name`` stored as it is, also for a tensor the checkpoint did not have."""
-        if name in self.layout.plain:
-            return self.layout.plain[name]
-        return self.layout.new_key(name)
 
     def drop_taken_back(self) -> None:
         """Delete from the shards each tensor its module no longer holds (a bias recovery took back at the end)."""
@@ -105,7 +99,7 @@ class ShrunkBlocks(StreamedBlocks):
         self.weight_map.update(dict.fromkeys(tensors, shard))
 
     def _block_key(self, index: int) -> str:
-        return self.key_of(f"{self.blocks_path}.{index}.x")[:-1]
+        return self.layout.key_of(f"{self.blocks_path}.{index}.x")[:-1]
 
 
 def refuse_global_streaming(options: ShrinkOptions) -> None:

@@ -378,15 +378,12 @@ def _lowest_units(
         multiple = math.lcm(round_to, graph.multiple(group.units))
         for share in _shares(group, graph.producers):
             candidates = share & removable
-            count = min(len(share) - _units_kept(len(share), ratio, multiple), len(candidates))
-            if multiple != round_to and _units_kept(len(share), ratio, multiple) > _units_kept(
-                len(share), ratio, round_to
-            ):
+            kept = _units_kept(len(share), ratio, multiple)
+            count = min(len(share) - kept, len(candidates))
+            if kept > _units_kept(len(share), ratio, round_to):
                 maker = next((key for key in group.members if key in graph.producers), next(iter(group.members)))
-                notes.append(
-                    f"'{maker[0].removesuffix('_orig')}' keeps {_units_kept(len(share), ratio, multiple)} of "
-                    f"{len(share)} channels: {_WHOLE_16_BYTES}"
-                )
+                name = maker[0].removesuffix("_orig")
+                notes.append(f"'{name}' keeps {kept} of {len(share)} channels: {_WHOLE_16_BYTES}")
             if count > 0:
                 gone |= set([unit for unit in ordered if unit in candidates][:count])
         if not gone:

@@ -166,10 +166,11 @@ def capture_like(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 class _CaptureFailed(Exception):
+    """A capture's error; ``why``: why the eager capture could not stand for export's, where it ran first."""
+
     def __init__(self, error: Exception, exported: bool, why: str | None = None) -> None:
         super().__init__(str(error))
         self.error, self.exported, self.why = error, exported, why
-        """``why``: why the eager capture could not stand for export's, where it ran first."""
 
 
 def _capture(
